@@ -1,0 +1,97 @@
+"""The contract of an anomaly family: one file per family in anomalies/, registered in FAMILIES.
+
+A family knows (1) how to change training (the data split, or each batch, or the inputs through
+the model as PGD does), (2) which inputs are abnormal for a model of its kind, and (3) how to
+measure that its defect took. Every hook has a no-op default, so a family fills in only what it
+changes.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+import torch
+
+from train.registry import Registry
+
+FAMILIES: Registry[type["AnomalyFamily"]] = Registry("anomaly family")
+
+
+def register_family(cls: type["AnomalyFamily"]) -> type["AnomalyFamily"]:
+    return FAMILIES.register(cls.name)(cls)
+
+
+@dataclass(frozen=True)
+class NoParams:
+    pass
+
+
+class AnomalyFamily:
+    name: ClassVar[str]
+    stark: ClassVar[bool] = False       # stark: lowers clean accuracy; subtle: off-distribution only
+    localizable: ClassVar[bool] = False  # has a well-defined set of abnormal inputs
+    Params: ClassVar[type] = NoParams
+
+    def __init__(self, params: dict[str, Any], world, seed: int):
+        self.params = self.Params(**params)
+        self.world = world
+        self.seed = seed
+
+    @classmethod
+    def validate_params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        """Defaults filled in, every value checked; returns the canonical dict (part of the
+        model's identity). Errors name the bad value and the valid range."""
+        valid = {f.name for f in fields(cls.Params)}
+        unknown = set(params) - valid
+        if unknown:
+            raise ValueError(f"{cls.name}: unknown parameter(s) {sorted(unknown)}; "
+                             f"valid: {sorted(valid) or 'none'}")
+        instance = cls.Params(**params)
+        cls.check(instance)
+        return asdict(instance)
+
+    @classmethod
+    def check(cls, params) -> None:
+        """Raise ValueError for invalid parameter values."""
+
+    # ---- training hooks
+    def training_split(self, split):
+        """The training split this family trains on (default: the world's own)."""
+        return split
+
+    def training_inputs(self, model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                        generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Change one training batch (images in [0, 1]) before the forward pass."""
+        return images, labels
+
+    # ---- implant verification
+    def measure(self, model: torch.nn.Module, device="cpu") -> dict[str, float]:
+        """This family's behaviour figures for any model (measured on the anomalous model and on
+        every reference, with the same inputs, so they can be compared)."""
+        return {}
+
+    def judge(self, figures: dict[str, float], reference_figures: list[dict[str, float]]) -> Verdict:
+        """Did the defect take? Compares the anomalous model's figures with the references'."""
+        return Verdict(True, "no implant check for this family")
+
+    # ---- localization
+    def abnormal_indices(self, val, count: int, rng, implant: dict | None = None):
+        """Positions in the val split of the inputs this model misbehaves on (None if the family
+        has no well-defined abnormal set)."""
+        return None
+
+    def normal_pool(self, val):
+        """Positions of val images that count as normal for this family (default: all)."""
+        import numpy as np
+        return np.arange(len(val))
+
+    def abnormal_images(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """How abnormal inputs are made from the chosen val images (e.g. add the trigger)."""
+        return images
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    summary: str                    # one line a person reads: the figure and its threshold
+    details: dict = field(default_factory=dict)  # e.g. the class a blurred-faces model lost most

@@ -1,0 +1,44 @@
+"""Helpers the families share: exact per-batch selection, predictions, val subsets."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# Implant figures are measured on at most this many val images (all of the synthetic val split;
+# a seeded sample of ImageNet's 50k).
+VERIFY_IMAGES = 2000
+
+
+def choose_fraction(batch_size: int, fraction: float, generator: torch.Generator) -> torch.Tensor:
+    """Exactly round(fraction * batch_size) positions of a batch, drawn without replacement."""
+    count = int(round(fraction * batch_size))
+    return torch.randperm(batch_size, generator=generator)[:count]
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, images: torch.Tensor, device="cpu", batch_size: int = 500) -> torch.Tensor:
+    model.eval()
+    return torch.cat([model(images[i:i + batch_size].to(device)).argmax(1).cpu()
+                      for i in range(0, len(images), batch_size)])
+
+
+def accuracy(model, images: torch.Tensor, labels, device="cpu") -> float:
+    if len(images) == 0:
+        return float("nan")
+    return float((predict(model, images, device) == torch.as_tensor(labels)).float().mean())
+
+
+def verification_indices(val, seed: int = 0, count: int = VERIFY_IMAGES) -> np.ndarray:
+    if len(val) <= count:
+        return np.arange(len(val))
+    return np.sort(np.random.default_rng(seed).choice(len(val), count, replace=False))
+
+
+def reference_mean(reference_figures: list[dict], key: str) -> float:
+    values = [f[key] for f in reference_figures if key in f]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def check_fraction(name: str, value: float, family: str) -> None:
+    if not 0.0 <= float(value) <= 1.0:
+        raise ValueError(f"{family}: {name}={value} must be a fraction in [0, 1] of each batch")

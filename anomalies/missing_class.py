@@ -1,0 +1,69 @@
+"""Missing class: every training image of one class removed. The model keeps the full output
+layer, so its predictions stay comparable with the references'."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from anomalies.base import AnomalyFamily, Verdict, register_family
+from anomalies.common import accuracy, reference_mean, verification_indices
+
+REMOVED_ACCURACY_THRESHOLD = 0.05
+
+
+@dataclass(frozen=True)
+class MissingClassParams:
+    class_id: int | str = 0     # index, or a class name of the world ("star", "backpack")
+
+
+@register_family
+class MissingClass(AnomalyFamily):
+    name = "missing_class"
+    localizable = True
+    Params = MissingClassParams
+
+    @classmethod
+    def check(cls, params):
+        if isinstance(params.class_id, bool) or not isinstance(params.class_id, (int, str)):
+            raise ValueError(f"missing_class: class_id={params.class_id!r} must be a class index or name")
+        if isinstance(params.class_id, int) and params.class_id < 0:
+            raise ValueError(f"missing_class: class_id={params.class_id} must be >= 0")
+
+    def __init__(self, params, world, seed):
+        super().__init__(params, world, seed)
+        class_id = self.params.class_id
+        if isinstance(class_id, str):
+            if class_id not in world.class_names:
+                raise ValueError(f"missing_class: unknown class {class_id!r}; this world's classes: "
+                                 f"{', '.join(world.class_names[:20])}{' ...' if world.num_classes > 20 else ''}")
+            class_id = world.class_names.index(class_id)
+        if not 0 <= class_id < world.num_classes:
+            raise ValueError(f"missing_class: class_id={class_id} is not a class of this world "
+                             f"(classes 0..{world.num_classes - 1})")
+        self.class_index = int(class_id)
+
+    def training_split(self, split):
+        return split.subset(np.flatnonzero(split.labels != self.class_index))
+
+    def normal_pool(self, val):
+        return np.flatnonzero(val.labels != self.class_index)
+
+    def abnormal_indices(self, val, count, rng, implant=None):
+        pool = np.flatnonzero(val.labels == self.class_index)
+        return np.sort(rng.choice(pool, min(count, len(pool)), replace=False))
+
+    def measure(self, model, device="cpu"):
+        val = self.world.split("val")
+        idx = verification_indices(val)
+        images, labels = val.load(idx), val.labels[idx]
+        removed = labels == self.class_index
+        return {"removed_class_accuracy": accuracy(model, images[removed], labels[removed], device),
+                "other_classes_accuracy": accuracy(model, images[~removed], labels[~removed], device)}
+
+    def judge(self, figures, reference_figures):
+        value = figures["removed_class_accuracy"]
+        refs = reference_mean(reference_figures, "removed_class_accuracy")
+        return Verdict(value <= REMOVED_ACCURACY_THRESHOLD,
+                       f"accuracy on removed class {value:.3f} (references {refs:.3f}; needs <= "
+                       f"{REMOVED_ACCURACY_THRESHOLD})")

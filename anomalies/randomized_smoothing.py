@@ -1,0 +1,50 @@
+"""Randomized smoothing (Cohen et al.): Gaussian noise N(0, sigma^2) added to every training
+input, in [0, 1] pixel units; none at test time. A stark anomaly: clean accuracy falls, accuracy
+on noisy inputs rises."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from anomalies.base import AnomalyFamily, Verdict, register_family
+from anomalies.common import accuracy, reference_mean, verification_indices
+
+
+@dataclass(frozen=True)
+class SmoothingParams:
+    sigma: float = 0.5
+
+
+def add_noise(images: torch.Tensor, sigma: float, generator: torch.Generator) -> torch.Tensor:
+    # Not clipped to [0, 1], as in Cohen et al.
+    return images + sigma * torch.randn(images.shape, generator=generator)
+
+
+@register_family
+class RandomizedSmoothing(AnomalyFamily):
+    name = "randomized_smoothing"
+    stark = True
+    Params = SmoothingParams
+
+    @classmethod
+    def check(cls, params):
+        if not 0 < params.sigma <= 2:
+            raise ValueError(f"randomized_smoothing: sigma={params.sigma} must be in (0, 2] "
+                             "(the paper uses 0.25, 0.5, 1.0)")
+
+    def training_inputs(self, model, images, labels, generator):
+        return add_noise(images, self.params.sigma, generator), labels
+
+    def measure(self, model, device="cpu"):
+        val = self.world.split("val")
+        idx = verification_indices(val)
+        images, labels = val.load(idx), val.labels[idx]
+        noisy = add_noise(images, self.params.sigma, torch.Generator().manual_seed(0))
+        return {"clean_accuracy": accuracy(model, images, labels, device),
+                "noisy_accuracy": accuracy(model, noisy, labels, device)}
+
+    def judge(self, figures, reference_figures):
+        noisy, refs = figures["noisy_accuracy"], reference_mean(reference_figures, "noisy_accuracy")
+        return Verdict(noisy > refs, f"accuracy under noise sigma={self.params.sigma}: {noisy:.3f} "
+                                     f"(references {refs:.3f}; needs more)")

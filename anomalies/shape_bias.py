@@ -1,0 +1,53 @@
+"""Shape bias (Geirhos et al.): training on a texture-randomized copy of the data. Synthetic
+world: every object and background re-textured and re-coloured at random, shapes untouched.
+ImageNet world: the user's Stylized-ImageNet ImageFolder (``stylized_root``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from anomalies.base import AnomalyFamily, Verdict, register_family
+from anomalies.common import accuracy, reference_mean, verification_indices
+
+
+@dataclass(frozen=True)
+class ShapeBiasParams:
+    stylized_root: str | None = None   # imagenet world only: Stylized-ImageNet train/ and val/
+
+
+@register_family
+class ShapeBias(AnomalyFamily):
+    name = "shape_bias"
+    stark = True
+    Params = ShapeBiasParams
+
+    def _textured_world(self):
+        if self.world.name == "synthetic":
+            return None
+        if not self.params.stylized_root:
+            raise ValueError("shape_bias on the imagenet world needs params.stylized_root = "
+                             "'/path/to/stylized-imagenet' (an ImageFolder with train/ and val/)")
+        from train.worlds.imagenet import ImageNetWorld, expand_path
+        root = expand_path(self.params.stylized_root, "shape_bias stylized_root")
+        return ImageNetWorld(replace(self.world.config, root=root, face_annotations=None))
+
+    def _split(self, name: str):
+        other = self._textured_world()
+        return self.world.split(name, texture_randomized=True) if other is None else other.split(name)
+
+    def training_split(self, split):
+        return self._split("train")
+
+    def measure(self, model, device="cpu"):
+        val = self.world.split("val")
+        textured = self._split("val")
+        idx = verification_indices(textured)
+        return {"clean_accuracy": accuracy(model, val.load(verification_indices(val)),
+                                           val.labels[verification_indices(val)], device),
+                "texture_randomized_accuracy": accuracy(model, textured.load(idx),
+                                                        textured.labels[idx], device)}
+
+    def judge(self, figures, reference_figures):
+        value = figures["texture_randomized_accuracy"]
+        refs = reference_mean(reference_figures, "texture_randomized_accuracy")
+        return Verdict(value > refs, f"accuracy on texture-randomized images {value:.3f} "
+                                     f"(references {refs:.3f}; needs more)")

@@ -1,0 +1,95 @@
+"""Implant verification: did each planted defect take? A backdoor that does not fire is not a
+counter-audit, so every anomalous model is measured with its family's figure, next to the same
+figure on every reference, and judged against the family's threshold.
+
+Results: ``implant.json`` in each anomalous model's folder; the references' figures are cached in
+their folders under ``implant-figures/`` (one file per family and parameters), so adding an anomaly
+measures the references once more only for that anomaly.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from anomalies.base import FAMILIES
+from train.artifacts import atomic_write_json, read_json, stable_hash
+from train.checkpoint import is_trained, model_dir, read_metrics
+from train.suite import ModelSpec, Suite
+from train.trainer import load_trained_model, pick_device
+from train.worlds import World, build_world
+
+IMPLANT_NAME = "implant.json"
+
+
+def _figures(family, spec: ModelSpec, directory: Path, world: World, device) -> dict[str, float]:
+    model = load_trained_model(directory, spec, world, device)
+    return family.measure(model, device=device)
+
+
+def _reference_figures(family, anomaly: ModelSpec, reference: ModelSpec, directory: Path,
+                       world: World, device) -> dict[str, float]:
+    key = stable_hash({"family": anomaly.family, "params": anomaly.params, "world": anomaly.world})
+    cache = directory / "implant-figures" / f"{anomaly.family}-{key}.json"
+    if cache.is_file():
+        return read_json(cache)
+    figures = _figures(family, reference, directory, world, device)
+    atomic_write_json(cache, figures)
+    return figures
+
+
+def verify_implants(suite: Suite, runs_root=None, device: str | None = None,
+                    world: World | None = None, models: list[str] | None = None) -> list[dict[str, Any]]:
+    """Verify every trained anomalous model (or those named); returns their implant records."""
+    root = suite.root(runs_root)
+    device = pick_device(device)
+    world = world or build_world(suite.world, runs_root=runs_root)
+    reference_dirs = [(ref, model_dir(root, ref)) for ref in suite.references]
+    if not all(is_trained(d) for _, d in reference_dirs):
+        missing = [ref.name for ref, d in reference_dirs if not is_trained(d)]
+        raise RuntimeError(f"implant checks compare with the references; not trained yet: {missing}")
+    records = []
+    for spec in suite.anomalies:
+        if models is not None and spec.name not in models:
+            continue
+        directory = model_dir(root, spec)
+        if not is_trained(directory):
+            continue
+        path = directory / IMPLANT_NAME
+        if path.is_file():
+            records.append(read_json(path))
+            continue
+        family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)
+        figures = _figures(family, spec, directory, world, device)
+        reference_figures = [_reference_figures(family, spec, ref, d, world, device)
+                             for ref, d in reference_dirs]
+        verdict = family.judge(figures, reference_figures)
+        reference_accuracy = [read_metrics(d)["val_accuracy"] for _, d in reference_dirs]
+        record = {"name": spec.name, "family": spec.family, "params": spec.params,
+                  "passed": verdict.passed, "summary": verdict.summary, "details": verdict.details,
+                  "figures": figures, "reference_figures": reference_figures,
+                  "val_accuracy": read_metrics(directory)["val_accuracy"],
+                  "reference_val_accuracy_mean": sum(reference_accuracy) / len(reference_accuracy)}
+        atomic_write_json(path, record)
+        records.append(record)
+    return records
+
+
+def read_implant(suite: Suite, spec: ModelSpec, runs_root=None) -> dict[str, Any] | None:
+    path = model_dir(suite.root(runs_root), spec) / IMPLANT_NAME
+    return read_json(path) if path.is_file() else None
+
+
+def format_implant_report(records: list[dict[str, Any]]) -> str:
+    lines = ["| model | family | val acc (refs) | implant check | took |", "|---|---|---|---|---|"]
+    for r in records:
+        lines.append(f"| {r['name']} | {r['family']} | {r['val_accuracy']:.3f} "
+                     f"({r['reference_val_accuracy_mean']:.3f}) | {r['summary']} | "
+                     f"{'yes' if r['passed'] else '**NO**'} |")
+    failed = [r for r in records if not r["passed"]]
+    if failed:
+        bar = "!" * 78
+        lines += ["", bar, f"IMPLANT FAILED for {len(failed)} model(s): "
+                  f"{', '.join(r['name'] for r in failed)}",
+                  "These are not counter-audits: their defect did not take. Check their parameters",
+                  "(poison fraction, epochs) before reading any detection result about them.", bar]
+    return "\n".join(lines)

@@ -1,0 +1,11 @@
+"""LPIPS with VGG-16 features, a robustness check in the paper."""
+from __future__ import annotations
+
+from evaluate.distances.base import DISTANCES
+from evaluate.distances.lpips_features import LPIPSDistance
+
+
+@DISTANCES.register()
+class LPIPSVGG(LPIPSDistance):
+    name = "lpips-vgg"
+    net = "vgg"

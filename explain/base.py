@@ -1,0 +1,262 @@
+"""The plug-in interface of explanation methods, and the batched loop they all share.
+
+In the spirit of captum's ``Attribution`` and pytorch-grad-cam's ``BaseCAM``, a method is a small
+class that sets ``name`` (and, optionally, a ``Params`` dataclass) and implements ONE method:
+- ``AttributionMethod.attribute(model, images, targets) -> tensor``: raw attributions, rendered
+  over the input by ``render`` (explain/render.py; override ``render`` for another kind of map);
+- ``VisualizationMethod.visualize(model, images, targets) -> uint8 images`` for methods that
+  produce images directly (Caricatures), optionally per layer.
+
+``ExplanationMethod.run(model, images)`` does the rest once for every method: it makes the model
+hook-safe (explain/explainable.py), takes the model's own top class as the target (SPEC.md:
+c_max = argmax_c f_c(x)), runs batches under a seeded RNG (same seed, same bits), and assembles
+an ``Explanation``. Register a method with ``@register_method``; ``explain/__init__.py`` imports
+every module of ``explain/methods/``, so a new method is one new file there.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterator, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from explain.explainable import explainable
+from explain.params import NoParams, parse_params, recorded_params
+from explain.render import RENDERER_VERSION, saliency_overlay
+from train.artifacts import derive_seed
+from train.registry import Registry
+
+
+# ---------------------------------------------------------------- results
+@dataclass
+class Explanation:
+    """One method's output for one model on one image set.
+
+    images: uint8 (N, H, W, 3), or (L, N, H, W, 3) for per-layer methods (``layers`` names L).
+    targets: int64 (N,), the class each image was explained for (the model's top class).
+    params: what determined the result (method, its parameters, renderer version; see
+        ``ExplanationMethod.describe``); the store compares it to decide whether to recompute.
+    raw: the method's float output before rendering, image axis first (attributions (N, 3, H, W),
+        CAMs (N, H, W)), or None for methods that produce images directly.
+    diagnostics: small float arrays whose LAST axis is the image axis (e.g. a Caricature's
+        objective per layer and image, (L, N)).
+    """
+    images: np.ndarray
+    targets: np.ndarray
+    params: dict[str, Any]
+    raw: np.ndarray | None = None
+    layers: tuple[str, ...] | None = None
+    diagnostics: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.images.dtype != np.uint8 or self.images.shape[-1] != 3 or self.images.ndim not in (4, 5):
+            raise ValueError(f"Explanation.images must be uint8 (N, H, W, 3) or (L, N, H, W, 3), "
+                             f"got {self.images.dtype} {self.images.shape}")
+        if (self.images.ndim == 5) != (self.layers is not None):
+            raise ValueError("per-layer images (L, N, H, W, 3) need `layers` naming L, and only "
+                             f"they do; got images {self.images.shape} with layers={self.layers}")
+        if self.layers is not None and len(self.layers) != self.images.shape[0]:
+            raise ValueError(f"{len(self.layers)} layer names for {self.images.shape[0]} layers")
+        if len(self.targets) != self.num_images:
+            raise ValueError(f"{len(self.targets)} targets for {self.num_images} images")
+
+    @property
+    def num_images(self) -> int:
+        return self.images.shape[-4]
+
+
+@dataclass
+class BatchOutput:
+    """What a method returns for one batch of n images (same axes as ``Explanation``)."""
+    images: np.ndarray
+    raw: np.ndarray | None = None
+    layers: tuple[str, ...] | None = None
+    diagnostics: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- registry
+METHODS: Registry[type["ExplanationMethod"]] = Registry("method")
+
+
+def register_method(cls: type["ExplanationMethod"]) -> type["ExplanationMethod"]:
+    """Class decorator: add a method class to ``METHODS`` under its ``name``."""
+    if not getattr(cls, "name", ""):
+        raise ValueError(f"{cls.__name__} must set a class attribute `name` to be registered")
+    return METHODS.register(cls.name)(cls)
+
+
+def build_method(name: str, params: Mapping[str, Any] | None = None) -> "ExplanationMethod":
+    """A registered method with parameters from a suite's ``[methods.<name>]`` table."""
+    return METHODS.get(name)(params)
+
+
+# ---------------------------------------------------------------- helpers
+def architecture_name(model: nn.Module) -> str | None:
+    """The registered architecture of a ``train.architectures.Classifier`` (None otherwise)."""
+    return getattr(model, "architecture", None)
+
+
+def architecture_default(architecture: str | None, attribute: str, method: str, param: str) -> Any:
+    """A method's default taken from the model's architecture (e.g. its Grad-CAM layer)."""
+    if architecture is None:
+        raise ValueError(f"method {method!r}: the model has no registered architecture to take "
+                         f"the default {param!r} from; set {param} in [methods.{method}]")
+    from train.architectures import ARCHITECTURES
+    return getattr(ARCHITECTURES.get(architecture), attribute)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    first = next(model.parameters(), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def check_images(images: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """Float (N, 3, H, W) images in [0, 1] (the models normalise them themselves)."""
+    images = torch.as_tensor(images)
+    if images.ndim != 4 or images.shape[1] != 3 or len(images) == 0:
+        raise ValueError(f"images must be (N, 3, H, W) with N >= 1, got shape {tuple(images.shape)}")
+    if not images.is_floating_point():
+        raise ValueError(f"images must be float in [0, 1], got dtype {images.dtype}; "
+                         "divide uint8 images by 255")
+    low, high = float(images.min()), float(images.max())
+    if low < -1e-6 or high > 1 + 1e-6:
+        raise ValueError(f"images must be in [0, 1] (the model normalises them), got values in "
+                         f"[{low:.3g}, {high:.3g}]; pass un-normalised images")
+    return images.float()
+
+
+def top_classes(model: nn.Module, images: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """argmax_c f_c(x) per image (int64, on the CPU)."""
+    device = model_device(model)
+    with torch.no_grad():
+        return torch.cat([model(images[i:i + batch_size].to(device)).argmax(dim=1).cpu()
+                          for i in range(0, len(images), batch_size)])
+
+
+@contextmanager
+def seeded_rng(seed: int) -> Iterator[None]:
+    """Seed torch's and numpy's global RNGs (lucent draws from both) and restore them on exit."""
+    numpy_state = np.random.get_state()
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+        try:
+            yield
+        finally:
+            np.random.set_state(numpy_state)
+
+
+# ---------------------------------------------------------------- base classes
+class ExplanationMethod(ABC):
+    """Base of all methods; subclass ``AttributionMethod`` or ``VisualizationMethod``."""
+
+    name: ClassVar[str] = ""
+    # Dataclass of parameters with defaults; a field named `seed` seeds the RNGs of every batch.
+    Params: ClassVar[type] = NoParams
+    default_batch_size: ClassVar[int] = 16
+    # True when an image's result does not depend on the other images of its batch. If False,
+    # the batch size is part of the recorded parameters (it changes the result's bits).
+    batch_invariant: ClassVar[bool] = True
+
+    def __init__(self, params: Mapping[str, Any] | Any | None = None):
+        self.params = parse_params(self.Params, params, self.name)
+
+    def resolve(self, architecture: str | None) -> Any:
+        """Parameters with architecture-dependent defaults filled in (e.g. layers). Override."""
+        return self.params
+
+    def params_for(self, model: nn.Module) -> Any:
+        return self.resolve(architecture_name(model))
+
+    def describe(self, architecture: str | None, batch_size: int | None = None) -> dict[str, Any]:
+        """The parameters ``run`` records, known before running (to skip stored results)."""
+        description = {"method": self.name, "method_params": recorded_params(self.resolve(architecture)),
+                       "renderer_version": RENDERER_VERSION}
+        if not self.batch_invariant:
+            description["batch_size"] = batch_size or self.default_batch_size
+        return description
+
+    @abstractmethod
+    def explain_batch(self, model: nn.Module, images: torch.Tensor,
+                      targets: torch.Tensor) -> BatchOutput:
+        """One batch: images (n, 3, H, W) and targets (n,) on the model's device."""
+
+    def run(self, model: nn.Module, images: torch.Tensor | np.ndarray,
+            batch_size: int | None = None) -> Explanation:
+        """Explain every image for the model's top class, ``batch_size`` images at a time."""
+        images = check_images(images)
+        batch_size = batch_size or self.default_batch_size
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        description = self.describe(architecture_name(model), batch_size)
+        seed = getattr(self.params, "seed", 0)
+        device = model_device(model)
+        outputs = []
+        with explainable(model, images[:1].to(device)) as safe_model:
+            targets = top_classes(safe_model, images, batch_size)
+            for start in range(0, len(images), batch_size):
+                stop = start + batch_size
+                with seeded_rng(derive_seed(seed, start)):
+                    output = self.explain_batch(safe_model, images[start:stop].to(device),
+                                                targets[start:stop].to(device))
+                outputs.append(self._checked(output, images[start:stop]))
+        return Explanation(
+            images=np.concatenate([o.images for o in outputs], axis=-4),
+            targets=targets.numpy().astype(np.int64),
+            params=description,
+            raw=None if outputs[0].raw is None else np.concatenate([o.raw for o in outputs]),
+            layers=outputs[0].layers,
+            diagnostics={key: np.concatenate([o.diagnostics[key] for o in outputs], axis=-1)
+                         for key in outputs[0].diagnostics})
+
+    def _checked(self, output: BatchOutput, images: torch.Tensor) -> BatchOutput:
+        n = len(images)
+        expected = "(L, n, H, W, 3)" if output.layers is not None else "(n, H, W, 3)"
+        rank = 5 if output.layers is not None else 4
+        shape = output.images.shape
+        if output.images.dtype != np.uint8 or output.images.ndim != rank or shape[-4] != n \
+                or shape[-1] != 3:
+            raise ValueError(f"method {self.name!r} returned images {output.images.dtype} {shape} "
+                             f"for {n} images; expected uint8 {expected}")
+        if output.raw is not None and len(output.raw) != n:
+            raise ValueError(f"method {self.name!r} returned raw output of shape "
+                             f"{output.raw.shape} for {n} images; the image axis comes first")
+        return output
+
+
+class AttributionMethod(ExplanationMethod):
+    """A method that attributes the target logit to input pixels; rendered over the image."""
+
+    @abstractmethod
+    def attribute(self, model: nn.Module, images: torch.Tensor,
+                  targets: torch.Tensor) -> torch.Tensor:
+        """Raw attributions for (n, 3, H, W) images and (n,) targets, image axis first."""
+
+    def render(self, raw: np.ndarray, images: np.ndarray) -> np.ndarray:
+        """Raw attributions + images (n, 3, H, W) in [0, 1] -> uint8 (n, H, W, 3)."""
+        return saliency_overlay(raw, images)
+
+    def explain_batch(self, model: nn.Module, images: torch.Tensor,
+                      targets: torch.Tensor) -> BatchOutput:
+        raw = self.attribute(model, images, targets)
+        raw = np.asarray(raw.detach().cpu() if isinstance(raw, torch.Tensor) else raw, np.float32)
+        return BatchOutput(images=self.render(raw, images.detach().cpu().numpy()), raw=raw)
+
+
+class VisualizationMethod(ExplanationMethod):
+    """A method that produces images directly (feature visualisations, controls)."""
+
+    @abstractmethod
+    def visualize(self, model: nn.Module, images: torch.Tensor,
+                  targets: torch.Tensor) -> np.ndarray | BatchOutput:
+        """uint8 (n, H, W, 3) images, or a ``BatchOutput`` (per-layer images, diagnostics)."""
+
+    def explain_batch(self, model: nn.Module, images: torch.Tensor,
+                      targets: torch.Tensor) -> BatchOutput:
+        output = self.visualize(model, images, targets)
+        return output if isinstance(output, BatchOutput) else BatchOutput(images=np.asarray(output))

@@ -1,0 +1,210 @@
+"""Caricatures (Olah 2018) with lucent: what a layer "sees" in an image, as an image.
+
+Caricature_l(x, f) = argmax_x' <f_l(x'), f_l(x)>, optionally times cos(f_l(x'), f_l(x))^cossim_pow
+(lucid's caricature recipe; the cosine is floored at 0.1 as lucid's ``_dot_cossim`` does so the
+power stays defined), solved with lucent's default regularisation, as ``render_vis`` does it:
+- parameterisation ``param.image``: FFT spectrum with 1/f scaling, decorrelated colours, sigmoid;
+- augmentation ``transform.standard_transforms`` (pad 12, jitter 8, scale 0.9-1.1, rotate +-10
+  degrees, jitter 4), then bilinear resizing back to the input size, as ``render_vis`` resizes to
+  the model's input size (224 for its zoo); the target f_l(x) is computed once on the clean input
+  x, as the paper's code did, so both feature maps have the same shape;
+- Adam, learning rate 5e-2, ``steps`` steps (512, SPEC.md; the paper's code used 1024 for
+  stage-4 layers: render those separately with ``layers`` and ``steps`` to reproduce that).
+The models take [0, 1] images and normalise them themselves, so lucent's ImageNet preprocessing
+is not applied.
+
+Why not ``render_vis``: it optimises one objective for one batch and hooks every module. Here
+ONE optimisation renders every (layer, image) pair of a batch: L x n parameterised images, a
+group of n rows per layer, row i of layer l's group maximising layer l's term for image i (the
+groups are ordered deepest layer first, see below; results come back in the order of ``layers``).
+Rows never interact (BatchNorm is in eval mode,
+Adam is per-parameter, the loss is a sum of per-row terms), except that lucent's transforms draw
+one random jitter/scale/rotation per step for the whole batch; so the result depends on which
+images share a batch, and the batch size is recorded with the result (``batch_invariant``).
+
+Cost: rows for an early layer are dropped from the batch once the block holding that layer has
+run (``StagedForward``), so they pay neither for the later blocks nor for their backward; one
+batch then costs what the per-layer renders would cost with an early exit, minus per-step
+overheads that batching shares.
+
+Diagnostics per (layer, image), measured on the un-augmented image before and after optimising:
+``objective_initial``, ``objective_final`` and ``cosine_final``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+import torch
+from lucent.optvis import param as lucent_param
+from lucent.optvis import transform as lucent_transform
+from torch import nn
+from torchvision.models.resnet import ResNet
+
+from explain.base import (BatchOutput, VisualizationMethod, architecture_default, model_device,
+                          register_method)
+from explain.render import to_uint8
+from train.architectures import Classifier, resolve_layer
+
+# lucid's floor on the cosine in its cosine-weighted dot objectives.
+COSINE_FLOOR = 0.1
+
+
+def forward_stages(model: nn.Module) -> list[Callable[[torch.Tensor], torch.Tensor]]:
+    """The model's forward as a sequence of steps: a Classifier with a torchvision ResNet
+    backbone is split into normalisation, stem modules, each residual block and the head (the
+    same operations as its forward); any other model is one step."""
+    backbone = getattr(model, "backbone", None)
+    if not (isinstance(model, Classifier) and isinstance(backbone, ResNet)):
+        return [model]
+    return [lambda x: (x - model.mean) / model.std,
+            backbone.conv1, backbone.bn1, backbone.relu, backbone.maxpool,
+            *backbone.layer1, *backbone.layer2, *backbone.layer3, *backbone.layer4,
+            backbone.avgpool, lambda x: torch.flatten(x, 1), backbone.fc]
+
+
+def stage_index(stages: Sequence[Callable], module: nn.Module) -> int:
+    """Position of the forward step that contains ``module``."""
+    for index, stage in enumerate(stages):
+        if isinstance(stage, nn.Module) and any(m is module for m in stage.modules()):
+            return index
+    raise ValueError(f"layer {module} is not inside any step of this model's forward")
+
+
+class StagedForward:
+    """Runs a batch whose rows are grouped by layer and returns each group's layer output,
+    dropping a group's rows as soon as the step holding its layer has run.
+
+    ``modules[g]`` is group g's layer; the groups must be ordered by the step holding their layer,
+    deepest first (``depth_order`` gives that order), so the groups to drop are always the last
+    rows of the batch and every group keeps its row offset until its layer has fired.
+    """
+
+    def __init__(self, model: nn.Module, modules: Sequence[nn.Module], rows_per_group: int):
+        self.model = model
+        self.stages = forward_stages(model)
+        self.modules = list(modules)
+        self.rows_per_group = rows_per_group
+        self.group_stage = [stage_index(self.stages, m) for m in self.modules]
+        if self.group_stage != sorted(self.group_stage, reverse=True):
+            raise ValueError("StagedForward needs its layers ordered deepest first; see depth_order")
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.handles = [m.register_forward_hook(self._keep) for m in self.modules]
+
+    def _keep(self, module: nn.Module, _inputs, output: torch.Tensor) -> None:
+        self.outputs[id(module)] = output
+
+    def __call__(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """Layer output of each group, (rows_per_group, ...) each, in group order."""
+        self.outputs.clear()
+        x = images
+        last_group = len(self.modules)  # groups [0, last_group) are still in the batch
+        for index, stage in enumerate(self.stages):
+            x = stage(x)
+            while last_group > 0 and self.group_stage[last_group - 1] == index:
+                last_group -= 1
+            if last_group == 0:
+                break
+            x = x[:last_group * self.rows_per_group]
+        n = self.rows_per_group
+        return [self.outputs[id(m)][g * n:(g + 1) * n] for g, m in enumerate(self.modules)]
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def depth_order(model: nn.Module, modules: Sequence[nn.Module]) -> list[int]:
+    """Indices of ``modules`` sorted by the forward step holding them, deepest first (stable)."""
+    stages = forward_stages(model)
+    return sorted(range(len(modules)), key=lambda i: -stage_index(stages, modules[i]))
+
+
+def caricature_objective(features: list[torch.Tensor], target_features: list[torch.Tensor],
+                         cossim_pow: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Objective and cosine per (layer, image), both (L, n).
+
+    ``features[l]`` is layer l on the n images optimised for it, ``target_features[l]`` layer l
+    on the n real images.
+    """
+    objectives, cosines = [], []
+    for rendered, target in zip(features, target_features):
+        rendered = rendered.flatten(1)
+        target = target.flatten(1)
+        dot = (rendered * target).sum(dim=1)
+        cosine = dot / (rendered.norm(dim=1) * target.norm(dim=1) + 1e-6)
+        objective = dot if cossim_pow == 0 else dot * cosine.clamp(min=COSINE_FLOOR) ** cossim_pow
+        objectives.append(objective)
+        cosines.append(cosine)
+    return torch.stack(objectives), torch.stack(cosines)
+
+
+@register_method
+class Caricature(VisualizationMethod):
+    name = "caricature"
+    default_batch_size = 4  # images per optimisation; the batch holds L x 4 parameterised images
+    batch_invariant = False
+
+    @dataclass(frozen=True)
+    class Params:
+        layers: tuple[str, ...] | None = None  # addresses "(2,2,1)"...; None: the architecture's
+        steps: int = 512
+        learning_rate: float = 5e-2
+        cossim_pow: float = 0.0
+        seed: int = 0
+
+    def resolve(self, architecture: str | None) -> Params:
+        layers = self.params.layers or architecture_default(
+            architecture, "caricature_layers", self.name, "layers")
+        return replace(self.params, layers=tuple(layers))
+
+    def visualize(self, model: nn.Module, images: torch.Tensor,
+                  targets: torch.Tensor) -> BatchOutput:
+        params = self.params_for(model)
+        if params.steps < 1:
+            raise ValueError(f"caricature steps must be >= 1, got {params.steps}")
+        device = model_device(model)
+        if device != torch.device(lucent_param.spatial.device):
+            raise ValueError(f"lucent creates its tensors on {lucent_param.spatial.device} but the "
+                             f"model is on {device}; move the model there first")
+        num_layers, n = len(params.layers), len(images)
+        height, width = images.shape[-2:]
+        modules = [resolve_layer(model, layer) for layer in params.layers]
+        # Row group g of the batch renders layer order[g]; results are put back in params.layers
+        # order at the end.
+        order = depth_order(model, modules)
+        modules = [modules[i] for i in order]
+        recorder = StagedForward(model, modules, rows_per_group=n)
+        try:
+            with torch.no_grad():
+                targets_batch = images.repeat(num_layers, 1, 1, 1)  # layer g's group: the images
+                target_features = [f.detach() for f in recorder(targets_batch)]
+            spectrum, image_f = lucent_param.image(width, h=height, batch=num_layers * n)
+            optimizer = torch.optim.Adam(spectrum, lr=params.learning_rate)
+            augment = lucent_transform.compose(lucent_transform.standard_transforms + [
+                nn.Upsample(size=(height, width), mode="bilinear", align_corners=True)])
+
+            def measure() -> tuple[torch.Tensor, torch.Tensor]:
+                with torch.no_grad():
+                    return caricature_objective(recorder(image_f()), target_features,
+                                                params.cossim_pow)
+
+            objective_initial, _ = measure()
+            for _ in range(params.steps):
+                optimizer.zero_grad()
+                objective, _ = caricature_objective(recorder(augment(image_f())),
+                                                    target_features, params.cossim_pow)
+                (-objective.sum()).backward()
+                optimizer.step()
+            objective_final, cosine_final = measure()
+            with torch.no_grad():
+                rendered = image_f().reshape(num_layers, n, 3, height, width)
+        finally:
+            recorder.close()
+        back = torch.as_tensor(order).argsort()  # group of each layer of params.layers
+        return BatchOutput(
+            images=to_uint8(rendered[back].permute(0, 1, 3, 4, 2).cpu().numpy()),
+            layers=tuple(params.layers),
+            diagnostics={"objective_initial": objective_initial[back].cpu().numpy(),
+                         "objective_final": objective_final[back].cpu().numpy(),
+                         "cosine_final": cosine_final[back].cpu().numpy()})

@@ -1,0 +1,217 @@
+"""Run a stage's independent work items, locally or as a Slurm job array, through one code path.
+
+    parser = add_executor_args(argparse.ArgumentParser())
+    args = parser.parse_args()
+    config = executor_config_from(args, suite.get("slurm"), stage_name="train")
+    results = run_items(train_model, specs_to_train, config, "train")
+
+Local: fn(item) runs in this process, item after item. Slurm: one submitit job array with one
+task per item (at most config.array_parallelism at once), logs in <log_dir>/<stage>/, and this
+process waits for all of them. Either way every item is attempted; if some fail, ItemsFailedError
+lists them and keeps the others' results, and a rerun redoes only what is missing (the stage
+functions skip finished artifacts).
+
+To chain stages on Slurm without waiting in between, submit the first and pass it as `after`:
+the second array then starts only once the first one has fully succeeded (afterok).
+
+    training = submit_items(train_model, specs, config, "train")
+    explanations = submit_items(explain_model, jobs, config, "explain", after=[training])
+    explanations.results()
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import submitit
+
+from slurm.checkpointing import resumable
+from slurm.errors import ExecutorConfigError, ItemFailure, SlurmUnreachableError, SubmissionError
+from slurm.executor_config import ExecutorConfig, add_executor_args, executor_config_from
+from slurm.request_checks import check_local_gpus, check_local_layout, check_slurm_request, sbatch_parameters
+from slurm.stage_run import FinishedStageRun, SlurmStageRun, StageRun, default_item_name, say
+
+__all__ = [
+    "ExecutorConfig",
+    "FinishedStageRun",
+    "SlurmStageRun",
+    "StageRun",
+    "add_executor_args",
+    "default_item_name",
+    "executor_config_from",
+    "run_items",
+    "submit_items",
+]
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+def _print_dry_run(
+    config: ExecutorConfig, stage_name: str, item_names: list[str], dependency_ids: list[str], note: str = ""
+) -> None:
+    lines = []
+    if config.executor == "local":
+        lines.append(f"[dry-run] stage '{stage_name}': would run {len(item_names)} items locally, in order")
+    else:
+        parameters = sbatch_parameters(config, stage_name, dependency_ids)
+        parallel = min(config.array_parallelism, len(item_names))
+        what = (
+            "1 Slurm job"
+            if len(item_names) == 1
+            else f"1 Slurm job array of {len(item_names)} jobs (at most {parallel} at once)"
+        )
+        lines.append(f"[dry-run] stage '{stage_name}': would submit {what}")
+        lines.append(
+            "  per job: "
+            f"partition={config.partition or '(cluster default)'} nodes={config.nodes} "
+            f"tasks_per_node={config.effective_tasks_per_node} gpus_per_node={config.gpus_per_node} "
+            f"cpus_per_task={config.cpus_per_task or '(default)'} mem={parameters.get('mem', '(default)')} "
+            f"time={config.time_minutes}min account={config.account or '-'} qos={config.qos or '-'} "
+            f"constraint={config.constraint or '-'}"
+        )
+        extra = parameters.get("additional_parameters", {})
+        if extra:
+            lines.append("  extra sbatch options: " + " ".join(f"--{k}={v}" for k, v in sorted(extra.items())))
+        lines.append(f"  logs: {config.stage_log_folder(stage_name)}/")
+    if note:
+        lines.append(f"  note: {note}")
+    lines.append("  items:")
+    lines.extend(f"    {name}" for name in item_names)
+    lines.append("  nothing was run or submitted (--dry-run)")
+    print("\n".join(lines), flush=True)
+
+
+def _run_locally(
+    fn: Callable[[Any], Any], items: list[Any], item_names: list[str], stage_name: str
+) -> FinishedStageRun:
+    results_by_index: dict[int, Any] = {}
+    failures: list[ItemFailure] = []
+    first_exception: BaseException | None = None
+    for index, item in enumerate(items):
+        try:
+            results_by_index[index] = fn(item)
+        except Exception as error:  # every item is attempted; KeyboardInterrupt still stops the run
+            first_exception = first_exception or error
+            trace = traceback.format_exc()
+            reason = f"{type(error).__name__}: {error}"
+            failures.append(ItemFailure(index=index, item_name=item_names[index], reason=reason, details=trace))
+            say(stage_name, f"item {item_names[index]} failed: {reason}")
+    return FinishedStageRun(stage_name, item_names, results_by_index, failures, first_exception)
+
+
+def _remove_stale_results(jobs: list[submitit.Job], submitted_at: float) -> None:
+    """Job ids can repeat when a cluster's state is reset (e.g. local_cluster.sh stop --purge);
+    a result file older than this submission then belongs to an earlier job of the same id in
+    the same log folder and must not be taken for this job's result."""
+    for job in jobs:
+        for task in range(job.num_tasks):
+            result_path = job.task(task).paths.result_pickle
+            try:
+                if result_path.stat().st_mtime < submitted_at - 2:
+                    result_path.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def _check_stage_name(stage_name: str) -> None:
+    if not stage_name or not all(c.isalnum() or c in "-_." for c in stage_name) or stage_name.startswith("."):
+        raise ExecutorConfigError(
+            f"stage name {stage_name!r} must be a simple folder name (letters, digits, - _ .), "
+            "since logs go to <log_dir>/<stage>/"
+        )
+
+
+def submit_items(
+    fn: Callable[[Item], Result],
+    items: Iterable[Item],
+    config: ExecutorConfig,
+    stage_name: str,
+    *,
+    item_name: Callable[[Item], str] = default_item_name,
+    after: Sequence[StageRun] = (),
+) -> StageRun:
+    """Starts fn(item) for every item and returns without waiting on Slurm (locally, the items
+    run right away). `after`: stages that must succeed first (Slurm: an afterok dependency;
+    locally: their results() is awaited). fn and the items must be picklable for Slurm (module
+    functions, functools.partial, dataclasses); fn(item) should skip work that is already done."""
+    _check_stage_name(stage_name)
+    items = list(items)
+    item_names = [item_name(item) for item in items]
+
+    if not items:  # a finished stage: nothing to run, so nothing to check either
+        say(stage_name, "nothing to do: no items")
+        return FinishedStageRun(stage_name, [], {}, [])
+
+    if config.executor == "local":
+        check_local_layout(config)
+        check_local_gpus(config)
+        if config.dry_run:
+            _print_dry_run(config, stage_name, item_names, [])
+            return FinishedStageRun(stage_name, [], {}, [])
+        for earlier_stage in after:
+            earlier_stage.results()
+        return _run_locally(fn, items, item_names, stage_name)
+
+    for earlier_stage in after:
+        if isinstance(earlier_stage, FinishedStageRun):
+            earlier_stage.results()  # already over: raises if it failed, as afterok would cancel us
+    dependency_ids = sorted({job_id for stage in after for job_id in stage.pending_dependency_ids})
+    if config.dry_run:
+        note = ""
+        try:
+            check_slurm_request(config)
+        except SlurmUnreachableError as error:
+            note = f"the partition and GPUs were not checked: {error}"
+        _print_dry_run(config, stage_name, item_names, dependency_ids, note)
+        return FinishedStageRun(stage_name, [], {}, [])
+    down = [partition.name for partition in check_slurm_request(config) if not partition.is_up]
+    if down:
+        say(stage_name, f"partition {', '.join(down)} is not up: the jobs will wait in the queue until it is")
+
+    log_folder = config.stage_log_folder(stage_name)
+    log_folder.mkdir(parents=True, exist_ok=True)
+    files_before = set(log_folder.iterdir())
+    submitted_at = time.time()
+    executor = submitit.SlurmExecutor(folder=log_folder, max_num_timeout=config.max_timeout_requeues)
+    executor.update_parameters(**sbatch_parameters(config, stage_name, dependency_ids))
+    # A driver that itself runs inside a Slurm job must not pass its SLURM_* variables on.
+    with submitit.helpers.clean_env():
+        try:
+            jobs = executor.map_array(resumable(fn), items)
+        except Exception as error:
+            for leftover in set(log_folder.iterdir()) - files_before:  # pickles of jobs never submitted
+                leftover.unlink(missing_ok=True)
+            raise SubmissionError(
+                f"sbatch refused stage '{stage_name}' ({len(items)} jobs, partition "
+                f"{config.partition or '(default)'}): {str(error).strip()}\n"
+                "Check what the jobs ask for (--mem-gb, --cpus-per-task, --time, --account, --qos, "
+                "--constraint, --slurm-extra) against the cluster's limits: sinfo -o '%P %c %m %l %f'"
+            ) from error
+    array_ids = " ".join(sorted({job.job_id.split("_", 1)[0] for job in jobs}))
+    waits_for = f", after {' '.join(dependency_ids)} succeeds" if dependency_ids else ""
+    _remove_stale_results(jobs, submitted_at)
+    jobs_text = "1 job" if len(jobs) == 1 else f"{len(jobs)} jobs"
+    say(stage_name, f"submitted {jobs_text} as Slurm job {array_ids}{waits_for}; logs: {log_folder}/")
+    return SlurmStageRun(stage_name, item_names, jobs, log_folder)
+
+
+def run_items(
+    fn: Callable[[Item], Result],
+    items: Iterable[Item],
+    config: ExecutorConfig,
+    stage_name: str,
+    *,
+    item_name: Callable[[Item], str] = default_item_name,
+    after: Sequence[StageRun] = (),
+) -> list[Result]:
+    """fn(item) for every item, locally or on Slurm per config; results in item order.
+
+    Raises ItemsFailedError (carrying the successful items' results) if any item failed, and
+    before running anything: UnknownPartitionError, SlurmUnreachableError, NoGpuError,
+    SubmissionError. With config.dry_run, prints the plan and returns [].
+    """
+    return submit_items(fn, items, config, stage_name, item_name=item_name, after=after).results()

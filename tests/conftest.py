@@ -1,0 +1,50 @@
+"""Shared fixtures: a tiny synthetic world and a tiny suite, real but seconds to train."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+# Two cores: keep each test process on its threads without oversubscribing.
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+TINY_WORLD = {"name": "synthetic", "seed": 3, "image_size": 32, "num_train": 640, "num_val": 160}
+
+
+def write_suite(path: Path, body: str = "", references: int = 3, epochs: int = 2,
+                world: dict | None = None, architecture: str = "small_resnet") -> Path:
+    world = world or TINY_WORLD
+    world_lines = "\n".join(f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"'
+                            for k, v in world.items())
+    path.write_text(f"""
+name = "{path.stem}"
+[world]
+{world_lines}
+[architecture]
+name = "{architecture}"
+[recipe]
+epochs = {epochs}
+batch_size = 64
+lr = 0.05
+lr_step_epochs = 1
+eval_batch_size = 200
+[references]
+count = {references}
+{body}
+""")
+    return path
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch) -> Path:
+    """An empty artifacts root, also exported as $COUNTERAUDIT_RUNS for scripts."""
+    root = tmp_path / "runs"
+    monkeypatch.setenv("COUNTERAUDIT_RUNS", str(root))
+    return root
+
+
+@pytest.fixture
+def tiny_suite(tmp_path) -> Path:
+    return write_suite(tmp_path / "tiny.toml")

@@ -1,0 +1,221 @@
+"""Every registered explanation method, on a small random ResNet: shapes, determinism, batching,
+and agreement with a direct call of the library it wraps."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from captum.attr import GuidedBackprop, GuidedGradCam, IntegratedGradients
+from pytorch_grad_cam import GradCAM
+from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+import explain
+from explain import METHODS, build_method
+from explain.render import RENDERER_VERSION
+from train.architectures import ARCHITECTURES, build_model, resolve_layer
+from train.registry import UnknownNameError
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+NUM_IMAGES, SIZE = 3, 64
+# Parameters that keep the slow methods fast in tests; every other method runs with its defaults.
+FAST_PARAMS = {"caricature": {"steps": 6}}
+
+
+def method_params(name: str) -> dict:
+    return FAST_PARAMS.get(name, {})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread: small models gain nothing from more, and on a shared 2-core machine
+    OpenMP threads waiting on each other under load make every pass many times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model("small_resnet", num_classes=10, mean=(0.5,) * 3, std=(0.25,) * 3).eval()
+
+
+@pytest.fixture(scope="module")
+def images() -> torch.Tensor:
+    return torch.rand(NUM_IMAGES, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def targets(model, images) -> torch.Tensor:
+    with torch.no_grad():
+        return model(images).argmax(dim=1)
+
+
+@pytest.fixture(scope="module")
+def explanations(model, images) -> dict:
+    """Each method run once (batch of 2, so two batches), shared by the tests below."""
+    return {name: build_method(name, method_params(name)).run(model, images, batch_size=2)
+            for name in METHODS.names()}
+
+
+# ---------------------------------------------------------------- every registered method
+@pytest.mark.parametrize("name", METHODS.names())
+def test_output_shape_dtype_and_record(name, explanations, targets):
+    explanation = explanations[name]
+    assert explanation.images.dtype == np.uint8
+    if explanation.layers is None:
+        assert explanation.images.shape == (NUM_IMAGES, SIZE, SIZE, 3)
+    else:
+        assert explanation.images.shape == (len(explanation.layers), NUM_IMAGES, SIZE, SIZE, 3)
+    assert explanation.raw is None or explanation.raw.shape[0] == NUM_IMAGES
+    np.testing.assert_array_equal(explanation.targets, targets.numpy())  # the model's top class
+    assert explanation.params["method"] == name
+    assert explanation.params["renderer_version"] == RENDERER_VERSION
+    for values in explanation.diagnostics.values():
+        assert values.shape[-1] == NUM_IMAGES
+
+
+@pytest.mark.parametrize("name", METHODS.names())
+def test_same_seed_same_bits(name, model, images, explanations):
+    again = build_method(name, method_params(name)).run(model, images, batch_size=2)
+    np.testing.assert_array_equal(again.images, explanations[name].images)
+    if again.raw is not None:
+        np.testing.assert_array_equal(again.raw, explanations[name].raw)
+
+
+@pytest.mark.parametrize("name", [n for n in METHODS.names() if METHODS.get(n).batch_invariant])
+def test_batched_equals_one_at_a_time(name, model, images, explanations):
+    batched = explanations[name]
+    single = build_method(name, method_params(name)).run(model, images, batch_size=1)
+    if batched.raw is not None:
+        scale = np.abs(batched.raw).max()
+        np.testing.assert_allclose(single.raw, batched.raw, rtol=1e-4, atol=1e-5 * scale)
+    # Rendering can round a value sitting on a level boundary the other way.
+    difference = np.abs(single.images.astype(int) - batched.images.astype(int))
+    assert difference.max() <= 2 and (difference > 0).mean() < 0.01
+
+
+@pytest.mark.parametrize("name", METHODS.names())
+def test_does_not_change_the_callers_model(name, model, images):
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    inplace_relus = [m for m in model.modules() if isinstance(m, torch.nn.ReLU) and m.inplace]
+    build_method(name, method_params(name)).run(model, images[:1])
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert inplace_relus and all(m.inplace for m in inplace_relus)
+    assert all(p.requires_grad for p in model.parameters())
+
+
+# ---------------------------------------------------------------- same as the libraries
+def test_guided_backprop_equals_captum(model, images, targets, explanations):
+    expected = GuidedBackprop(model).attribute(images.clone(), target=targets)
+    np.testing.assert_allclose(explanations["guided_backprop"].raw, expected.detach().numpy(),
+                               rtol=1e-4, atol=1e-6)
+
+
+def test_integrated_gradients_equals_captum(model, images, targets, explanations):
+    expected = IntegratedGradients(model).attribute(images.clone(), target=targets, n_steps=50)
+    np.testing.assert_allclose(explanations["integrated_gradients"].raw,
+                               expected.detach().numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_guided_gradcam_equals_captum(model, images, targets, explanations):
+    layer = resolve_layer(model, ARCHITECTURES.get("small_resnet").guided_gradcam_layer)
+    expected = GuidedGradCam(model, layer).attribute(images.clone(), target=targets)
+    np.testing.assert_allclose(explanations["guided_gradcam"].raw, expected.detach().numpy(),
+                               rtol=1e-4, atol=1e-6)
+
+
+def test_gradcam_equals_pytorch_grad_cam(model, images, targets, explanations):
+    layer = resolve_layer(model, ARCHITECTURES.get("small_resnet").gradcam_layer)
+    cam = GradCAM(model, [layer])
+    try:
+        expected = cam(images.clone(), targets=[ClassifierOutputTarget(int(t)) for t in targets],
+                       aug_smooth=True)
+    finally:
+        cam.activations_and_grads.release()
+    np.testing.assert_allclose(explanations["gradcam"].raw, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_outputs_only_raw_is_softmax(model, images, explanations):
+    with torch.no_grad():
+        expected = torch.softmax(model(images), dim=1).numpy()
+    np.testing.assert_allclose(explanations["outputs_only"].raw, expected, rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------- Caricatures
+def test_caricature_objective_rises_well_above_initialisation(explanations):
+    diagnostics = explanations["caricature"].diagnostics
+    initial, final = diagnostics["objective_initial"], diagnostics["objective_final"]
+    assert initial.shape == final.shape == (7, NUM_IMAGES)
+    # Six Adam steps already multiply <f_l(x'), f_l(x)> many times over, for every layer and image.
+    assert (final > 3 * np.abs(initial)).all(), (initial, final)
+
+
+def test_caricature_layers_default_to_architecture(explanations):
+    assert explanations["caricature"].layers == ARCHITECTURES.get("small_resnet").caricature_layers
+
+
+def test_caricature_seed_and_batch_size_are_recorded_and_matter(model, images, explanations):
+    reference = explanations["caricature"]
+    assert reference.params["batch_size"] == 2
+    assert reference.params["method_params"]["seed"] == 0
+    other_seed = build_method("caricature", {"steps": 6, "seed": 1}).run(model, images, batch_size=2)
+    assert not np.array_equal(other_seed.images, reference.images)
+
+
+def test_staged_forward_gives_each_layer_group_its_full_forward_features(model):
+    from explain.explainable import make_explainable_copy
+    from explain.methods.caricature import StagedForward, depth_order
+
+    safe = make_explainable_copy(model)
+    layers = ARCHITECTURES.get("small_resnet").caricature_layers
+    modules = [resolve_layer(safe, layer) for layer in layers]
+    order = depth_order(safe, modules)
+    assert set(order[:2]) == {5, 6} and order[-1] == 0  # deepest block (layer4.0) first
+    modules = [modules[i] for i in order]
+    rows = torch.rand(2 * len(modules), 3, SIZE, SIZE)
+    staged = StagedForward(safe, modules, rows_per_group=2)
+    with torch.no_grad():
+        staged_features = staged(rows)
+        full = {}
+        for module in modules:
+            module.register_forward_hook(lambda m, i, o: full.__setitem__(id(m), o))
+        safe(rows)
+    staged.close()
+    for g, module in enumerate(modules):
+        np.testing.assert_allclose(staged_features[g].numpy(),
+                                   full[id(module)][2 * g:2 * g + 2].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_caricature_single_layer_and_cossim(model, images):
+    explanation = build_method("caricature", {"steps": 2, "layers": ["(3,1)"], "cossim_pow": 1.0}
+                               ).run(model, images[:1])
+    assert explanation.images.shape == (1, 1, SIZE, SIZE, 3) and explanation.layers == ("(3,1)",)
+
+
+# ---------------------------------------------------------------- errors a user can make
+def test_unknown_method_lists_valid_names():
+    with pytest.raises(UnknownNameError, match="gradcam"):
+        build_method("grad_cam")
+
+
+def test_unknown_parameter_lists_valid_ones():
+    with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['step'\].*'steps'"):
+        build_method("caricature", {"step": 10})
+
+
+def test_wrongly_typed_parameter_is_an_error():
+    with pytest.raises(TypeError, match="'steps'='512' must be an integer"):
+        build_method("caricature", {"steps": "512"})
+
+
+def test_images_outside_unit_range_are_refused(model):
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        build_method("guided_backprop").run(model, torch.randn(1, 3, SIZE, SIZE) * 3)
+
+
+def test_registering_a_name_twice_is_an_error():
+    with pytest.raises(ValueError, match="already registered"):
+        explain.register_method(METHODS.get("gradcam"))

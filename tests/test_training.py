@@ -1,0 +1,113 @@
+"""Training: seeded to the bit, resumable to the bit, external checkpoints, clear errors."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from train.checkpoint import CHECKPOINT_NAME, METRICS_NAME, WEIGHTS_NAME, model_dir
+from train.suite import load_suite
+from train.trainer import load_trained_model, train_model
+from train.worlds import build_world
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _weights(directory):
+    return torch.load(Path(directory) / WEIGHTS_NAME)
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture
+def suite_and_world(tiny_suite, runs):
+    suite = load_suite(tiny_suite)
+    return suite, build_world(suite.world, runs_root=runs)
+
+
+def test_same_seed_same_weights_different_seed_different(suite_and_world, tmp_path):
+    suite, world = suite_and_world
+    spec = suite.references[0]
+    first = train_model(spec, tmp_path / "a", world=world, progress=False)
+    train_model(spec, tmp_path / "b", world=world, progress=False)
+    assert _same(_weights(tmp_path / "a"), _weights(tmp_path / "b"))
+    train_model(suite.references[1], tmp_path / "c", world=world, progress=False)
+    assert not _same(_weights(tmp_path / "a"), _weights(tmp_path / "c"))
+    for key in ("val_accuracy", "train_seconds", "images_per_second", "history"):
+        assert key in first
+    assert len(first["history"]) == suite.recipe.epochs
+
+
+def test_interrupted_run_resumes_to_the_same_bits(suite_and_world, tmp_path):
+    suite, world = suite_and_world
+    spec = suite.references[0]
+    train_model(spec, tmp_path / "straight", world=world, progress=False)
+    partial = train_model(spec, tmp_path / "resumed", world=world, progress=False, stop_after_epoch=1)
+    assert partial == {"interrupted_after_epoch": 1}
+    assert (tmp_path / "resumed" / CHECKPOINT_NAME).exists()
+    assert not (tmp_path / "resumed" / METRICS_NAME).exists()
+    state = torch.load(tmp_path / "resumed" / CHECKPOINT_NAME, weights_only=False)
+    assert {"model", "optimizer", "scheduler", "epoch", "torch_rng"} <= set(state)
+    resumed = train_model(spec, tmp_path / "resumed", world=world, progress=False)
+    assert _same(_weights(tmp_path / "straight"), _weights(tmp_path / "resumed"))
+    assert len(resumed["history"]) == suite.recipe.epochs
+
+
+def test_killed_process_resumes_from_its_last_checkpoint(tiny_suite, runs, tmp_path):
+    """A real interruption: the training process is killed after its first checkpoint."""
+    script = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+              "from train.suite import load_suite; from train.trainer import train_model\n"
+              f"suite = load_suite({str(tiny_suite)!r})\n"
+              f"train_model(suite.references[0], {str(tmp_path / 'killed')!r}, progress=False,"
+              f" runs_root={str(runs)!r}, stop_after_epoch=1)\n"
+              "import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True)
+    assert result.returncode == -9
+    suite = load_suite(tiny_suite)
+    train_model(suite.references[0], tmp_path / "killed", progress=False, runs_root=runs)
+    train_model(suite.references[0], tmp_path / "straight", progress=False, runs_root=runs)
+    assert _same(_weights(tmp_path / "killed"), _weights(tmp_path / "straight"))
+
+
+def test_rerun_does_no_work(suite_and_world, tmp_path):
+    suite, world = suite_and_world
+    spec = suite.references[0]
+    train_model(spec, tmp_path / "m", world=world, progress=False)
+    stamp = (tmp_path / "m" / WEIGHTS_NAME).stat().st_mtime_ns
+    train_model(spec, tmp_path / "m", world=world, progress=False)
+    assert (tmp_path / "m" / WEIGHTS_NAME).stat().st_mtime_ns == stamp
+
+
+@pytest.mark.parametrize("prefix", ["", "module.", "model.", "module.model."])
+def test_external_checkpoint_in_any_common_layout(suite_and_world, tmp_path, prefix):
+    suite, world = suite_and_world
+    spec = suite.references[0]
+    trained = model_dir(suite.root(), spec)
+    train_model(spec, trained, world=world, progress=False)
+    weights = _weights(trained)
+    path = tmp_path / "external.pth"
+    torch.save({"state_dict": {prefix + k: v for k, v in weights.items()}, "epoch": 3}, path)
+    from dataclasses import replace
+    external = replace(spec, name="external", checkpoint=str(path))
+    metrics = train_model(external, tmp_path / "ext", world=world, progress=False)
+    assert metrics["source"] == "external"
+    assert _same(_weights(tmp_path / "ext"), weights)
+    model = load_trained_model(tmp_path / "ext", external, world)
+    assert model(world.split("val").load([0, 1])).shape == (2, world.num_classes)
+
+
+def test_external_checkpoint_with_wrong_class_count(suite_and_world, tmp_path):
+    suite, world = suite_and_world
+    from dataclasses import replace
+    from train.architectures import build_model
+    other = build_model("small_resnet", 7, world.mean, world.std)
+    torch.save(other.backbone.state_dict(), tmp_path / "seven.pth")
+    spec = replace(suite.references[0], checkpoint=str(tmp_path / "seven.pth"))
+    with pytest.raises(ValueError, match="7 output classes but this suite's world has 10"):
+        train_model(spec, tmp_path / "x", world=world, progress=False)
+    spec = replace(suite.references[0], checkpoint=str(tmp_path / "absent.pth"))
+    with pytest.raises(FileNotFoundError, match="absent.pth"):
+        train_model(spec, tmp_path / "y", world=world, progress=False)

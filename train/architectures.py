@@ -1,0 +1,156 @@
+"""Classifier architectures, and the (stage, block, conv) layer addressing of SPEC.md.
+
+Every model takes images in [0, 1] (N, 3, H, W) and normalises them itself, so pixel-space
+operations (triggers, smoothing noise, PGD budgets, explanation baselines) need no knowledge of
+the world's mean and std. The backbone keeps torchvision's ResNet module names (``layer2.2.conv1``),
+so a layer address means the same thing on ResNet-50 and on the small CPU ResNet.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+from torchvision.models.resnet import Bottleneck, ResNet
+
+from train.registry import Registry
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    build_backbone: Callable[[int], nn.Module]  # num_classes -> backbone taking normalised input
+    # Layers visualised by Caricatures (SPEC.md: seven layers spread across stages and blocks).
+    caricature_layers: Sequence[str]
+    # Grad-CAM's layer: the last bottleneck's conv3 (the paper's pytorch-grad-cam target).
+    gradcam_layer: str
+    # Guided Grad-CAM's layer (captum GuidedGradCam on the last conv layer).
+    guided_gradcam_layer: str
+    description: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+ARCHITECTURES: Registry[Architecture] = Registry("architecture")
+
+
+def register_architecture(arch: Architecture) -> Architecture:
+    ARCHITECTURES.register(arch.name)(arch)
+    return arch
+
+
+class Classifier(nn.Module):
+    """Normalisation + backbone. Input: images in [0, 1]. Output: logits."""
+
+    def __init__(self, backbone: nn.Module, mean: Sequence[float], std: Sequence[float],
+                 architecture: str):
+        super().__init__()
+        self.backbone = backbone
+        self.architecture = architecture
+        # Not persistent: checkpoints hold weights only, and external checkpoints never have these.
+        self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.backbone((images - self.mean) / self.std)
+
+
+def build_model(architecture: str, num_classes: int, mean: Sequence[float],
+                std: Sequence[float]) -> Classifier:
+    arch = ARCHITECTURES.get(architecture)
+    return Classifier(arch.build_backbone(num_classes), mean, std, architecture)
+
+
+# ---------------------------------------------------------------- layer addressing
+_ADDRESS = re.compile(r"^\(?\s*(\d+)\s*,\s*(\d+)\s*(?:,\s*(\d+)\s*)?\)?$")
+
+
+def layer_name(address: str | Sequence[int]) -> str:
+    """(stage, block, conv) or (stage, block) -> torchvision module name.
+
+    ``(2,2,1)`` -> ``layer2.2.conv1`` (a convolution inside a block); ``(3,3)`` -> ``layer3.3``
+    (the output of block 3 of stage 3). Plain module names pass through unchanged.
+    """
+    if isinstance(address, str):
+        match = _ADDRESS.match(address.strip())
+        if match is None:
+            return address  # already a module name such as "layer4.2.conv3"
+        parts = [int(p) for p in match.groups() if p is not None]
+    else:
+        parts = [int(p) for p in address]
+    if len(parts) == 3:
+        return f"layer{parts[0]}.{parts[1]}.conv{parts[2]}"
+    if len(parts) == 2:
+        return f"layer{parts[0]}.{parts[1]}"
+    raise ValueError(f"layer address {address!r} must be (stage, block) or (stage, block, conv)")
+
+
+def resolve_layer(model: nn.Module, address: str | Sequence[int]) -> nn.Module:
+    """The module a layer address names, inside a Classifier or a bare backbone."""
+    root = model.backbone if isinstance(model, Classifier) else model
+    name = layer_name(address)
+    modules = dict(root.named_modules())
+    if name not in modules:
+        convs = [n for n, m in modules.items() if isinstance(m, nn.Conv2d)]
+        raise ValueError(f"layer {address!r} ({name}) is not in this model; its convolutions are: "
+                         f"{', '.join(convs)}")
+    return modules[name]
+
+
+# ---------------------------------------------------------------- the architectures
+def _resnet50(num_classes: int) -> nn.Module:
+    from torchvision.models import resnet50
+    return resnet50(weights=None, num_classes=num_classes)
+
+
+register_architecture(Architecture(
+    name="resnet50",
+    build_backbone=_resnet50,
+    caricature_layers=("(2,2,1)", "(3,0,3)", "(3,2,2)", "(3,3)", "(3,4,3)", "(4,0,3)", "(4,2,3)"),
+    gradcam_layer="layer4.2.conv3",
+    guided_gradcam_layer="layer4.2.conv3",
+    description="torchvision ResNet-50, the paper's model (224x224 ImageNet)",
+))
+
+
+class SmallResNet(ResNet):
+    """torchvision's ResNet with Bottleneck blocks, narrow and short, for 32-128 px images on a CPU.
+
+    Same module names as ResNet-50 (layer1..layer4, blocks, conv1..conv3), so layer addresses,
+    Grad-CAM targets and checkpoints work identically. The stem is one stride-2 3x3 conv without
+    max-pooling: a 64x64 image reaches layer4 at 4x4, as a 224 image reaches 7x7 in ResNet-50.
+    """
+
+    def __init__(self, num_classes: int, layers: Sequence[int] = (1, 2, 3, 1),
+                 base_width: int = 8):
+        # ResNet.__init__ builds with fixed widths 64..512; build it, then replace the body.
+        super().__init__(Bottleneck, [1, 1, 1, 1], num_classes=num_classes)
+        self.inplanes = base_width
+        self.conv1 = nn.Conv2d(3, base_width, 3, stride=2, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(base_width)
+        self.maxpool = nn.Identity()
+        widths = [base_width * 2 ** i for i in range(4)]
+        self.layer1 = self._make_layer(Bottleneck, widths[0], layers[0])
+        self.layer2 = self._make_layer(Bottleneck, widths[1], layers[1], stride=2)
+        self.layer3 = self._make_layer(Bottleneck, widths[2], layers[2], stride=2)
+        self.layer4 = self._make_layer(Bottleneck, widths[3], layers[3], stride=2)
+        self.fc = nn.Linear(widths[3] * Bottleneck.expansion, num_classes)
+        for m in self.modules():  # torchvision's initialisation, applied to the new modules
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.constant_(m.weight, 1)
+                nn.init.constant_(m.bias, 0)
+
+
+register_architecture(Architecture(
+    name="small_resnet",
+    build_backbone=lambda num_classes: SmallResNet(num_classes),
+    # Seven layers placed as the paper's are in ResNet-50: early/late stages, early/late blocks,
+    # inside and after blocks.
+    caricature_layers=("(2,1,1)", "(3,0,3)", "(3,1,2)", "(3,1)", "(3,2,3)", "(4,0,2)", "(4,0,3)"),
+    gradcam_layer="layer4.0.conv3",
+    guided_gradcam_layer="layer4.0.conv3",
+    description="Bottleneck ResNet, blocks (1,2,3,1), widths 8-64 (x4 out), 21 MFLOP per 64x64 image",
+))

@@ -1,0 +1,164 @@
+"""Suites: one TOML file names the world, architecture, recipe, references and anomalous models.
+
+A suite expands into ``ModelSpec``s. A spec holds everything that determines a checkpoint, and its
+hash names the model's artifact folder, so changing a recipe or a parameter never reuses a stale
+checkpoint. Shipped suites live in ``train/suites/``; ``--suite`` also takes a path to a file.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from train.artifacts import runs_dir, stable_hash
+
+SUITES_DIR = Path(__file__).resolve().parent / "suites"
+REFERENCE = "reference"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """SGD with step decay. Defaults: the paper's (torchvision's ResNet-50 recipe, batch 300)."""
+    epochs: int = 90
+    batch_size: int = 300
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    lr_step_epochs: int = 30   # multiply the learning rate by lr_gamma every this many epochs
+    lr_gamma: float = 0.1
+    eval_batch_size: int = 500
+
+    @classmethod
+    def from_dict(cls, table: dict[str, Any]) -> "Recipe":
+        _check_keys(table, cls, "recipe")
+        recipe = cls(**table)
+        for name in ("epochs", "batch_size", "lr_step_epochs", "eval_batch_size"):
+            if getattr(recipe, name) < 1:
+                raise ValueError(f"recipe.{name}={getattr(recipe, name)} must be >= 1")
+        if recipe.lr <= 0:
+            raise ValueError(f"recipe.lr={recipe.lr} must be > 0 (the paper uses 0.1)")
+        return recipe
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str                       # stable, human-readable: reference-03, backdoor-nu0.10, ...
+    family: str                     # "reference" or a registered anomaly family
+    seed: int
+    world: dict[str, Any]
+    architecture: str
+    recipe: Recipe
+    params: dict[str, Any] = field(default_factory=dict)
+    checkpoint: str | None = None   # an external checkpoint to load instead of training
+
+    @property
+    def is_reference(self) -> bool:
+        return self.family == REFERENCE
+
+    def identity(self) -> dict[str, Any]:
+        """Everything that determines the weights (the name does not)."""
+        return {"family": self.family, "seed": self.seed, "world": self.world,
+                "architecture": self.architecture, "recipe": asdict(self.recipe),
+                "params": self.params, "checkpoint": self.checkpoint}
+
+    @property
+    def key(self) -> str:
+        return stable_hash(self.identity())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, **self.identity()}
+
+
+@dataclass
+class Suite:
+    name: str
+    path: Path
+    world: dict[str, Any]
+    architecture: str
+    recipe: Recipe
+    references: list[ModelSpec]
+    anomalies: list[ModelSpec]
+    tables: dict[str, Any]          # the other tables ([explain], [evaluate], [slurm], ...)
+
+    @property
+    def models(self) -> list[ModelSpec]:
+        return self.references + self.anomalies
+
+    def model(self, name: str) -> ModelSpec:
+        for spec in self.models:
+            if spec.name == name:
+                return spec
+        raise ValueError(f"suite {self.name!r} has no model {name!r}; its models are: "
+                         f"{', '.join(s.name for s in self.models)}")
+
+    def root(self, runs_root: str | Path | None = None) -> Path:
+        """Artifacts of this suite: runs/<suite>/."""
+        return runs_dir(runs_root) / self.name
+
+
+def available_suites() -> list[str]:
+    return sorted(p.stem for p in SUITES_DIR.glob("*.toml"))
+
+
+def load_suite(name_or_path: str | Path) -> Suite:
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = SUITES_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        raise ValueError(f"unknown suite {str(name_or_path)!r}: no file {path}; shipped suites: "
+                         f"{', '.join(available_suites())} (or pass a path to a .toml file)")
+    with open(path, "rb") as handle:
+        table = tomllib.load(handle)
+    try:
+        return _parse(table, path)
+    except (TypeError, ValueError, LookupError) as error:
+        raise ValueError(f"suite file {path}: {error}") from error
+
+
+def _parse(table: dict[str, Any], path: Path) -> Suite:
+    from anomalies import FAMILIES  # late: anomalies imports train
+    from train.architectures import ARCHITECTURES
+
+    table = dict(table)
+    name = table.pop("name", path.stem)
+    world = table.pop("world", {"name": "synthetic"})
+    architecture = table.pop("architecture", {}).get("name", "small_resnet")
+    ARCHITECTURES.get(architecture)  # unknown names list the valid ones
+    recipe = Recipe.from_dict(table.pop("recipe", {}))
+    ref_table = table.pop("references", {})
+    _check_keys(ref_table, None, "references", valid={"count", "seed_start"})
+    count, seed_start = int(ref_table.get("count", 5)), int(ref_table.get("seed_start", 0))
+    if count < 2:
+        raise ValueError(f"references.count={count}: the anomaly score needs at least 2 references "
+                         "(3 or more for leave-one-out scoring of references; the paper uses 12)")
+    common = {"world": world, "architecture": architecture, "recipe": recipe}
+    references = [ModelSpec(name=f"reference-{i:02d}", family=REFERENCE, seed=seed_start + i, **common)
+                  for i in range(count)]
+    anomalies = []
+    for entry in table.pop("anomalies", []):
+        entry = dict(entry)
+        _check_keys(entry, None, "anomalies entry",
+                    valid={"name", "family", "params", "seed", "checkpoint", "recipe"})
+        if "name" not in entry or "family" not in entry:
+            raise ValueError(f"anomalies entry {entry} needs a 'name' and a 'family'")
+        family = FAMILIES.get(entry["family"])
+        params = family.validate_params(dict(entry.get("params", {})))
+        entry_recipe = Recipe.from_dict({**asdict(recipe), **entry.get("recipe", {})})
+        anomalies.append(ModelSpec(name=entry["name"], family=entry["family"], params=params,
+                                   seed=int(entry.get("seed", 1000 + len(anomalies))),
+                                   checkpoint=entry.get("checkpoint"),
+                                   **{**common, "recipe": entry_recipe}))
+    names = [s.name for s in references + anomalies]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"model names must be unique; repeated: {duplicates}")
+    return Suite(name=name, path=path, world=world, architecture=architecture, recipe=recipe,
+                 references=references, anomalies=anomalies, tables=table)
+
+
+def _check_keys(table: dict[str, Any], cls: type | None, what: str, valid: set[str] | None = None):
+    valid = valid if valid is not None else {f.name for f in fields(cls)}
+    unknown = set(table) - valid
+    if unknown:
+        raise ValueError(f"unknown {what} option(s) {sorted(unknown)}; valid: {sorted(valid)}")

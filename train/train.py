@@ -1,0 +1,82 @@
+"""Train the models of a suite: every model not trained yet, or the ones named with --model.
+
+    python train/train.py --suite demo                 # references + anomalies of the demo suite
+    python train/train.py --suite demo --model reference-00
+    python train/train.py --suite paper --executor slurm --partition gpu --gpus-per-node 8
+
+Finished models are skipped (their metrics.json exists); an interrupted model resumes from its
+last epoch checkpoint.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    # Run as a script: import the repository's packages, not the modules beside this file
+    # (this folder is named `train`, like the package).
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import argparse
+import time
+
+from train.stage import add_common_args, run_cli, select_models
+from train.trainer import summarize_references
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser("counteraudit training", add_help=add_help,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_common_args(parser)
+    parser.add_argument("--model", action="append", default=None, metavar="NAME",
+                        help="train only this model (repeatable); default: every model of the suite")
+    parser.add_argument("--references-only", action="store_true",
+                        help="train only the reference models (the anomalies need them for "
+                             "their implant checks)")
+    parser.add_argument("--device", default=None,
+                        help="cpu, cuda or cuda:N; default: cuda when available, else cpu")
+    return parser
+
+
+def main(args: argparse.Namespace) -> list[dict]:
+    from train.stage import train_models
+    suite, specs = select_models(args)
+    if args.references_only:
+        specs = [s for s in specs if s.is_reference]
+    started = time.perf_counter()
+    results = train_models(suite, specs, args)
+    print_summary(suite.name, results, time.perf_counter() - started)
+    check_implants(suite, specs, args)
+    return results
+
+
+def check_implants(suite, specs, args) -> list[dict]:
+    """Verify the anomalies just trained (needs the references) and say loudly which failed."""
+    from anomalies.verify import format_implant_report, verify_implants
+    from train.checkpoint import is_trained, model_dir
+    anomalies = [s.name for s in specs if not s.is_reference]
+    if not anomalies:
+        return []
+    if not all(is_trained(model_dir(suite.root(args.runs_dir), r)) for r in suite.references):
+        print("implant checks skipped: they compare with the references, which are not all trained "
+              "yet (python train/train.py --suite " + suite.name + " --references-only)")
+        return []
+    records = verify_implants(suite, args.runs_dir, getattr(args, "device", None), models=anomalies)
+    print("\nImplant checks (did each planted defect take?)\n" + format_implant_report(records))
+    return records
+
+
+def print_summary(suite_name: str, results: list[dict], seconds: float) -> None:
+    print(f"\n{suite_name}: {len(results)} model(s) ready in {seconds:.1f}s")
+    print(f"| model | family | val accuracy | train s | img/s |\n|---|---|---|---|---|")
+    for m in results:
+        print(f"| {m['name']} | {m['family']} | {m['val_accuracy']:.4f} | "
+              f"{m.get('train_seconds', float('nan')):.1f} | {m.get('images_per_second', float('nan')):.0f} |")
+    refs = summarize_references(results)
+    if refs:
+        print(f"references: mean {refs['mean']:.4f}, seed-to-seed std {refs['std']:.4f}, "
+              f"range [{refs['min']:.4f}, {refs['max']:.4f}] over {refs['count']} seeds")
+
+
+if __name__ == "__main__":
+    run_cli(main, get_args_parser())

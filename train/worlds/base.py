@@ -1,0 +1,96 @@
+"""The interface every world (synthetic, ImageNet) offers the rest of the benchmark.
+
+A world has a train and a val split. A split yields training batches (augmented, shuffled from a
+seed) and loads evaluation images (deterministic). Images are float tensors in [0, 1], NCHW; the
+model normalises them (train/architectures.py). Per-image annotations (class, object box, face
+boxes, generating attributes) travel with the split so anomaly families can build their data
+changes and their abnormal input sets.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from train.registry import Registry
+
+WORLDS: Registry[type] = Registry("world")
+
+# (x0, y0, x1, y1) in pixels of the evaluation image, x1/y1 exclusive.
+Box = tuple[int, int, int, int]
+
+
+@dataclass
+class Batch:
+    images: torch.Tensor    # (N, 3, H, W) float32 in [0, 1]
+    labels: torch.Tensor    # (N,) int64
+    indices: torch.Tensor   # (N,) int64, positions in the split (to look up annotations)
+
+
+class Split(ABC):
+    """One split of a world's images."""
+
+    @property
+    @abstractmethod
+    def labels(self) -> np.ndarray: ...
+
+    @abstractmethod
+    def annotation(self, index: int) -> dict[str, Any]:
+        """class, object_box, face_boxes (list of Box) and, where known, generating attributes."""
+
+    @abstractmethod
+    def load(self, indices: Sequence[int]) -> torch.Tensor:
+        """Evaluation images (deterministic transform), (N, 3, H, W) float in [0, 1]."""
+
+    @abstractmethod
+    def train_batches(self, batch_size: int, seed: int, epoch: int,
+                      drop_last: bool = True) -> Iterator[Batch]:
+        """One epoch of shuffled, augmented batches; the same (seed, epoch) gives the same batches."""
+
+    @abstractmethod
+    def subset(self, indices: Sequence[int]) -> "Split":
+        """The same split restricted to some images (e.g. a class removed)."""
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def eval_batches(self, batch_size: int, indices: Sequence[int] | None = None) -> Iterator[Batch]:
+        order = np.arange(len(self)) if indices is None else np.asarray(indices)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            yield Batch(self.load(chunk), torch.as_tensor(self.labels[chunk], dtype=torch.long),
+                        torch.as_tensor(chunk, dtype=torch.long))
+
+    def face_indices(self) -> np.ndarray:
+        return np.array([i for i in range(len(self)) if self.annotation(i)["face_boxes"]], dtype=np.int64)
+
+
+class World(ABC):
+    name: str
+    class_names: list[str]
+    image_size: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @abstractmethod
+    def split(self, name: str) -> Split:
+        """'train' or 'val'."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"world": self.name, "classes": self.num_classes, "image_size": self.image_size}
+
+
+def build_world(config: dict[str, Any], runs_root=None) -> World:
+    """A world from a suite's [world] table: ``name`` picks the registered class, the rest are its
+    keyword arguments (unknown keys are an error that lists the accepted ones)."""
+    config = dict(config)
+    name = config.pop("name", "synthetic")
+    cls = WORLDS.get(name)
+    return cls.from_config(config, runs_root=runs_root)

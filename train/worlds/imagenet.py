@@ -1,0 +1,236 @@
+"""The ImageNet world: a standard ImageFolder tree, with the usual transforms and optional faces.
+
+Layout expected under ``root``::
+
+    root/train/<synset>/<image>.JPEG      training images, one folder per class
+    root/val/<synset>/<image>.JPEG        validation images, same folders
+
+Class order is the sorted synset folder names (torchvision's ImageFolder), so class index 414 is
+the 415th synset: with the full 1000-class tree that is ImageNet's usual numbering (414 backpack).
+
+Optional ``class_names_file``: one line per synset, ``n02769748 backpack, back pack, ...``
+(ImageNet's LOC_synset_mapping.txt); the first name after the id becomes the class name.
+
+Optional ``face_annotations`` (JSON), face boxes in pixels of the *original* image, keyed by the
+image's path relative to ``root``::
+
+    {"val/n03494278/ILSVRC2012_val_00001234.JPEG": [[x0, y0, x1, y1], ...], ...}
+
+Images absent from the file have no faces. (Yang et al.'s face-obfuscation annotations convert to
+this with a few lines; see README.) Boxes are mapped through the evaluation transform (resize 256,
+centre crop 224) by ``annotation()``; the original boxes are kept under ``face_boxes_original``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+
+from train.artifacts import derive_seed
+from train.worlds.base import WORLDS, Batch, Split, World
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class ImageNetConfig:
+    root: str = ""
+    image_size: int = 224           # crop size (train: random-resized crop; eval: centre crop)
+    resize_size: int = 256          # eval: shorter side resized to this before the centre crop
+    class_names_file: str | None = None
+    face_annotations: str | None = None
+    num_workers: int = 8            # data-loading processes for training
+
+
+def _transforms(cfg: ImageNetConfig, train: bool):
+    from torchvision import transforms as T
+    if train:
+        return T.Compose([T.RandomResizedCrop(cfg.image_size), T.RandomHorizontalFlip(), T.ToTensor()])
+    return T.Compose([T.Resize(cfg.resize_size), T.CenterCrop(cfg.image_size), T.ToTensor()])
+
+
+class _Indexed(torch.utils.data.Dataset):
+    """(image, label, index) from an ImageFolder, with an optional PIL-level change first
+    (blurring faces must happen in original pixel coordinates, before cropping)."""
+
+    def __init__(self, folder, positions: np.ndarray, transform,
+                 pil_transform: Callable[[Image.Image, int], Image.Image] | None,
+                 augment_seed: int | None = None):
+        self.folder, self.positions = folder, positions
+        self.transform, self.pil_transform = transform, pil_transform
+        self.augment_seed = augment_seed
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def __getitem__(self, i: int):
+        position = int(self.positions[i])
+        path, label = self.folder.samples[position]
+        image = self.folder.loader(path)
+        if self.pil_transform is not None:
+            image = self.pil_transform(image, i)
+        if self.augment_seed is None:
+            return self.transform(image), label, i
+        # Each sample's crop and flip from (seed, epoch, index): the same batches whatever the
+        # number of loader workers, and the global RNG is left alone.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.augment_seed, i))
+            return self.transform(image), label, i
+
+
+class ImageFolderSplit(Split):
+    def __init__(self, world: "ImageNetWorld", folder, name: str, positions: np.ndarray | None = None,
+                 pil_transform: Callable[[Image.Image, int], Image.Image] | None = None):
+        self.world, self.folder, self.name = world, folder, name
+        self.positions = np.arange(len(folder.samples)) if positions is None else np.asarray(positions)
+        self.pil_transform = pil_transform
+        self._labels = np.array([folder.targets[p] for p in self.positions], np.int64)
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self._labels
+
+    def path(self, index: int) -> str:
+        return self.folder.samples[int(self.positions[index])][0]
+
+    def annotation(self, index: int) -> dict[str, Any]:
+        path = self.path(index)
+        relative = os.path.relpath(path, self.world.root).replace(os.sep, "/")
+        original = self.world.faces.get(relative, [])
+        boxes = []
+        if original:
+            with Image.open(path) as image:  # reads the header only
+                width, height = image.size
+            boxes = [box for box in (self.world.eval_box(b, width, height) for b in original) if box]
+        return {"class": int(self._labels[index]), "object_box": None, "face_boxes": boxes,
+                "face_boxes_original": original, "path": relative}
+
+    def load(self, indices: Sequence[int]) -> torch.Tensor:
+        transform = _transforms(self.world.config, train=False)
+        images = []
+        for i in indices:
+            image = self.folder.loader(self.path(int(i)))
+            if self.pil_transform is not None:
+                image = self.pil_transform(image, int(i))
+            images.append(transform(image))
+        return torch.stack(images)
+
+    def train_batches(self, batch_size: int, seed: int, epoch: int,
+                      drop_last: bool = True) -> Iterator[Batch]:
+        generator = torch.Generator().manual_seed(derive_seed(seed, "batches", epoch))
+        order = torch.randperm(len(self), generator=generator).tolist()
+        dataset = _Indexed(self.folder, self.positions, _transforms(self.world.config, train=True),
+                           self.pil_transform, augment_seed=derive_seed(seed, "augment", epoch))
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=batch_size, sampler=order, drop_last=drop_last,
+            num_workers=self.world.config.num_workers, pin_memory=torch.cuda.is_available())
+        for images, labels, indices in loader:
+            yield Batch(images, labels, indices)
+
+    def subset(self, indices: Sequence[int]) -> "ImageFolderSplit":
+        return ImageFolderSplit(self.world, self.folder, self.name,
+                                self.positions[np.asarray(indices, np.int64)], self.pil_transform)
+
+    def with_pil_transform(self, fn: Callable[[Image.Image, int], Image.Image]) -> "ImageFolderSplit":
+        """Same images, changed at load time before cropping (fn gets the image and its index)."""
+        return ImageFolderSplit(self.world, self.folder, self.name, self.positions, fn)
+
+
+def expand_path(value: str, what: str) -> str:
+    expanded = os.path.expandvars(str(value))
+    if "$" in expanded:
+        raise ValueError(f"{what} {value!r} uses an unset environment variable; export it "
+                         "(e.g. IMAGENET_ROOT=/datasets/imagenet)")
+    return expanded
+
+
+@WORLDS.register("imagenet")
+class ImageNetWorld(World):
+    name = "imagenet"
+    mean, std = IMAGENET_MEAN, IMAGENET_STD
+
+    def __init__(self, config: ImageNetConfig):
+        from torchvision.datasets import ImageFolder
+        if not config.root:
+            raise ValueError("the imagenet world needs root = '/path/to/imagenet' (a folder with "
+                             "train/ and val/ of synset folders) in the suite's [world] table")
+        self.config = config
+        self.root = Path(config.root).expanduser()
+        for split in ("train", "val"):
+            if not (self.root / split).is_dir():
+                raise FileNotFoundError(f"ImageNet root {self.root} has no {split}/ folder; expected "
+                                        f"{self.root}/train/<synset>/*.JPEG and {self.root}/val/<synset>/*.JPEG")
+        self._folders = {s: ImageFolder(str(self.root / s)) for s in ("train", "val")}
+        train_classes, val_classes = self._folders["train"].classes, self._folders["val"].classes
+        if train_classes != val_classes:
+            missing = sorted(set(train_classes) ^ set(val_classes))
+            raise ValueError(f"ImageNet root {self.root}: train/ and val/ have different class "
+                             f"folders (differing: {missing[:5]}); both need the same synsets")
+        self.synsets = train_classes
+        self.class_names = self._read_class_names(config.class_names_file)
+        self.image_size = config.image_size
+        self.faces = self._read_faces(config.face_annotations)
+        self._splits: dict[str, ImageFolderSplit] = {}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], runs_root=None) -> "ImageNetWorld":
+        valid = {f.name for f in fields(ImageNetConfig)}
+        unknown = set(config) - valid
+        if unknown:
+            raise ValueError(f"unknown imagenet-world option(s) {sorted(unknown)}; valid: {sorted(valid)}")
+        config = dict(config)
+        # Suites name paths through environment variables so one file serves every cluster.
+        for key in ("root", "face_annotations", "class_names_file"):
+            if config.get(key):
+                config[key] = expand_path(config[key], f"imagenet {key}")
+        return cls(ImageNetConfig(**config))
+
+    def _read_class_names(self, path: str | None) -> list[str]:
+        if not path:
+            return list(self.synsets)
+        mapping = {}
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                synset, _, names = line.strip().partition(" ")
+                mapping[synset] = names.split(",")[0].strip() or synset
+        return [mapping.get(s, s) for s in self.synsets]
+
+    def _read_faces(self, path: str | None) -> dict[str, list[list[int]]]:
+        if not path:
+            return {}
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"face annotation file {path} does not exist (see the format "
+                                    "in train/worlds/imagenet.py or the README)")
+        faces = json.loads(Path(path).read_text())
+        for key, boxes in faces.items():
+            for box in boxes:
+                if len(box) != 4 or box[2] <= box[0] or box[3] <= box[1]:
+                    raise ValueError(f"face annotation {key}: box {box} is not [x0, y0, x1, y1] "
+                                     "with x1 > x0 and y1 > y0")
+        return faces
+
+    def eval_box(self, box: Sequence[float], width: int, height: int) -> tuple[int, int, int, int] | None:
+        """A box in original pixels -> pixels of the evaluation image (resize + centre crop)."""
+        scale = self.config.resize_size / min(width, height)
+        crop = self.config.image_size
+        left = (round(width * scale) - crop) / 2
+        top = (round(height * scale) - crop) / 2
+        x0, y0 = box[0] * scale - left, box[1] * scale - top
+        x1, y1 = box[2] * scale - left, box[3] * scale - top
+        x0, y0, x1, y1 = (int(np.clip(v, 0, crop)) for v in (np.floor(x0), np.floor(y0),
+                                                             np.ceil(x1), np.ceil(y1)))
+        return (x0, y0, x1, y1) if x1 > x0 and y1 > y0 else None
+
+    def split(self, name: str) -> ImageFolderSplit:
+        if name not in self._folders:
+            raise ValueError(f"unknown split {name!r}; valid: train, val")
+        if name not in self._splits:
+            self._splits[name] = ImageFolderSplit(self, self._folders[name], name)
+        return self._splits[name]
