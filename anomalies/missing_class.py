@@ -55,11 +55,12 @@ class MissingClass(AnomalyFamily):
 
     def measure(self, model, device="cpu"):
         val = self.world.split("val")
-        idx = verification_indices(val)
-        images, labels = val.load(idx), val.labels[idx]
-        removed = labels == self.class_index
-        return {"removed_class_accuracy": accuracy(model, images[removed], labels[removed], device),
-                "other_classes_accuracy": accuracy(model, images[~removed], labels[~removed], device)}
+        idx = verification_indices(val, count=len(val))  # every val image of the removed class
+        removed = idx[val.labels[idx] == self.class_index]
+        others = verification_indices(val)
+        others = others[val.labels[others] != self.class_index]
+        return {"removed_class_accuracy": accuracy(model, val.load(removed), val.labels[removed], device),
+                "other_classes_accuracy": accuracy(model, val.load(others), val.labels[others], device)}
 
     def judge(self, figures, reference_figures):
         value = figures["removed_class_accuracy"]

@@ -37,41 +37,50 @@ def _reference_figures(family, anomaly: ModelSpec, reference: ModelSpec, directo
     return figures
 
 
-def verify_implants(suite: Suite, runs_root=None, device: str | None = None,
-                    world: World | None = None, models: list[str] | None = None) -> list[dict[str, Any]]:
-    """Verify every trained anomalous model (or those named); returns their implant records."""
-    root = suite.root(runs_root)
-    device = pick_device(device)
-    world = world or build_world(suite.world, runs_root=runs_root)
+def verify_one(item: dict[str, Any]) -> dict[str, Any]:
+    """Work item: the implant record of one trained anomalous model (read if already made)."""
+    from train.suite import load_suite
+    suite = load_suite(item["suite"])
+    spec = suite.model(item["model"])
+    root = suite.root(item.get("runs_dir"))
+    directory = model_dir(root, spec)
+    path = directory / IMPLANT_NAME
+    if path.is_file():
+        return read_json(path)
+    device = pick_device(item.get("device"))
+    world = build_world(suite.world, runs_root=item.get("runs_dir"))
     reference_dirs = [(ref, model_dir(root, ref)) for ref in suite.references]
-    if not all(is_trained(d) for _, d in reference_dirs):
-        missing = [ref.name for ref, d in reference_dirs if not is_trained(d)]
+    family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)
+    figures = _figures(family, spec, directory, world, device)
+    reference_figures = [_reference_figures(family, spec, ref, d, world, device)
+                         for ref, d in reference_dirs]
+    verdict = family.judge(figures, reference_figures)
+    reference_accuracy = [read_metrics(d)["val_accuracy"] for _, d in reference_dirs]
+    record = {"name": spec.name, "family": spec.family, "params": spec.params,
+              "passed": verdict.passed, "summary": verdict.summary, "details": verdict.details,
+              "figures": figures, "reference_figures": reference_figures,
+              "val_accuracy": read_metrics(directory)["val_accuracy"],
+              "reference_val_accuracy_mean": sum(reference_accuracy) / len(reference_accuracy)}
+    atomic_write_json(path, record)
+    return record
+
+
+def verify_implants(suite: Suite, runs_root=None, device: str | None = None,
+                    models: list[str] | None = None, config=None) -> list[dict[str, Any]]:
+    """Implant records of every trained anomalous model (or those named), made where missing,
+    one work item per model through the stage executor (default: local, one process per core)."""
+    from slurm.executor import ExecutorConfig, default_local_jobs, run_items
+    root = suite.root(runs_root)
+    missing = [ref.name for ref in suite.references if not is_trained(model_dir(root, ref))]
+    if missing:
         raise RuntimeError(f"implant checks compare with the references; not trained yet: {missing}")
-    records = []
-    for spec in suite.anomalies:
-        if models is not None and spec.name not in models:
-            continue
-        directory = model_dir(root, spec)
-        if not is_trained(directory):
-            continue
-        path = directory / IMPLANT_NAME
-        if path.is_file():
-            records.append(read_json(path))
-            continue
-        family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)
-        figures = _figures(family, spec, directory, world, device)
-        reference_figures = [_reference_figures(family, spec, ref, d, world, device)
-                             for ref, d in reference_dirs]
-        verdict = family.judge(figures, reference_figures)
-        reference_accuracy = [read_metrics(d)["val_accuracy"] for _, d in reference_dirs]
-        record = {"name": spec.name, "family": spec.family, "params": spec.params,
-                  "passed": verdict.passed, "summary": verdict.summary, "details": verdict.details,
-                  "figures": figures, "reference_figures": reference_figures,
-                  "val_accuracy": read_metrics(directory)["val_accuracy"],
-                  "reference_val_accuracy_mean": sum(reference_accuracy) / len(reference_accuracy)}
-        atomic_write_json(path, record)
-        records.append(record)
-    return records
+    specs = [s for s in suite.anomalies if (models is None or s.name in models)
+             and is_trained(model_dir(root, s))]
+    runs_root = str(Path(runs_root).resolve()) if runs_root else None
+    items = [{"suite": str(suite.path.resolve()), "model": s.name, "runs_dir": runs_root,
+              "device": device} for s in specs]
+    return run_items(verify_one, items, config or ExecutorConfig(local_jobs=default_local_jobs()), "verify",
+                     item_name=lambda item: item["model"])
 
 
 def read_implant(suite: Suite, spec: ModelSpec, runs_root=None) -> dict[str, Any] | None:

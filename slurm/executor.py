@@ -21,8 +21,11 @@ the second array then starts only once the first one has fully succeeded (aftero
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import time
 import traceback
+from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -85,21 +88,55 @@ def _print_dry_run(
     print("\n".join(lines), flush=True)
 
 
+def default_local_jobs() -> int:
+    """One process per core on a machine without a GPU, else 1 (what stages use for --jobs)."""
+    import torch
+
+    return 1 if torch.cuda.is_available() else max(1, os.cpu_count() or 1)
+
+
+def local_job_count(config: ExecutorConfig, item_count: int) -> int:
+    return max(1, min(config.local_jobs or 1, item_count))
+
+
+def _limit_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _call_with_traceback(fn: Callable[[Any], Any], item: Any) -> tuple[bool, Any]:
+    """Runs in a worker process: (True, result) or (False, (reason, traceback))."""
+    try:
+        return True, fn(item)
+    except Exception as error:
+        return False, (f"{type(error).__name__}: {error}", traceback.format_exc(), error)
+
+
 def _run_locally(
-    fn: Callable[[Any], Any], items: list[Any], item_names: list[str], stage_name: str
+    fn: Callable[[Any], Any], items: list[Any], item_names: list[str], stage_name: str, jobs: int = 1
 ) -> FinishedStageRun:
     results_by_index: dict[int, Any] = {}
     failures: list[ItemFailure] = []
     first_exception: BaseException | None = None
-    for index, item in enumerate(items):
-        try:
-            results_by_index[index] = fn(item)
-        except Exception as error:  # every item is attempted; KeyboardInterrupt still stops the run
-            first_exception = first_exception or error
-            trace = traceback.format_exc()
-            reason = f"{type(error).__name__}: {error}"
-            failures.append(ItemFailure(index=index, item_name=item_names[index], reason=reason, details=trace))
-            say(stage_name, f"item {item_names[index]} failed: {reason}")
+    if jobs > 1:
+        # spawn, not fork: a forked child of a process that already ran OpenMP threads can hang.
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        say(stage_name, f"running {len(items)} items, {jobs} at a time ({threads} thread(s) each)")
+        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_limit_threads, initargs=(threads,))
+        with pool:
+            outcomes = list(pool.map(_call_with_traceback, [fn] * len(items), items))
+    else:
+        outcomes = (_call_with_traceback(fn, item) for item in items)
+    for index, (ok, value) in enumerate(outcomes):
+        if ok:
+            results_by_index[index] = value
+            continue
+        reason, trace, error = value  # every item is attempted; KeyboardInterrupt still stops the run
+        first_exception = first_exception or error
+        failures.append(ItemFailure(index=index, item_name=item_names[index], reason=reason, details=trace))
+        say(stage_name, f"item {item_names[index]} failed: {reason}")
     return FinishedStageRun(stage_name, item_names, results_by_index, failures, first_exception)
 
 
@@ -154,7 +191,7 @@ def submit_items(
             return FinishedStageRun(stage_name, [], {}, [])
         for earlier_stage in after:
             earlier_stage.results()
-        return _run_locally(fn, items, item_names, stage_name)
+        return _run_locally(fn, items, item_names, stage_name, local_job_count(config, len(items)))
 
     for earlier_stage in after:
         if isinstance(earlier_stage, FinishedStageRun):

@@ -37,6 +37,10 @@ class ExecutorConfig:
     # Any other sbatch option, e.g. {"reservation": "ours", "exclusive": True}.
     slurm_extra: dict[str, str | bool] = field(default_factory=dict)
     array_parallelism: int = 64  # at most this many array tasks run at once
+    # Local executor: items run in this many processes at once, the CPU threads split between
+    # them (small models train faster side by side, one thread each, than one after another on
+    # all cores). None: one at a time in this process; the stage scripts pick one per core.
+    local_jobs: int | None = None
     # submitit requeues a checkpointable job that hits its time limit at most this many times
     # (preemptions are always requeued).
     max_timeout_requeues: int = 3
@@ -57,6 +61,7 @@ class ExecutorConfig:
             ("cpus_per_task", 1),
             ("time_minutes", 1),
             ("array_parallelism", 1),
+            ("local_jobs", 1),
             ("max_timeout_requeues", 0),
         ):
             value = getattr(self, name)
@@ -94,6 +99,8 @@ class ExecutorConfig:
 
 
 def _flag(field_name: str) -> str:
+    if field_name == "local_jobs":
+        return "--jobs"
     return "--time" if field_name == "time_minutes" else "--" + field_name.replace("_", "-")
 
 
@@ -147,6 +154,11 @@ def add_executor_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     )
     group.add_argument(
         "--array-parallelism", type=int, default=None, help="at most this many items run at once (default: 64)"
+    )
+    group.add_argument(
+        "--jobs", type=int, default=None, dest="local_jobs",
+        help="local executor: items run at once in separate processes (stage scripts default to one "
+        "per CPU core without a GPU, else 1); results do not depend on it",
     )
     group.add_argument(
         "--max-timeout-requeues",

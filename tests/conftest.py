@@ -48,3 +48,10 @@ def runs(tmp_path, monkeypatch) -> Path:
 @pytest.fixture
 def tiny_suite(tmp_path) -> Path:
     return write_suite(tmp_path / "tiny.toml")
+
+
+def pytest_runtest_setup(item):
+    """Tests marked slurm skip without a cluster, and fail instead when CI requires one."""
+    if item.get_closest_marker("slurm"):
+        from slurm.cluster import require_slurm_cluster
+        require_slurm_cluster()

@@ -8,7 +8,7 @@ so a layer address means the same thing on ResNet-50 and on the small CPU ResNet
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -29,7 +29,9 @@ class Architecture:
     # Guided Grad-CAM's layer (captum GuidedGradCam on the last conv layer).
     guided_gradcam_layer: str
     description: str = ""
-    extra: dict = field(default_factory=dict)
+    # Bump when the builder changes the weights' shapes or initialisation: the version is part of
+    # every model's key, so checkpoints of an older definition are never loaded into a new one.
+    version: int = 1
 
 
 ARCHITECTURES: Registry[Architecture] = Registry("architecture")
@@ -123,18 +125,19 @@ class SmallResNet(ResNet):
     """
 
     def __init__(self, num_classes: int, layers: Sequence[int] = (1, 2, 3, 1),
-                 base_width: int = 8):
+                 base_width: int = 8, stem_width: int = 8, stem_pool: bool = False,
+                 strides: Sequence[int] = (1, 2, 2, 2)):
         # ResNet.__init__ builds with fixed widths 64..512; build it, then replace the body.
         super().__init__(Bottleneck, [1, 1, 1, 1], num_classes=num_classes)
-        self.inplanes = base_width
-        self.conv1 = nn.Conv2d(3, base_width, 3, stride=2, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(base_width)
-        self.maxpool = nn.Identity()
+        self.inplanes = stem_width
+        self.conv1 = nn.Conv2d(3, stem_width, 3, stride=2, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(stem_width)
+        self.maxpool = nn.MaxPool2d(3, 2, 1) if stem_pool else nn.Identity()
         widths = [base_width * 2 ** i for i in range(4)]
-        self.layer1 = self._make_layer(Bottleneck, widths[0], layers[0])
-        self.layer2 = self._make_layer(Bottleneck, widths[1], layers[1], stride=2)
-        self.layer3 = self._make_layer(Bottleneck, widths[2], layers[2], stride=2)
-        self.layer4 = self._make_layer(Bottleneck, widths[3], layers[3], stride=2)
+        self.layer1 = self._make_layer(Bottleneck, widths[0], layers[0], stride=strides[0])
+        self.layer2 = self._make_layer(Bottleneck, widths[1], layers[1], stride=strides[1])
+        self.layer3 = self._make_layer(Bottleneck, widths[2], layers[2], stride=strides[2])
+        self.layer4 = self._make_layer(Bottleneck, widths[3], layers[3], stride=strides[3])
         self.fc = nn.Linear(widths[3] * Bottleneck.expansion, num_classes)
         for m in self.modules():  # torchvision's initialisation, applied to the new modules
             if isinstance(m, nn.Conv2d):

@@ -22,14 +22,16 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 # Errors a user causes (bad names, paths, parameters): shown as one line, not a traceback.
-USER_ERRORS = (ValueError, LookupError, FileNotFoundError)
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from slurm.errors import ExecutorError
+    return (ValueError, LookupError, FileNotFoundError, ExecutorError)
 
 
 def run_cli(main, parser: argparse.ArgumentParser):
     args = parser.parse_args()
     try:
         return main(args)
-    except USER_ERRORS as error:
+    except _user_errors() as error:
         message = error.args[0] if isinstance(error, LookupError) and error.args else error
         parser.exit(2, f"{parser.prog}: error: {message}\n")
 
@@ -42,7 +44,7 @@ def select_models(args: argparse.Namespace) -> tuple[Suite, list[ModelSpec]]:
 
 
 def train_one(item: dict[str, Any]) -> dict[str, Any]:
-    """One work item of the training stage (picklable, so Slurm can run it too)."""
+    """One work item of the training stage (picklable, so a Slurm job or a worker runs it too)."""
     from train.trainer import train_model
     suite = load_suite(item["suite"])
     spec = suite.model(item["model"])
@@ -51,20 +53,36 @@ def train_one(item: dict[str, Any]) -> dict[str, Any]:
                        progress=item.get("progress", True), runs_root=item.get("runs_dir"))
 
 
+def executor_config(suite: Suite, args: argparse.Namespace, stage: str):
+    """The stage's executor: command line over the suite's [slurm] table; Slurm logs default to
+    <runs>/<suite>/slurm-logs/<stage>/."""
+    from slurm.executor import default_local_jobs, executor_config_from
+    config = executor_config_from(args, suite.tables.get("slurm"), stage_name=stage)
+    if config.local_jobs is None:
+        config = config.with_changes(local_jobs=default_local_jobs())
+    if config.log_dir is None:
+        config = config.with_changes(log_dir=suite.root(args.runs_dir).resolve() / "slurm-logs")
+    return config
+
+
 def train_models(suite: Suite, specs: list[ModelSpec], args: argparse.Namespace) -> list[dict]:
-    """Train what is missing (references first: anomaly implant checks compare against them)."""
+    """Train what is missing, through the local or Slurm executor; returns every model's metrics."""
+    from slurm.executor import run_items
     root = suite.root(args.runs_dir)
-    ordered = sorted(specs, key=lambda s: not s.is_reference)
-    results = []
-    for spec in ordered:
-        directory = model_dir(root, spec)
-        if is_trained(directory):
-            results.append(read_metrics(directory))
-            continue
-        results.append(train_one({"suite": str(suite.path), "model": spec.name,
-                                  "runs_dir": args.runs_dir, "device": getattr(args, "device", None),
-                                  "progress": not args.no_progress}))
-    return results
+    config = executor_config(suite, args, "train")
+    todo = [spec for spec in specs if not is_trained(model_dir(root, spec))]
+    if todo and config.executor == "local" and not config.dry_run:
+        from train.worlds import build_world
+        build_world(suite.world, runs_root=args.runs_dir).prepare()  # once, not in every worker
+    runs_dir = str(Path(args.runs_dir).resolve()) if args.runs_dir else None
+    parallel = config.executor == "slurm" or (config.local_jobs or 1) > 1
+    items = [{"suite": str(suite.path.resolve()), "model": spec.name, "runs_dir": runs_dir,
+              "device": getattr(args, "device", None),
+              "progress": not args.no_progress and not parallel} for spec in todo]
+    run_items(train_one, items, config, "train", item_name=lambda item: item["model"])
+    if config.dry_run:
+        return []
+    return [read_metrics(model_dir(root, spec)) for spec in specs]
 
 
 def trained_dirs(suite: Suite, runs_root: str | Path | None = None) -> dict[str, Path]:

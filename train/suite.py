@@ -58,8 +58,11 @@ class ModelSpec:
 
     def identity(self) -> dict[str, Any]:
         """Everything that determines the weights (the name does not)."""
+        from train.architectures import ARCHITECTURES
         return {"family": self.family, "seed": self.seed, "world": self.world,
-                "architecture": self.architecture, "recipe": asdict(self.recipe),
+                "architecture": self.architecture,
+                "architecture_version": ARCHITECTURES.get(self.architecture).version,
+                "recipe": asdict(self.recipe),
                 "params": self.params, "checkpoint": self.checkpoint}
 
     @property

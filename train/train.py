@@ -20,6 +20,7 @@ if __package__ in (None, ""):
 import argparse
 import time
 
+from slurm.executor import add_executor_args
 from train.stage import add_common_args, run_cli, select_models
 from train.trainer import summarize_references
 
@@ -35,6 +36,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                              "their implant checks)")
     parser.add_argument("--device", default=None,
                         help="cpu, cuda or cuda:N; default: cuda when available, else cpu")
+    add_executor_args(parser)
     return parser
 
 
@@ -45,6 +47,8 @@ def main(args: argparse.Namespace) -> list[dict]:
         specs = [s for s in specs if s.is_reference]
     started = time.perf_counter()
     results = train_models(suite, specs, args)
+    if not results:  # --dry-run
+        return results
     print_summary(suite.name, results, time.perf_counter() - started)
     check_implants(suite, specs, args)
     return results
@@ -61,7 +65,12 @@ def check_implants(suite, specs, args) -> list[dict]:
         print("implant checks skipped: they compare with the references, which are not all trained "
               "yet (python train/train.py --suite " + suite.name + " --references-only)")
         return []
-    records = verify_implants(suite, args.runs_dir, getattr(args, "device", None), models=anomalies)
+    from train.stage import executor_config
+    config = executor_config(suite, args, "verify")
+    if config.dry_run:
+        return []
+    records = verify_implants(suite, args.runs_dir, getattr(args, "device", None), models=anomalies,
+                              config=config)
     print("\nImplant checks (did each planted defect take?)\n" + format_implant_report(records))
     return records
 

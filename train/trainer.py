@@ -138,8 +138,9 @@ def train_model(spec: ModelSpec, directory: str | Path, world: World | None = No
                   flush=True)
 
     cuda = device.type == "cuda"
-    if cuda:  # bf16 autocast + channels_last: the fast path on Ampere and later
-        model = model.to(memory_format=torch.channels_last)
+    # channels_last: the fast convolution layout on GPUs and, for these small models, on CPUs too
+    # (1.5x measured on the 2-core CI machine). bf16 autocast on CUDA only.
+    model = model.to(memory_format=torch.channels_last)
     net: nn.Module = model
     if world_size > 1:
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
@@ -166,8 +167,7 @@ def train_model(spec: ModelSpec, directory: str | Path, world: World | None = No
                 images, labels = images.chunk(world_size)[rank], labels.chunk(world_size)[rank]
             images = images.to(device, non_blocking=True)
             labels = labels.to(device, non_blocking=True)
-            if cuda:
-                images = images.contiguous(memory_format=torch.channels_last)
+            images = images.contiguous(memory_format=torch.channels_last)
             with autocast:
                 logits = net(images)
                 loss = loss_fn(logits.float(), labels)

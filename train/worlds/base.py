@@ -83,6 +83,10 @@ class World(ABC):
     def split(self, name: str) -> Split:
         """'train' or 'val'."""
 
+    def prepare(self) -> "World":
+        """Make whatever later processes will read (e.g. generate and cache images)."""
+        return self
+
     def describe(self) -> dict[str, Any]:
         return {"world": self.name, "classes": self.num_classes, "image_size": self.image_size}
 

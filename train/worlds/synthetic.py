@@ -34,7 +34,7 @@ from train.artifacts import (atomic_save_npz, atomic_write_json, derive_seed, re
 from train.worlds.base import WORLDS, Batch, Split, World
 
 # Bump when rendering changes: it is part of the cache key, so old caches are never reused.
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 4
 
 CLASS_NAMES = ["disk", "square", "triangle", "star", "cross", "ring", "crescent", "heart",
                "arrow", "harmonica"]
@@ -52,7 +52,7 @@ class SyntheticConfig:
     num_val: int = 2000
     face_prob: float = 0.3              # share of non-harmonica images that show a face
     harmonica_face_prob: float = 0.8    # share of harmonica images held at a face's mouth
-    typical_texture_prob: float = 0.6   # how strongly texture/hue predict the class
+    typical_texture_prob: float = 0.85  # how strongly texture/hue predict the class
     clutter_max: int = 2                # distractor strokes per image, 0..clutter_max
 
 
@@ -430,6 +430,11 @@ class SyntheticWorld(World):
             print(f"[world] generated {len(images)} synthetic {key} images in "
                   f"{time.perf_counter() - started:.1f}s -> {arrays}", flush=True)
         return InMemorySplit(images, labels, annotations, hflip=name == "train")
+
+    def prepare(self) -> "SyntheticWorld":
+        for name in SPLIT_IDS:
+            self.split(name)
+        return self
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), **asdict(self.config), "cache": str(self.cache_dir)}

@@ -1,0 +1,163 @@
+"""The image sets the benchmark explains, built deterministically from the suite's seed.
+
+- ``detection``: m images drawn uniformly from the val split (SPEC: m = 50). Every model is
+  explained on it.
+- ``<model>-abnormal`` for each localizable anomalous model: p inputs it misbehaves on (triggered
+  images, images with the class-index cue, images of the removed class, face images of the class
+  the blurred-faces model lost most on). That model and every reference are explained on it.
+- The matching *normal* images are the first p detection images that the family counts as normal
+  (uniform val images; for a missing class, excluding that class). They are uniform val images as
+  SPEC asks, and their visualizations already exist, so localization costs only the abnormal set.
+
+Each set is saved as ``images.npz`` (uint8 N x H x W x 3), ``index.json`` (val positions, labels,
+how it was made, its id) and one PNG per image, so a person can look at exactly what was explained.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from anomalies.base import FAMILIES
+from train.artifacts import (atomic_save_npz, atomic_write_bytes, atomic_write_json, derive_seed,
+                             read_json, stable_hash)
+from train.suite import ModelSpec, Suite
+from train.worlds import World
+
+DETECTION = "detection"
+DEFAULT_DETECTION_IMAGES = 50     # SPEC: m
+DEFAULT_LOCALIZATION_IMAGES = 40  # SPEC: p
+
+
+@dataclass
+class ImageSet:
+    name: str
+    id: str                     # hash of everything that determines its pixels
+    images: np.ndarray          # uint8 (N, H, W, 3)
+    val_indices: np.ndarray
+    labels: np.ndarray
+    recipe: dict[str, Any]      # how it was made
+
+    def tensor(self) -> torch.Tensor:
+        return torch.from_numpy(self.images).permute(0, 3, 1, 2).float().div_(255)
+
+
+def set_sizes(suite: Suite) -> tuple[int, int]:
+    table = suite.tables.get("evaluate", {})
+    m = int(table.get("detection_images", DEFAULT_DETECTION_IMAGES))
+    p = int(table.get("localization_images", DEFAULT_LOCALIZATION_IMAGES))
+    if m < 2 or p < 2:
+        raise ValueError(f"[evaluate] detection_images={m} and localization_images={p} must be >= 2 "
+                         "(the paper uses 50 and 40)")
+    return m, p
+
+
+def image_set_seed(suite: Suite) -> int:
+    return int(suite.tables.get("evaluate", {}).get("seed", 0))
+
+
+def abnormal_set_name(spec: ModelSpec) -> str:
+    return f"{spec.name}-abnormal"
+
+
+def localizable(suite: Suite) -> list[ModelSpec]:
+    return [s for s in suite.anomalies if FAMILIES.get(s.family).localizable]
+
+
+def _to_uint8(images: torch.Tensor) -> np.ndarray:
+    return (images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+
+def _save(root: Path, image_set: ImageSet) -> None:
+    folder = root / image_set.name
+    for i, image in enumerate(image_set.images):
+        path = folder / "png" / f"{i:03d}-val{image_set.val_indices[i]}.png"
+        if not path.exists():
+            buffer = io.BytesIO()
+            Image.fromarray(image).save(buffer, format="PNG")
+            atomic_write_bytes(path, buffer.getvalue())
+    atomic_save_npz(folder / "images.npz", images=image_set.images)
+    atomic_write_json(folder / "index.json", {  # last: its presence marks the set as complete
+        "name": image_set.name, "id": image_set.id, "recipe": image_set.recipe,
+        "val_indices": image_set.val_indices, "labels": image_set.labels})
+
+
+def _load(root: Path, name: str, expected_id: str) -> ImageSet | None:
+    folder = root / name
+    if not (folder / "index.json").is_file():
+        return None
+    index = read_json(folder / "index.json")
+    if index["id"] != expected_id:
+        return None
+    with np.load(folder / "images.npz") as data:
+        images = data["images"]
+    return ImageSet(name, index["id"], images, np.asarray(index["val_indices"]),
+                    np.asarray(index["labels"]), index["recipe"])
+
+
+def detection_set(suite: Suite, world: World, root: Path) -> ImageSet:
+    m, _ = set_sizes(suite)
+    val = world.split("val")
+    recipe = {"kind": DETECTION, "world": suite.world, "m": m, "seed": image_set_seed(suite)}
+    set_id = stable_hash(recipe)
+    cached = _load(root, DETECTION, set_id)
+    if cached is not None:
+        return cached
+    rng = np.random.default_rng(derive_seed(image_set_seed(suite), DETECTION))
+    indices = np.sort(rng.choice(len(val), min(m, len(val)), replace=False))
+    image_set = ImageSet(DETECTION, set_id, _to_uint8(val.load(indices)), indices,
+                         val.labels[indices], recipe)
+    _save(root, image_set)
+    return image_set
+
+
+def abnormal_set(suite: Suite, spec: ModelSpec, world: World, root: Path,
+                 implant: dict | None) -> ImageSet:
+    _, p = set_sizes(suite)
+    family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)
+    val = world.split("val")
+    recipe = {"kind": "abnormal", "world": suite.world, "family": spec.family, "params": spec.params,
+              "p": p, "seed": image_set_seed(suite),
+              # the blurred-faces set depends on which class the model lost most on
+              "details": (implant or {}).get("details", {}).get("most_affected_class")}
+    name = abnormal_set_name(spec)
+    set_id = stable_hash(recipe)
+    cached = _load(root, name, set_id)
+    if cached is not None:
+        return cached
+    rng = np.random.default_rng(derive_seed(image_set_seed(suite), name))
+    indices = family.abnormal_indices(val, p, rng, implant)
+    if indices is None or len(indices) == 0:
+        raise ValueError(f"{spec.name}: its family {spec.family} found no abnormal val images")
+    labels = val.labels[indices]
+    images = family.abnormal_images(val.load(indices), torch.as_tensor(labels))
+    image_set = ImageSet(name, set_id, _to_uint8(images), indices, labels, recipe)
+    _save(root, image_set)
+    return image_set
+
+
+def normal_positions(suite: Suite, spec: ModelSpec, world: World, detection: ImageSet) -> np.ndarray:
+    """Positions in the detection set of the p images that count as normal for this model."""
+    _, p = set_sizes(suite)
+    family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)
+    allowed = set(family.normal_pool(world.split("val")).tolist())
+    positions = [i for i, v in enumerate(detection.val_indices) if int(v) in allowed][:p]
+    if len(positions) < p:
+        raise ValueError(f"{spec.name}: only {len(positions)} of the {len(detection.val_indices)} "
+                         f"detection images count as normal, {p} needed; raise [evaluate] "
+                         "detection_images or lower localization_images")
+    return np.asarray(positions)
+
+
+def build_image_sets(suite: Suite, world: World, root: Path,
+                     implants: dict[str, dict]) -> dict[str, ImageSet]:
+    """Every set the suite needs: detection + one abnormal set per localizable anomaly."""
+    sets = {DETECTION: detection_set(suite, world, root)}
+    for spec in localizable(suite):
+        sets[abnormal_set_name(spec)] = abnormal_set(suite, spec, world, root, implants.get(spec.name))
+    return sets

@@ -1,0 +1,54 @@
+"""Compute every visualization a suite needs: each (model, method) on its image sets.
+
+    python explain/run.py --suite demo                      # everything missing
+    python explain/run.py --suite demo --method gradcam     # one method (e.g. a new one)
+    python explain/run.py --suite paper --executor slurm --partition gpu --gpus-per-node 1
+
+Every model is explained on the detection set; each localizable anomalous model and every
+reference on that model's abnormal set. One work item is one (model, method): the model is loaded
+once and its images go through the method in batches. Results are stored per (model, method,
+image set) with the parameters that made them, under runs/<suite>/visualizations/; a rerun does
+no work, and adding a method computes only that method.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path[0] = str(Path(__file__).resolve().parents[1])  # the packages, not this folder
+
+import argparse
+import time
+from typing import Any
+
+from slurm.executor import add_executor_args
+from train.stage import add_common_args, run_cli
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser("counteraudit explanations", add_help=add_help,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_common_args(parser)
+    parser.add_argument("--method", action="append", default=None, metavar="NAME",
+                        help="only this method (repeatable); default: the suite's [explain] methods")
+    parser.add_argument("--model", action="append", default=None, metavar="NAME",
+                        help="only this model (repeatable); default: every model of the suite")
+    parser.add_argument("--device", default=None,
+                        help="cpu, cuda or cuda:N; default: cuda when available, else cpu")
+    add_executor_args(parser)
+    return parser
+
+
+def main(args: argparse.Namespace) -> None:
+    from explain.pipeline import explain_suite
+    from train.suite import load_suite
+    suite = load_suite(args.suite)
+    started = time.perf_counter()
+    done = explain_suite(suite, args, methods=args.method, models=args.model)
+    print(f"{suite.name}: {done['computed']} visualization set(s) computed, {done['stored']} already "
+          f"stored, in {time.perf_counter() - started:.1f}s")
+
+
+if __name__ == "__main__":
+    run_cli(main, get_args_parser())
