@@ -19,18 +19,12 @@ if __package__ in (None, ""):
 
 import argparse
 
-from evaluate.pipeline import add_pipeline_args, describe_distance
-from slurm.executor import add_executor_args
-from train.stage import add_common_args, run_cli
+from evaluate.pipeline import describe_distance, pipeline_parser
+from train.stage import run_cli
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser("counteraudit detection", add_help=add_help,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_common_args(parser)
-    add_pipeline_args(parser)
-    add_executor_args(parser)
-    return parser
+    return pipeline_parser("counteraudit detection", add_help)
 
 
 def main(args: argparse.Namespace) -> dict:

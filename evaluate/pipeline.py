@@ -100,6 +100,18 @@ def localization_scores(suite: Suite, distance_name: str, methods: list[str], ru
 
 
 # ---------------------------------------------------------------- the end-to-end run
+def pipeline_parser(prog: str, add_help: bool = True) -> argparse.ArgumentParser:
+    """The options detect.py and localize.py share: suite, upstream stages, executor."""
+    from slurm.executor import add_executor_args
+    from train.stage import add_common_args
+    parser = argparse.ArgumentParser(prog, add_help=add_help,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_common_args(parser)
+    add_pipeline_args(parser)
+    add_executor_args(parser)
+    return parser
+
+
 def add_pipeline_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true",
                         help="run the small 'quick' suite instead (a smoke test in a few minutes)")
