@@ -138,7 +138,8 @@ def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], str, str | None
     if args.quick and args.suite not in ("demo", "quick"):
         raise ValueError(f"--quick runs the 'quick' suite; drop --suite {args.suite} or --quick")
     suite = load_suite("quick" if args.quick else args.suite)
-    distance_name, note = pick_distance(args.distance, args.weights_dir)  # fail early if missing
+    distance_name, note = pick_distance(args.distance, args.weights_dir)
+    build_distance(distance_name, weights_dir=args.weights_dir)  # missing weights: fail before work
     methods = suite_methods(suite, args.method)
     started = time.perf_counter()
     _stage(f"1/3 training {len(suite.models)} models of suite {suite.name!r} (skips trained ones)")

@@ -12,10 +12,22 @@ with the same item again: nothing needs to be carried in the pickle.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import submitit
+
+
+def limit_threads_to_allocation() -> None:
+    """Inside a Slurm job, use as many torch threads as the task was given CPUs. torch otherwise
+    takes every core of the node, and jobs sharing a node then oversubscribe it: OpenMP threads
+    spinning against each other made two 1-CPU training jobs on a 2-core node 10x slower."""
+    cpus = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("SLURM_CPUS_ON_NODE")
+    if cpus and cpus.isdigit() and int(cpus) > 0:
+        import torch
+
+        torch.set_num_threads(int(cpus))
 
 
 class ResumableCall(submitit.helpers.Checkpointable):
@@ -31,6 +43,7 @@ class ResumableCall(submitit.helpers.Checkpointable):
         self.function = function
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        limit_threads_to_allocation()
         return self.function(*args, **kwargs)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:

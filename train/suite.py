@@ -28,12 +28,17 @@ class Recipe:
     lr_step_epochs: int = 30   # multiply the learning rate by lr_gamma every this many epochs
     lr_gamma: float = 0.1
     eval_batch_size: int = 500
+    # Intra-op threads for CPU training. Part of the recipe because some CPU kernels reduce in a
+    # thread-dependent order, so the thread count changes the weights' bits: fixing it makes the
+    # same seed give the same weights on any machine and executor. Parallelism comes from
+    # training several models at once (--jobs, Slurm arrays). Ignored on GPUs.
+    cpu_threads: int = 1
 
     @classmethod
     def from_dict(cls, table: dict[str, Any]) -> "Recipe":
         _check_keys(table, cls, "recipe")
         recipe = cls(**table)
-        for name in ("epochs", "batch_size", "lr_step_epochs", "eval_batch_size"):
+        for name in ("epochs", "batch_size", "lr_step_epochs", "eval_batch_size", "cpu_threads"):
             if getattr(recipe, name) < 1:
                 raise ValueError(f"recipe.{name}={getattr(recipe, name)} must be >= 1")
         if recipe.lr <= 0:

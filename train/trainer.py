@@ -102,8 +102,19 @@ def train_model(spec: ModelSpec, directory: str | Path, world: World | None = No
     directory = Path(directory)
     if is_trained(directory):
         return read_metrics(directory)
-    rank, world_size = _distributed()
     device = pick_device(str(device) if device is not None else None)
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(spec.recipe.cpu_threads)
+    try:
+        return _train(spec, directory, world, device, progress, stop_after_epoch, runs_root)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.device,
+           progress: bool, stop_after_epoch: int | None, runs_root) -> dict[str, Any]:
+    rank, world_size = _distributed()
     world = world or build_world(spec.world, runs_root=runs_root)
     if rank == 0:
         atomic_write_json(directory / SPEC_NAME, spec.to_dict())

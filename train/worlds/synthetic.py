@@ -322,8 +322,14 @@ def generate(cfg: SyntheticConfig, split: str, texture_randomized: bool = False,
     else:
         # fork: workers inherit the imported modules, no re-import cost; results do not depend on it.
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        with multiprocessing.get_context(method).Pool(workers) as pool:
+        pool = multiprocessing.get_context(method).Pool(workers)
+        try:
             parts = pool.map(_generate_chunk, jobs)
+        finally:
+            # close + join, not terminate: inside a submitit job the workers inherit a handler
+            # that ignores SIGTERM, and a terminated pool would wait for them forever.
+            pool.close()
+            pool.join()
     images = np.concatenate([p[0] for p in parts])
     annotations = [a for p in parts for a in p[1]]
     labels = np.array([a["class"] for a in annotations], np.int64)

@@ -1,0 +1,87 @@
+"""The main job end to end on a tiny suite: training, implant checks, image sets, explanations,
+scores, Table 1 and Table 2, and a rerun that does no work."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import write_suite
+
+REPO = Path(__file__).resolve().parents[1]
+BODY = """
+[[anomalies]]
+name = "backdoor"
+family = "backdoor"
+params = { nu = 0.3, size = 0.2 }
+
+[[anomalies]]
+name = "smoothing"
+family = "randomized_smoothing"
+params = { sigma = 0.5 }
+
+[explain]
+methods = ["guided_backprop", "outputs_only"]
+
+[evaluate]
+detection_images = 8
+localization_images = 4
+"""
+
+
+def _run(script, *args):
+    result = subprocess.run([sys.executable, str(REPO / script), *map(str, args)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    base = tmp_path_factory.mktemp("e2e")
+    suite = write_suite(base / "e2e.toml", body=BODY, references=3, epochs=2)
+    runs = base / "runs"
+    out = _run("evaluate/detect.py", "--suite", suite, "--runs-dir", runs, "--distance", "ssim",
+               "--no-progress")
+    return suite, runs, out
+
+
+def test_detect_prints_and_saves_table1(finished_run):
+    suite, runs, out = finished_run
+    assert "Table 1" in out and "distance: ssim" in out
+    tables = runs / "e2e" / "tables"
+    for ext in ("md", "csv", "tex"):
+        assert (tables / f"detection-ssim.{ext}").is_file()
+    table1 = pd.read_csv(tables / "detection-ssim.csv")
+    assert set(table1["family"]) == {"backdoor", "randomized_smoothing"}
+    assert {"guided_backprop", "outputs_only"} <= set(table1.columns)
+    assert table1[["guided_backprop", "outputs_only"]].isin([0.0, 1.0]).all().all()
+    per_model = pd.read_csv(tables / "detection-per-model-ssim.csv")
+    assert len(per_model) == 2 * 5  # 2 methods x (3 references + 2 anomalies)
+    assert (runs / "e2e" / "image_sets" / "detection" / "index.json").is_file()
+    assert len(list((runs / "e2e" / "image_sets" / "detection" / "png").glob("*.png"))) == 8
+    implants = list((runs / "e2e" / "models").glob("*/implant.json"))
+    assert len(implants) == 2
+
+
+def test_rerun_does_no_work_and_localize_gives_table2(finished_run):
+    suite, runs, _ = finished_run
+    out = _run("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "ssim",
+               "--no-progress")
+    assert "0 visualization set(s) computed" in out and "Table 2" in out
+    table = pd.read_csv(runs / "e2e" / "tables" / "localization-per-model-ssim.csv")
+    assert set(table["model"]) == {"backdoor"}  # the only localizable anomaly
+    assert table["auroc"].between(0, 1).all()
+    assert (table["n_abnormal"] == 4).all() and (table["n_normal"] == 4).all()
+
+
+def test_unavailable_lpips_is_an_error_not_a_substitution(finished_run, tmp_path):
+    suite, runs, _ = finished_run
+    result = subprocess.run([sys.executable, str(REPO / "evaluate/detect.py"), "--suite", str(suite),
+                             "--runs-dir", str(runs), "--distance", "lpips-alex",
+                             "--weights-dir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=600,
+                            env={"TORCH_HOME": str(tmp_path / "hub"), "PATH": "/usr/bin:/bin"})
+    assert result.returncode != 0
+    assert "alexnet-owt-7be5be79.pth" in result.stderr

@@ -1,0 +1,29 @@
+"""Training through the Slurm executor on the real local cluster gives the local weights."""
+import pytest
+import torch
+
+from slurm.executor import ExecutorConfig, run_items
+from tests.conftest import write_suite
+from train.checkpoint import WEIGHTS_NAME, model_dir
+from train.stage import train_one
+from train.suite import load_suite
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_training_job_array_gives_the_same_weights_as_local(tmp_path):
+    suite_path = write_suite(tmp_path / "slurmtiny.toml", references=2, epochs=1)
+    suite = load_suite(suite_path)
+    items = [{"suite": str(suite_path), "model": s.name, "runs_dir": str(tmp_path / runs),
+              "progress": False} for s in suite.references for runs in ("slurm",)]
+    config = ExecutorConfig(executor="slurm", cpus_per_task=1, time_minutes=10,
+                            log_dir=tmp_path / "logs")
+    on_slurm = run_items(train_one, items, config, "train", item_name=lambda i: i["model"])
+    assert [m["name"] for m in on_slurm] == ["reference-00", "reference-01"]
+    for spec in suite.references:
+        train_one({"suite": str(suite_path), "model": spec.name, "runs_dir": str(tmp_path / "local"),
+                   "progress": False})
+        a = torch.load(model_dir(suite.root(tmp_path / "slurm"), spec) / WEIGHTS_NAME)
+        b = torch.load(model_dir(suite.root(tmp_path / "local"), spec) / WEIGHTS_NAME)
+        assert all(torch.equal(a[k], b[k]) for k in a), f"{spec.name}: Slurm and local weights differ"
+    assert list((tmp_path / "logs" / "train").glob("*.out"))
