@@ -58,8 +58,23 @@ def load_image_sets(suite: Suite, runs_root=None) -> dict[str, ImageSet]:
                             {k: v for k, v in implants.items() if v})
 
 
+# Library notices that every batch would repeat and that say nothing about the user's run:
+# captum's "hooks on ReLU" and "input did not require grad", torch.jit's deprecation.
+QUIET = [("ignore", r"Setting backward hooks on ReLU", UserWarning),
+         ("ignore", r"Input Tensor \d+ did not already require gradients", UserWarning),
+         ("ignore", r"`torch.jit.script` is deprecated", FutureWarning)]
+
+
 def explain_one(item: dict[str, Any]) -> dict[str, int]:
     """Work item: one model, one method, all of that model's image sets (missing ones only)."""
+    import warnings
+    with warnings.catch_warnings():
+        for action, message, category in QUIET:
+            warnings.filterwarnings(action, message=message, category=category)
+        return _explain_one(item)
+
+
+def _explain_one(item: dict[str, Any]) -> dict[str, int]:
     from train.trainer import load_trained_model
     from train.worlds import build_world
     suite = load_suite(item["suite"])
