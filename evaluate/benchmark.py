@@ -14,7 +14,6 @@ is for the same numbers. ``--baseline-calls`` times only that many per-pair call
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import warnings
 from itertools import combinations

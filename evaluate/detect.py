@@ -32,10 +32,10 @@ def main(args: argparse.Namespace) -> dict:
     from evaluate.detection import detection_table, table1
     from evaluate.pipeline import detection_scores, prepare, write_tables
     from evaluate.tables import to_markdown
-    suite, methods, distance_name, note = prepare(args)
+    suite, methods, distance, distance_name, note = prepare(args)
     if getattr(args, "dry_run", False):
         return {}
-    scores = detection_scores(suite, distance_name, methods, args.runs_dir, args.weights_dir)
+    scores = detection_scores(suite, distance, distance_name, methods, args.runs_dir)
     references = [s.name for s in suite.references]
     families = {s.name: s.family for s in suite.anomalies}
     per_model = detection_table(scores, references, families=families)

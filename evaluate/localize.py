@@ -30,10 +30,10 @@ def main(args: argparse.Namespace) -> dict:
     from evaluate.localization import localization_table, table2
     from evaluate.pipeline import localization_scores, prepare, write_tables
     from evaluate.tables import to_markdown
-    suite, methods, distance_name, note = prepare(args)
+    suite, methods, distance, distance_name, note = prepare(args)
     if getattr(args, "dry_run", False):
         return {}
-    scores = localization_scores(suite, distance_name, methods, args.runs_dir, args.weights_dir)
+    scores = localization_scores(suite, distance, distance_name, methods, args.runs_dir)
     per_model = localization_table(scores)
     per_layer = localization_table(scores, per_layer=True)
     per_layer = per_layer[per_layer["layer"] != ""]

@@ -14,13 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_positions
 from evaluate.distances import build_distance, resolve_distance_name
 from evaluate.scores import anomaly_scores
-from explain.pipeline import VISUALIZATIONS, load_results, result_dir, suite_methods
+from explain.pipeline import load_results, result_dir, suite_methods
 from explain.store import stored_key
 from train.artifacts import atomic_write_json, atomic_write_text, read_json, stable_hash
 from train.suite import Suite
@@ -64,28 +63,21 @@ def score_set(suite: Suite, distance, distance_name: str, method: str, image_set
     return table
 
 
-def pick_distance(requested: str | None, weights_dir: str | None) -> tuple[str, str | None]:
-    """The distance to use and, when it is a fallback, the note to print with every table."""
-    return resolve_distance_name(requested, weights_dir=weights_dir, download=True)
-
-
-def detection_scores(suite: Suite, distance_name: str, methods: list[str], runs_root=None,
-                     weights_dir: str | None = None) -> pd.DataFrame:
-    distance = build_distance(distance_name, weights_dir=weights_dir)
+def detection_scores(suite: Suite, distance, distance_name: str, methods: list[str],
+                     runs_root=None) -> pd.DataFrame:
     models = [s.name for s in suite.models]
     return pd.concat([score_set(suite, distance, distance_name, method, DETECTION, models, runs_root)
                       for method in methods], ignore_index=True)
 
 
-def localization_scores(suite: Suite, distance_name: str, methods: list[str], runs_root=None,
-                        weights_dir: str | None = None) -> pd.DataFrame:
+def localization_scores(suite: Suite, distance, distance_name: str, methods: list[str],
+                        runs_root=None) -> pd.DataFrame:
     """For each localizable anomaly: its scores on its abnormal set (abnormal = True) and on the
     detection images that count as normal for it (abnormal = False)."""
     from train.worlds import build_world
     from explain.pipeline import load_image_sets
-    distance = build_distance(distance_name, weights_dir=weights_dir)
     world = build_world(suite.world, runs_root=runs_root)
-    image_sets = load_image_sets(suite, runs_root)
+    image_sets = load_image_sets(suite, runs_root, world)
     frames = []
     for method in methods:
         detection = score_set(suite, distance, distance_name, method, DETECTION,
@@ -128,9 +120,10 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     return parser
 
 
-def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], str, str | None]:
+def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], Any, str, str | None]:
     """Everything upstream of scoring that is missing: world, training, implant checks,
-    image sets, visualizations. Returns (suite, methods, distance name, fallback note)."""
+    image sets, visualizations. Returns (suite, methods, distance, its name, fallback note);
+    the distance is built first, so missing LPIPS weights fail before any work."""
     from explain.pipeline import explain_suite
     from train.stage import train_models
     from train.suite import load_suite
@@ -138,8 +131,8 @@ def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], str, str | None
     if args.quick and args.suite not in ("demo", "quick"):
         raise ValueError(f"--quick runs the 'quick' suite; drop --suite {args.suite} or --quick")
     suite = load_suite("quick" if args.quick else args.suite)
-    distance_name, note = pick_distance(args.distance, args.weights_dir)
-    build_distance(distance_name, weights_dir=args.weights_dir)  # missing weights: fail before work
+    distance_name, note = resolve_distance_name(args.distance, weights_dir=args.weights_dir)
+    distance = build_distance(distance_name, weights_dir=args.weights_dir)
     methods = suite_methods(suite, args.method)
     started = time.perf_counter()
     _stage(f"1/3 training {len(suite.models)} models of suite {suite.name!r} (skips trained ones)")
@@ -150,16 +143,15 @@ def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], str, str | None
     counts = explain_suite(suite, args, methods=methods)
     print(f"{counts['computed']} visualization set(s) computed, {counts['stored']} already stored")
     _stage(f"3/3 scoring with {distance_name}" + (f" ({note})" if note else ""))
-    return suite, methods, distance_name, note
+    return suite, methods, distance, distance_name, note
 
 
 def _stage(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
-def write_tables(suite: Suite, tables: dict[str, pd.DataFrame], runs_root=None,
-                 note: str | None = None) -> list[Path]:
-    from evaluate.tables import to_markdown, write_table
+def write_tables(suite: Suite, tables: dict[str, pd.DataFrame], runs_root=None) -> list[Path]:
+    from evaluate.tables import write_table
     written = []
     for name, frame in tables.items():
         written += write_table(frame, suite.root(runs_root) / TABLES / name)

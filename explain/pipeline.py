@@ -48,11 +48,11 @@ def result_dir(root: Path, method: str, model: str, image_set: str) -> Path:
     return root / VISUALIZATIONS / method / model / image_set
 
 
-def load_image_sets(suite: Suite, runs_root=None) -> dict[str, ImageSet]:
+def load_image_sets(suite: Suite, runs_root=None, world=None) -> dict[str, ImageSet]:
     """The suite's image sets, made if missing (needs the implant checks for blurred faces)."""
     from anomalies.verify import read_implant
     from train.worlds import build_world
-    world = build_world(suite.world, runs_root=runs_root)
+    world = world or build_world(suite.world, runs_root=runs_root)
     implants = {spec.name: read_implant(suite, spec, runs_root) for spec in localizable(suite)}
     return build_image_sets(suite, world, suite.root(runs_root) / IMAGE_SETS,
                             {k: v for k, v in implants.items() if v})
@@ -82,7 +82,8 @@ def _explain_one(item: dict[str, Any]) -> dict[str, int]:
     root = suite.root(item.get("runs_dir"))
     method = build_method(item["method"], method_params(suite, item["method"]))
     batch_size = method_batch_size(suite, item["method"])
-    image_sets = load_image_sets(suite, item.get("runs_dir"))
+    world = build_world(suite.world, runs_root=item.get("runs_dir"))
+    image_sets = load_image_sets(suite, item.get("runs_dir"), world)
     counts = {"computed": 0, "stored": 0}
     model = None
     for set_name in sets_for(suite, spec):
@@ -93,7 +94,6 @@ def _explain_one(item: dict[str, Any]) -> dict[str, int]:
             counts["stored"] += 1
             continue
         if model is None:  # loaded once, and only if something is missing
-            world = build_world(suite.world, runs_root=item.get("runs_dir"))
             model = load_trained_model(model_dir(root, spec), spec, world, item.get("device") or "cpu")
         explanation = method.run(model, image_set.tensor(), batch_size)
         save_explanation(directory, explanation, spec.key, image_set.id)

@@ -20,7 +20,6 @@ if __package__ in (None, ""):
 
 import argparse
 import time
-from typing import Any
 
 from slurm.executor import add_executor_args
 from train.stage import add_common_args, run_cli

@@ -84,7 +84,3 @@ def train_models(suite: Suite, specs: list[ModelSpec], args: argparse.Namespace)
         return []
     return [read_metrics(model_dir(root, spec)) for spec in specs]
 
-
-def trained_dirs(suite: Suite, runs_root: str | Path | None = None) -> dict[str, Path]:
-    root = suite.root(runs_root)
-    return {spec.name: model_dir(root, spec) for spec in suite.models}
