@@ -69,6 +69,10 @@ class Adversarial(AnomalyFamily):
         if params.step_size is not None and params.step_size <= 0:
             raise ValueError(f"adversarial: step_size={params.step_size} must be > 0")
 
+    @classmethod
+    def relative_training_cost(cls, params: dict) -> float:
+        return 1.0 + int(params.get("steps", AdversarialParams.steps))  # PGD passes + the update
+
     def step_size(self, steps: int) -> float:
         return self.params.step_size or 2.5 * self.params.eps / steps
 

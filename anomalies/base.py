@@ -31,6 +31,8 @@ class AnomalyFamily:
     stark: ClassVar[bool] = False       # stark: lowers clean accuracy; subtle: off-distribution only
     localizable: ClassVar[bool] = False  # has a well-defined set of abnormal inputs
     Params: ClassVar[type] = NoParams
+    # Bump when ``measure`` changes: the references' cached figures are then measured again.
+    measure_version: ClassVar[int] = 1
 
     def __init__(self, params: dict[str, Any], world, seed: int):
         self.params = self.Params(**params)
@@ -55,6 +57,12 @@ class AnomalyFamily:
         """Raise ValueError for invalid parameter values."""
 
     # ---- training hooks
+    @classmethod
+    def relative_training_cost(cls, params: dict[str, Any]) -> float:
+        """Training time relative to a reference's (the executor starts the longest trainings
+        first, so a 2-worker run does not end with one worker alone on the slowest model)."""
+        return 1.0
+
     def training_split(self, split):
         """The training split this family trains on (default: the world's own)."""
         return split

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from anomalies.base import FAMILIES
+from anomalies.common import VERIFY_IMAGES
 from train.artifacts import atomic_write_json, read_json, stable_hash
 from train.checkpoint import is_trained, model_dir, read_metrics
 from train.suite import ModelSpec, Suite
@@ -28,7 +29,8 @@ def _figures(family, spec: ModelSpec, directory: Path, world: World, device) -> 
 
 def _reference_figures(family, anomaly: ModelSpec, reference: ModelSpec, directory: Path,
                        world: World, device) -> dict[str, float]:
-    key = stable_hash({"family": anomaly.family, "params": anomaly.params, "world": anomaly.world})
+    key = stable_hash({"family": anomaly.family, "params": anomaly.params, "world": anomaly.world,
+                       "images": VERIFY_IMAGES, "measure": family.measure_version})
     cache = directory / "implant-figures" / f"{anomaly.family}-{key}.json"
     if cache.is_file():
         return read_json(cache)

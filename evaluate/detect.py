@@ -18,6 +18,7 @@ if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parents[1])  # the packages, not this folder
 
 import argparse
+import time
 
 from evaluate.pipeline import describe_distance, pipeline_parser
 from train.stage import run_cli
@@ -28,23 +29,17 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict:
-    from anomalies import FAMILIES
-    from evaluate.detection import detection_table, table1
-    from evaluate.pipeline import detection_scores, prepare, write_tables
+    from evaluate.pipeline import detection_scores, detection_tables, prepare, write_tables
     from evaluate.tables import to_markdown
     suite, methods, distance, distance_name, note = prepare(args)
     if getattr(args, "dry_run", False):
         return {}
-    scores = detection_scores(suite, distance, distance_name, methods, args.runs_dir)
+    started = time.perf_counter()
+    scores = detection_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
+    print(f"scored in {time.perf_counter() - started:.0f}s")
     references = [s.name for s in suite.references]
-    families = {s.name: s.family for s in suite.anomalies}
-    per_model = detection_table(scores, references, families=families)
-    per_layer = detection_table(scores, references, families=families, per_layer=True)
-    per_layer = per_layer[per_layer["layer"] != ""]
-    order = [f for f in FAMILIES.names() if f in set(families.values())]
-    summary = table1(per_model, family_order=sorted(order, key=lambda f: not FAMILIES.get(f).stark))
-    tables = {f"detection-{distance_name}": summary, f"detection-per-model-{distance_name}": per_model,
-              f"detection-per-layer-{distance_name}": per_layer}
+    tables = detection_tables(suite, scores, distance_name)
+    summary, per_model = tables[f"detection-{distance_name}"], tables[f"detection-per-model-{distance_name}"]
     write_tables(suite, tables, args.runs_dir)
     anomalous = per_model[per_model["role"] != "reference"]
     print(f"\nTable 1 -- fraction of each family's models detected ({describe_distance(distance_name, note)};"

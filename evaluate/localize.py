@@ -17,6 +17,7 @@ if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parents[1])  # the packages, not this folder
 
 import argparse
+import time
 
 from evaluate.pipeline import describe_distance, pipeline_parser
 from train.stage import run_cli
@@ -27,20 +28,17 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict:
-    from evaluate.localization import localization_table, table2
-    from evaluate.pipeline import localization_scores, prepare, write_tables
+    from evaluate.pipeline import localization_scores, localization_tables, prepare, write_tables
     from evaluate.tables import to_markdown
     suite, methods, distance, distance_name, note = prepare(args)
     if getattr(args, "dry_run", False):
         return {}
-    scores = localization_scores(suite, distance, distance_name, methods, args.runs_dir)
-    per_model = localization_table(scores)
-    per_layer = localization_table(scores, per_layer=True)
-    per_layer = per_layer[per_layer["layer"] != ""]
-    summary = table2(per_model)
-    tables = {f"localization-{distance_name}": summary,
-              f"localization-per-model-{distance_name}": per_model,
-              f"localization-per-layer-{distance_name}": per_layer}
+    started = time.perf_counter()
+    scores = localization_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
+    print(f"scored in {time.perf_counter() - started:.0f}s")
+    tables = localization_tables(scores, distance_name)
+    summary = tables[f"localization-{distance_name}"]
+    per_model = tables[f"localization-per-model-{distance_name}"]
     write_tables(suite, tables, args.runs_dir)
     band = per_model[["chance_low", "chance_high"]].median()
     print(f"\nTable 2 -- localization AUROC, abnormal vs normal inputs "

@@ -19,7 +19,7 @@ import pandas as pd
 from anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_positions
 from evaluate.distances import build_distance, resolve_distance_name
 from evaluate.scores import anomaly_scores
-from explain.pipeline import load_results, result_dir, suite_methods
+from explain.pipeline import add_chunk_images_arg, load_results, result_dir, suite_methods
 from explain.store import stored_key
 from train.artifacts import atomic_write_json, atomic_write_text, read_json, stable_hash
 from train.suite import Suite
@@ -29,9 +29,10 @@ TABLES = "tables"
 NO_LAYER = ""
 
 
-def score_set(suite: Suite, distance, distance_name: str, method: str, image_set: str,
-              models: list[str], runs_root=None) -> pd.DataFrame:
-    """Anomaly scores of ``models`` (references are scored leave-one-out) on one image set."""
+def score_table_key(suite: Suite, distance_name: str, method: str, image_set: str,
+                    models: list[str], runs_root=None) -> tuple[Path, dict[str, Any]]:
+    """Where one score table goes and the key its ``.json`` must hold; FileNotFoundError when a
+    visualization it needs is missing."""
     root = suite.root(runs_root)
     references = [s.name for s in suite.references]
     needed = list(dict.fromkeys([*references, *models]))
@@ -41,11 +42,30 @@ def score_set(suite: Suite, distance, distance_name: str, method: str, image_set
         raise FileNotFoundError(f"no {method} visualizations of {missing} on {image_set}; run "
                                 f"python explain/run.py --suite {suite.name} --method {method}")
     table_path = root / SCORES / distance_name / method / f"{image_set}.csv"
-    key = {"distance": distance_name, "models": models, "references": references,
-           "visualizations": stable_hash(keys)}
+    return table_path, {"distance": distance_name, "models": models, "references": references,
+                        "visualizations": stable_hash(keys)}
+
+
+def _is_scored(table_path: Path, key: dict[str, Any]) -> bool:
     key_path = table_path.with_suffix(".json")
-    if table_path.is_file() and key_path.is_file() and read_json(key_path) == key:
-        return pd.read_csv(table_path, keep_default_na=False, na_values=[""]).astype({"layer": str})
+    return table_path.is_file() and key_path.is_file() and read_json(key_path) == key
+
+
+def read_score_table(table_path: Path) -> pd.DataFrame:
+    """A stored score table as ``score_set`` made it (the layer of a method without layers is
+    "", ``NO_LAYER``, not NaN)."""
+    table = pd.read_csv(table_path, keep_default_na=False, na_values=[""], dtype={"layer": str})
+    return table.fillna({"layer": NO_LAYER})
+
+
+def score_set(suite: Suite, distance, distance_name: str, method: str, image_set: str,
+              models: list[str], runs_root=None) -> pd.DataFrame:
+    """Anomaly scores of ``models`` (references are scored leave-one-out) on one image set."""
+    table_path, key = score_table_key(suite, distance_name, method, image_set, models, runs_root)
+    if _is_scored(table_path, key):
+        return read_score_table(table_path)
+    references = key["references"]
+    needed = list(dict.fromkeys([*references, *models]))
     results = load_results(suite, method, needed, image_set, runs_root)
     first = results[references[0]]
     layers = list(first.layers) if first.layers is not None else [NO_LAYER]
@@ -59,41 +79,110 @@ def score_set(suite: Suite, distance, distance_name: str, method: str, image_set
     table = pd.concat(frames, ignore_index=True)
     table = table[table["model"].isin(models)].reset_index(drop=True)
     atomic_write_text(table_path, table.to_csv(index=False))
-    atomic_write_json(key_path, key)  # after the table: a key always describes a finished table
+    # after the table: a key always describes a finished table
+    atomic_write_json(table_path.with_suffix(".json"), key)
     return table
 
 
+# Distances built in this process, by (name, weights folder): a work item of the score stage
+# builds its distance once per process (the driver's own, when it runs the items itself).
+_DISTANCES: dict[tuple[str, str | None], Any] = {}
+
+
+def _distance(name: str, weights_dir: str | None):
+    if (name, weights_dir) not in _DISTANCES:
+        _DISTANCES[(name, weights_dir)] = build_distance(name, weights_dir=weights_dir)
+    return _DISTANCES[(name, weights_dir)]
+
+
+def score_one(item: dict[str, Any]) -> pd.DataFrame:
+    """Work item of the score stage: one table (distance, method, image set); picklable, so a
+    Slurm job runs it too."""
+    from train.suite import load_suite
+    return score_set(load_suite(item["suite"]), _distance(item["distance"], item["weights_dir"]),
+                     item["distance"], item["method"], item["image_set"], item["models"],
+                     item["runs_dir"])
+
+
+def score_tables(suite: Suite, distance, distance_name: str,
+                 tables: list[tuple[str, str, list[str]]], runs_root=None,
+                 args: argparse.Namespace | None = None) -> list[pd.DataFrame]:
+    """``score_set`` of each (method, image set, models) of ``tables``, in order. The missing
+    tables are the work items of the "score" stage, run by ``slurm.executor.run_items`` with the
+    executor options of ``args`` over the suite's [slurm] table (``args`` None: the suite's
+    table alone): on Slurm one job per table, each building the distance (``args.weights_dir``)
+    once; locally in this process, one after the other, with ``distance``."""
+    from slurm.executor import run_items
+    from train.stage import executor_config
+    todo, computed = {}, {}
+    for method, image_set, models in tables:
+        if not _is_scored(*score_table_key(suite, distance_name, method, image_set, models, runs_root)):
+            todo.setdefault((method, image_set), models)
+    if todo:
+        config = executor_config(suite, args or argparse.Namespace(runs_dir=runs_root), "score")
+        weights_dir = getattr(args, "weights_dir", None)
+        weights_dir = str(Path(weights_dir).resolve()) if weights_dir else None
+        if config.executor == "local":
+            # Cheap work on tables already in memory: no worker processes to start and no
+            # second distance to build.
+            config = config.with_changes(local_jobs=1)
+            _DISTANCES[(distance_name, weights_dir)] = distance
+        items = [{"suite": str(suite.path.resolve()), "distance": distance_name,
+                  "weights_dir": weights_dir, "method": method, "image_set": image_set,
+                  "models": models, "runs_dir": str(Path(runs_root).resolve()) if runs_root else None}
+                 for (method, image_set), models in todo.items()]
+        results = run_items(score_one, items, config, "score",
+                            item_name=lambda item: f"{item['method']}/{item['image_set']}")
+        if config.dry_run:
+            return []
+        computed = dict(zip(todo, results, strict=True))
+    scored = []
+    for method, image_set, models in tables:
+        if (method, image_set) in computed and todo[(method, image_set)] == models:
+            scored.append(computed[(method, image_set)])  # made just now
+        else:  # stored: read back as it was made
+            scored.append(score_set(suite, distance, distance_name, method, image_set, models,
+                                    runs_root))
+    return scored
+
+
 def detection_scores(suite: Suite, distance, distance_name: str, methods: list[str],
-                     runs_root=None) -> pd.DataFrame:
+                     runs_root=None, args: argparse.Namespace | None = None) -> pd.DataFrame:
+    """Every model's scores on the detection set, per method (missing tables: ``score_tables``)."""
     models = [s.name for s in suite.models]
-    return pd.concat([score_set(suite, distance, distance_name, method, DETECTION, models, runs_root)
-                      for method in methods], ignore_index=True)
+    return pd.concat(score_tables(suite, distance, distance_name,
+                                  [(method, DETECTION, models) for method in methods], runs_root,
+                                  args), ignore_index=True)
 
 
 def localization_scores(suite: Suite, distance, distance_name: str, methods: list[str],
-                        runs_root=None) -> pd.DataFrame:
+                        runs_root=None, args: argparse.Namespace | None = None) -> pd.DataFrame:
     """For each localizable anomaly: its scores on its abnormal set (abnormal = True) and on the
     detection images that count as normal for it (abnormal = False)."""
     from train.worlds import build_world
     from explain.pipeline import load_image_sets
     world = build_world(suite.world, runs_root=runs_root)
     image_sets = load_image_sets(suite, runs_root, world)
+    models = [s.name for s in suite.models]
+    wanted = [(method, DETECTION, models) for method in methods]
+    wanted += [(method, abnormal_set_name(spec), [spec.name])
+               for method in methods for spec in localizable(suite)]
+    scored = {(method, image_set): table for (method, image_set, _), table
+              in zip(wanted, score_tables(suite, distance, distance_name, wanted, runs_root, args))}
     frames = []
     for method in methods:
-        detection = score_set(suite, distance, distance_name, method, DETECTION,
-                              [s.name for s in suite.models], runs_root)
+        detection = scored[(method, DETECTION)]
         for spec in localizable(suite):
             normal = normal_positions(suite, spec, world, image_sets[DETECTION])
             rows = detection[(detection["model"] == spec.name) & detection["image"].isin(normal)]
-            abnormal = score_set(suite, distance, distance_name, method, abnormal_set_name(spec),
-                                 [spec.name], runs_root)
+            abnormal = scored[(method, abnormal_set_name(spec))]
             frames += [rows.assign(abnormal=False), abnormal.assign(abnormal=True)]
     return pd.concat(frames, ignore_index=True)
 
 
 # ---------------------------------------------------------------- the end-to-end run
 def pipeline_parser(prog: str, add_help: bool = True) -> argparse.ArgumentParser:
-    """The options detect.py and localize.py share: suite, upstream stages, executor."""
+    """The options detect.py, localize.py and report.py share: suite, upstream stages, executor."""
     from slurm.executor import add_executor_args
     from train.stage import add_common_args
     parser = argparse.ArgumentParser(prog, add_help=add_help,
@@ -117,6 +206,7 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("--method", action="append", default=None, metavar="NAME",
                         help="only this explanation method (repeatable)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    add_chunk_images_arg(parser)  # the explain stage's work items
     return parser
 
 
@@ -139,9 +229,12 @@ def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], Any, str, str |
     metrics = train_models(suite, suite.models, args)
     print_summary(suite.name, metrics, time.perf_counter() - started)
     check_implants(suite, suite.models, args)
+    print(f"training and implant checks: {time.perf_counter() - started:.0f}s")
     _stage(f"2/3 explaining with {', '.join(methods)}")
+    started = time.perf_counter()
     counts = explain_suite(suite, args, methods=methods)
-    print(f"{counts['computed']} visualization set(s) computed, {counts['stored']} already stored")
+    print(f"{counts['computed']} visualization set(s) computed, {counts['stored']} already stored, "
+          f"in {time.perf_counter() - started:.0f}s")
     _stage(f"3/3 scoring with {distance_name}" + (f" ({note})" if note else ""))
     return suite, methods, distance, distance_name, note
 
@@ -156,6 +249,34 @@ def write_tables(suite: Suite, tables: dict[str, pd.DataFrame], runs_root=None) 
     for name, frame in tables.items():
         written += write_table(frame, suite.root(runs_root) / TABLES / name)
     return written
+
+
+def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str) -> dict[str, pd.DataFrame]:
+    """Table 1 (families in registry order, stark first), the per-model detection table and the
+    per-layer rows of layered methods, keyed by the file names ``write_tables`` gives them."""
+    from anomalies import FAMILIES
+    from evaluate.detection import detection_table, table1
+    references = [s.name for s in suite.references]
+    families = {s.name: s.family for s in suite.anomalies}
+    per_model = detection_table(scores, references, families=families)
+    per_layer = detection_table(scores, references, families=families, per_layer=True)
+    per_layer = per_layer[per_layer["layer"] != ""]
+    order = [f for f in FAMILIES.names() if f in set(families.values())]
+    summary = table1(per_model, family_order=sorted(order, key=lambda f: not FAMILIES.get(f).stark))
+    return {f"detection-{distance_name}": summary, f"detection-per-model-{distance_name}": per_model,
+            f"detection-per-layer-{distance_name}": per_layer}
+
+
+def localization_tables(scores: pd.DataFrame, distance_name: str) -> dict[str, pd.DataFrame]:
+    """Table 2, the per-model localization table (AUROC, bootstrap interval, chance band) and the
+    per-layer rows of layered methods, keyed by the file names ``write_tables`` gives them."""
+    from evaluate.localization import localization_table, table2
+    per_model = localization_table(scores)
+    per_layer = localization_table(scores, per_layer=True)
+    per_layer = per_layer[per_layer["layer"] != ""]
+    return {f"localization-{distance_name}": table2(per_model),
+            f"localization-per-model-{distance_name}": per_model,
+            f"localization-per-layer-{distance_name}": per_layer}
 
 
 def describe_distance(distance_name: str, note: str | None) -> str:

@@ -162,6 +162,8 @@ class ExplanationMethod(ABC):
     # True when an image's result does not depend on the other images of its batch. If False,
     # the batch size is part of the recorded parameters (it changes the result's bits).
     batch_invariant: ClassVar[bool] = True
+    # Bump when the method's algorithm changes its output: stored results then no longer match.
+    version: ClassVar[int] = 1
 
     def __init__(self, params: Mapping[str, Any] | Any | None = None):
         self.params = parse_params(self.Params, params, self.name)
@@ -173,9 +175,15 @@ class ExplanationMethod(ABC):
     def params_for(self, model: nn.Module) -> Any:
         return self.resolve(architecture_name(model))
 
+    def passes_per_image(self, architecture: str | None) -> float:
+        """About how many forward+backward passes one image costs: the explain stage starts the
+        most expensive work first, so parallel workers finish together. Override if not ~1."""
+        return 1.0
+
     def describe(self, architecture: str | None, batch_size: int | None = None) -> dict[str, Any]:
         """The parameters ``run`` records, known before running (to skip stored results)."""
-        description = {"method": self.name, "method_params": recorded_params(self.resolve(architecture)),
+        description = {"method": self.name, "method_version": self.version,
+                       "method_params": recorded_params(self.resolve(architecture)),
                        "renderer_version": RENDERER_VERSION}
         if not self.batch_invariant:
             description["batch_size"] = batch_size or self.default_batch_size
@@ -187,8 +195,13 @@ class ExplanationMethod(ABC):
         """One batch: images (n, 3, H, W) and targets (n,) on the model's device."""
 
     def run(self, model: nn.Module, images: torch.Tensor | np.ndarray,
-            batch_size: int | None = None) -> Explanation:
-        """Explain every image for the model's top class, ``batch_size`` images at a time."""
+            batch_size: int | None = None, first_position: int = 0) -> Explanation:
+        """Explain every image for the model's top class, ``batch_size`` images at a time.
+
+        Each batch's random state is seeded from the method's seed and the batch's position in
+        the image set; ``first_position`` is the position of ``images[0]`` when they are one
+        range of a larger set (explain/pipeline.py's chunked work items), so a range gives the
+        rows of the whole set's result."""
         images = check_images(images)
         batch_size = batch_size or self.default_batch_size
         if batch_size < 1:
@@ -201,7 +214,7 @@ class ExplanationMethod(ABC):
             targets = top_classes(safe_model, images, batch_size)
             for start in range(0, len(images), batch_size):
                 stop = start + batch_size
-                with seeded_rng(derive_seed(seed, start)):
+                with seeded_rng(derive_seed(seed, first_position + start)):
                     output = self.explain_batch(safe_model, images[start:stop].to(device),
                                                 targets[start:stop].to(device))
                 outputs.append(self._checked(output, images[start:stop]))

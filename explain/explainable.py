@@ -9,9 +9,11 @@ Methods that hook modules break on two torchvision habits:
 
 ``explainable(model)`` yields a deep copy in eval mode with frozen weights (no weight gradients
 are ever needed, and not computing them makes every backward cheaper), in which each residual
-block has three distinct, non-inplace ReLU modules and every other ReLU is non-inplace. The copy
-computes the same logits bit for bit; the caller's model is never touched, so nothing needs
-restoring: the copy is dropped on exit.
+block has three distinct, non-inplace ReLU modules and every other ReLU is non-inplace. Its
+weights are in the channels_last layout (as in training: the fast convolution layout on GPUs and,
+for these models, on CPUs too: 1.7x for a forward+backward of the small ResNet on one core), so
+it computes the caller's logits up to float rounding. The caller's model is never touched, so
+nothing needs restoring: the copy is dropped on exit.
 """
 from __future__ import annotations
 
@@ -61,6 +63,7 @@ def make_explainable_copy(model: nn.Module) -> nn.Module:
     explainable_model = copy.deepcopy(model)
     explainable_model.eval()
     explainable_model.requires_grad_(False)
+    explainable_model.to(memory_format=torch.channels_last)
     for module in list(explainable_model.modules()):
         if type(module) in _SPLIT_BLOCKS:  # exact type: a user subclass may have its own forward
             _split_block_relus(module)

@@ -1,18 +1,36 @@
 """The explain stage over a suite: which (model, method, image set) results it needs, and the work
-item that computes one (model, method).
+items that compute them.
 
 Layout: ``runs/<suite>/visualizations/<method>/<model>/<image set>/`` (see explain/store.py).
+
+Work items. By default one item is one (model, method) on all of that model's image sets: the model
+is loaded once and the images go through the method in batches. With ``chunk_images`` N (suite
+``[explain] chunk_images``, ``--chunk-images``) one item is one (model, method, image set, image
+range) of about N images, so a large suite fans out over a Slurm array. Each such item stores its
+range as a part (``<image set>/parts/<start>-<stop>/``, keyed like the full result plus the
+range); once every part of a (model, method, set) is there, the submitting process gathers them
+into the very artifact an unchunked run writes (``explain.store.gather_parts``) and removes the
+parts. A set that fits in one chunk is written directly. A rerun submits only the missing parts.
+
+Bit for bit: a range starts at a multiple of the batch size the method runs with (N is rounded
+up to one, see ``part_size``), so every batch holds the same images as in an unchunked run, and
+each batch's RNG is seeded from its position in the whole set (``run_range``). CPU work runs on
+the model's ``recipe.cpu_threads`` threads, as training does, since some CPU kernels reduce in a
+thread-dependent order: local, ``--jobs`` and Slurm runs store the same bits.
 """
 from __future__ import annotations
 
 import argparse
+from contextlib import contextmanager
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from anomalies.image_sets import (DETECTION, ImageSet, abnormal_set_name, build_image_sets,
-                                  localizable)
-from explain.base import METHODS, build_method
-from explain.store import is_stored, load_explanation, result_key, save_explanation
+                                  localizable, set_sizes)
+from explain.base import METHODS, Explanation, ExplanationMethod, build_method
+from explain.store import (gather_parts, is_stored, load_explanation, part_dir, part_key,
+                           result_key, save_explanation)
 from train.checkpoint import model_dir
 from train.suite import ModelSpec, Suite, load_suite
 
@@ -65,59 +83,259 @@ QUIET = [("ignore", r"Setting backward hooks on ReLU", UserWarning),
          ("ignore", r"`torch.jit.script` is deprecated", FutureWarning)]
 
 
-def explain_one(item: dict[str, Any]) -> dict[str, int]:
-    """Work item: one model, one method, all of that model's image sets (missing ones only)."""
+def add_chunk_images_arg(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument(
+        "--chunk-images", type=int, default=None, metavar="N",
+        help="split the explain stage into work items of one (model, method, image set, image "
+             "range) of N images each (rounded up to a multiple of the method's batch size, so "
+             "results are bit for bit those of an unchunked run), stored as parts and gathered "
+             "into the usual result; default: the suite's [explain] chunk_images, else no "
+             "chunking (one item per (model, method): one model load each, best locally); 0: no "
+             "chunking. On Slurm 16 is a good start (four batches of Caricatures, the slow "
+             "method; cheap methods, whose batches are larger, stay one item per image set)")
+    return parser
+
+
+def chunk_images(suite: Suite, args: argparse.Namespace | None = None) -> int | None:
+    """Images per work item: --chunk-images over the suite's [explain] chunk_images; None: no
+    chunking."""
+    value = getattr(args, "chunk_images", None)
+    where = "--chunk-images"
+    if value is None:
+        value, where = suite.tables.get("explain", {}).get("chunk_images"), "[explain] chunk_images"
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{where} must be a whole number of images >= 0 (0: no chunking), "
+                         f"got {value!r}")
+    return value or None
+
+
+def part_size(method: ExplanationMethod, batch_size: int | None, chunk: int) -> int:
+    """Images per part: ``chunk`` rounded up to a multiple of the batch size the method runs with.
+
+    Parts must start at multiples of the batch size for chunked == unchunked bit for bit: a
+    method with ``batch_invariant = False`` (Caricatures: one random augmentation per step for the
+    whole batch) gives other results when other images share a batch, and even a batch-invariant
+    one only up to float rounding, since CPU and GPU kernels pick their reduction order by batch
+    shape (guided backprop's raw attributions differ in the last bits between one batch of 8 and
+    batches of 3, 3 and 2). Aligned parts hold exactly the unchunked run's batches."""
+    batch = batch_size or method.default_batch_size
+    return -(-chunk // batch) * batch
+
+
+def image_ranges(count: int, size: int | None) -> list[tuple[int, int]]:
+    """Consecutive [start, stop) ranges of at most ``size`` images covering ``count`` images."""
+    size = size or count
+    return [(start, min(start + size, count)) for start in range(0, count, size)]
+
+
+def run_range(method: ExplanationMethod, model, images, start: int,
+              batch_size: int | None = None) -> Explanation:
+    """``method.run`` on the images [start, start + len(images)) of a set, equal bit for bit to
+    those rows of ``method.run`` on the whole set. ``start`` must be a multiple of the batch size
+    (see ``part_size``); then the batches hold the same images, and ``first_position`` seeds
+    each batch's RNG from its position in the whole set, as the unchunked run does."""
+    batch_size = batch_size or method.default_batch_size
+    if start % batch_size:
+        raise ValueError(f"a range of images starting at {start} is not a multiple of the batch "
+                         f"size {batch_size} of {method.name}; its batches would differ from an "
+                         "unchunked run's (see part_size)")
+    return method.run(model, images, batch_size, first_position=start)
+
+
+# Library notices that every batch would repeat and that say nothing about the user's run:
+# captum's "hooks on ReLU" and "input did not require grad", torch.jit's deprecation.
+QUIET = [("ignore", r"Setting backward hooks on ReLU", UserWarning),
+         ("ignore", r"Input Tensor \d+ did not already require gradients", UserWarning),
+         ("ignore", r"`torch.jit.script` is deprecated", FutureWarning)]
+
+
+@contextmanager
+def _item_context(spec: ModelSpec, device) -> Iterator[None]:
+    """Library notices quiet; on the CPU, the model's ``recipe.cpu_threads`` threads (module
+    docstring), restored on exit."""
     import warnings
+
+    import torch
+    threads = torch.get_num_threads()
     with warnings.catch_warnings():
         for action, message, category in QUIET:
             warnings.filterwarnings(action, message=message, category=category)
-        return _explain_one(item)
+        if device.type == "cpu":
+            torch.set_num_threads(spec.recipe.cpu_threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
 
 
-def _explain_one(item: dict[str, Any]) -> dict[str, int]:
-    from train.trainer import load_trained_model
-    from train.worlds import build_world
-    suite = load_suite(item["suite"])
-    spec = suite.model(item["model"])
-    root = suite.root(item.get("runs_dir"))
-    method = build_method(item["method"], method_params(suite, item["method"]))
-    batch_size = method_batch_size(suite, item["method"])
-    world = build_world(suite.world, runs_root=item.get("runs_dir"))
-    image_sets = load_image_sets(suite, item.get("runs_dir"), world)
+class _Item:
+    """What a work item needs, loaded in the process that runs it."""
+
+    def __init__(self, item: dict[str, Any]):
+        from train.trainer import pick_device
+        from train.worlds import build_world
+        self.suite = load_suite(item["suite"])
+        self.spec = self.suite.model(item["model"])
+        self.root = self.suite.root(item.get("runs_dir"))
+        self.method = build_method(item["method"], method_params(self.suite, item["method"]))
+        self.batch_size = method_batch_size(self.suite, item["method"])
+        self.device = pick_device(item.get("device"))
+        self.world = build_world(self.suite.world, runs_root=item.get("runs_dir"))
+        self.image_sets = load_image_sets(self.suite, item.get("runs_dir"), self.world)
+        self._model = None
+
+    def target(self, set_name: str) -> tuple[ImageSet, Path, dict[str, Any]]:
+        """The image set, the result folder and the result key of one set."""
+        image_set = self.image_sets[set_name]
+        key = result_key(self.method.describe(self.spec.architecture, self.batch_size),
+                         self.spec.key, image_set.id)
+        return image_set, result_dir(self.root, self.method.name, self.spec.name, set_name), key
+
+    @property
+    def model(self):
+        """Loaded once, and only if something is missing."""
+        if self._model is None:
+            from train.trainer import load_trained_model
+            self._model = load_trained_model(model_dir(self.root, self.spec), self.spec,
+                                             self.world, self.device)
+        return self._model
+
+
+def explain_one(item: dict[str, Any]) -> dict[str, int]:
+    """Work item: one model, one method, all of that model's image sets (missing ones only)."""
+    work = _Item(item)
     counts = {"computed": 0, "stored": 0}
-    model = None
-    for set_name in sets_for(suite, spec):
-        image_set = image_sets[set_name]
-        directory = result_dir(root, method.name, spec.name, set_name)
-        key = result_key(method.describe(spec.architecture, batch_size), spec.key, image_set.id)
-        if is_stored(directory, key):
-            counts["stored"] += 1
-            continue
-        if model is None:  # loaded once, and only if something is missing
-            model = load_trained_model(model_dir(root, spec), spec, world, item.get("device") or "cpu")
-        explanation = method.run(model, image_set.tensor(), batch_size)
-        save_explanation(directory, explanation, spec.key, image_set.id)
-        counts["computed"] += 1
+    with _item_context(work.spec, work.device):
+        for set_name in sets_for(work.suite, work.spec):
+            image_set, directory, key = work.target(set_name)
+            if is_stored(directory, key):
+                counts["stored"] += 1
+                continue
+            explanation = work.method.run(work.model, image_set.tensor(), work.batch_size)
+            save_explanation(directory, explanation, work.spec.key, image_set.id)
+            gather_parts(directory, key, [])  # removes parts a chunked run may have left
+            counts["computed"] += 1
     return counts
+
+
+def explain_part(item: dict[str, Any]) -> dict[str, int]:
+    """Work item of a chunked run: one model, one method, images [start, stop) of one image set,
+    stored as a part (or as the full result when the range is the whole set)."""
+    work = _Item(item)
+    start, stop = int(item["start"]), int(item["stop"])
+    image_set, directory, key = work.target(item["image_set"])
+    whole = (start, stop) == (0, len(image_set.images))
+    folder, folder_key = (directory, key) if whole else (part_dir(directory, start, stop),
+                                                         part_key(key, start, stop))
+    if is_stored(directory, key) or is_stored(folder, folder_key):
+        return {"computed": 0, "stored": 1}
+    with _item_context(work.spec, work.device):
+        explanation = run_range(work.method, work.model, image_set.tensor()[start:stop], start,
+                                work.batch_size)
+    save_explanation(folder, explanation, work.spec.key, image_set.id,
+                     image_range=None if whole else (start, stop))
+    return {"computed": 1, "stored": 0}
+
+
+def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
+                      image_sets: dict[str, ImageSet] | None, chunk: int | None,
+                      base_item: dict[str, Any]):
+    """The work items of the missing results, the (folder, key, ranges) of each (model, method,
+    set) a chunked run must gather, and how many results are stored already.
+
+    ``image_sets`` None (a dry run, before the sets exist) plans every result, with the sets'
+    nominal sizes ([evaluate] detection_images / localization_images) for the ranges."""
+    from slurm.stage_run import say
+    items, gathers, stored = [], [], 0
+    root = suite.root(base_item.get("runs_dir"))
+    m, p = set_sizes(suite)
+    for name in methods:
+        method = build_method(name, method_params(suite, name))
+        batch_size = method_batch_size(suite, name)
+        size = part_size(method, batch_size, chunk) if chunk else None
+        items_before = len(items)
+        for spec in specs:
+            description = method.describe(spec.architecture, batch_size)
+            missing, already = [], 0
+            for set_name in sets_for(suite, spec):
+                directory = result_dir(root, name, spec.name, set_name)
+                if image_sets is None:
+                    missing.append((set_name, directory, None, m if set_name == DETECTION else p))
+                    continue
+                image_set = image_sets[set_name]
+                key = result_key(description, spec.key, image_set.id)
+                if gather_parts(directory, key, []):  # stored (leftover parts are removed)
+                    already += 1
+                else:
+                    missing.append((set_name, directory, key, len(image_set.images)))
+            item = {**base_item, "model": spec.name, "method": name}
+            if not chunk:  # one item for the (model, method); it counts the stored sets itself
+                items += [item] if missing else []
+                stored += 0 if missing else already
+                continue
+            stored += already
+            for set_name, directory, key, count in missing:
+                ranges = image_ranges(count, size)
+                gathers.append((directory, key, ranges))
+                for start, stop in ranges:
+                    if key is not None and len(ranges) > 1 and \
+                            is_stored(part_dir(directory, start, stop), part_key(key, start, stop)):
+                        continue
+                    items.append({**item, "image_set": set_name, "start": start, "stop": stop})
+        if size and size != chunk and len(items) > items_before:
+            say("explain", f"{name}: parts of {size} images (chunk_images={chunk} rounded up to "
+                           f"a multiple of its batch size {batch_size or method.default_batch_size}, "
+                           "so its batches are those of an unchunked run)")
+    return items, gathers, stored
 
 
 def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | None = None,
                   models: list[str] | None = None) -> dict[str, int]:
-    """Every missing visualization of the suite, through the local or Slurm executor."""
+    """Every missing visualization of the suite, through the local or Slurm executor.
+
+    Returns counts of (model, method, image set) results: ``computed`` in this run, ``stored``
+    before it, and ``parts`` computed by a chunked run (module docstring). If some items fail,
+    the complete results are still gathered before ``ItemsFailedError`` is raised, and a rerun
+    submits only the missing items."""
+    from slurm.errors import ItemsFailedError
     from slurm.executor import run_items
     from train.stage import executor_config
     methods = suite_methods(suite, methods)
     specs = [suite.model(m) for m in models] if models else suite.models
     config = executor_config(suite, args, "explain")
-    if not config.dry_run:
-        load_image_sets(suite, args.runs_dir)  # once, here, so work items only read them
+    chunk = chunk_images(suite, args)
+    # Made once, here, so work items only read them; a dry run plans without them.
+    image_sets = None if config.dry_run else load_image_sets(suite, args.runs_dir)
     runs_dir = str(Path(args.runs_dir).resolve()) if args.runs_dir else None
-    items = [{"suite": str(suite.path.resolve()), "model": spec.name, "method": method,
-              "runs_dir": runs_dir, "device": getattr(args, "device", None)}
-             for method in methods for spec in specs]
-    results = run_items(explain_one, items, config, "explain",
-                        item_name=lambda item: f"{item['model']}/{item['method']}")
-    return {key: sum(r[key] for r in results) for key in ("computed", "stored")}
+    base_item = {"suite": str(suite.path.resolve()), "runs_dir": runs_dir,
+                 "device": getattr(args, "device", None)}
+    items, gathers, stored = plan_explanations(suite, methods, specs, image_sets, chunk, base_item)
+    # Most expensive first (e.g. Caricatures before Guided Backprop), so local workers end together.
+    cost = {(name, spec.name): build_method(name, method_params(suite, name)).passes_per_image(
+        spec.architecture) for name in methods for spec in specs}
+    items.sort(key=lambda item: -cost[(item["method"], item["model"])])
+    if not chunk:
+        results = run_items(explain_one, items, config, "explain",
+                            item_name=lambda item: f"{item['model']}/{item['method']}")
+        return {"computed": sum(r["computed"] for r in results),
+                "stored": stored + sum(r["stored"] for r in results), "parts": 0}
+
+    def name(item: dict[str, Any]) -> str:
+        return f"{item['model']}/{item['method']}/{item['image_set']}/{item['start']}-{item['stop']}"
+
+    def gather() -> int:  # how many results are complete now (a one-part set is written whole)
+        return sum(gather_parts(directory, key, ranges) for directory, key, ranges in gathers)
+
+    try:
+        results = run_items(explain_part, items, config, "explain", item_name=name)
+    except ItemsFailedError:
+        gather()  # keep what is complete; a rerun submits only the failed parts
+        raise
+    if config.dry_run:
+        return {"computed": 0, "stored": 0, "parts": 0}
+    return {"computed": gather(), "stored": stored, "parts": sum(r["computed"] for r in results)}
 
 
 def load_results(suite: Suite, method: str, models: list[str], image_set: str, runs_root=None):

@@ -3,12 +3,16 @@
     python explain/run.py --suite demo                      # everything missing
     python explain/run.py --suite demo --method gradcam     # one method (e.g. a new one)
     python explain/run.py --suite paper --executor slurm --partition gpu --gpus-per-node 1
+    python explain/run.py --suite paper --executor slurm --gpus-per-node 1 --chunk-images 16
 
 Every model is explained on the detection set; each localizable anomalous model and every
 reference on that model's abnormal set. One work item is one (model, method): the model is loaded
-once and its images go through the method in batches. Results are stored per (model, method,
-image set) with the parameters that made them, under runs/<suite>/visualizations/; a rerun does
-no work, and adding a method computes only that method.
+once and its images go through the method in batches. With --chunk-images N, one work item is
+one (model, method, image set, range of N images), stored as a part; the parts of a set are
+gathered into the same result an unchunked run stores, bit for bit, and a rerun after a partial
+failure submits only the missing parts. Results are stored per (model, method, image set) with
+the parameters that made them, under runs/<suite>/visualizations/; a rerun does no work, and
+adding a method computes only that method.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ if __package__ in (None, ""):
 import argparse
 import time
 
+from explain.pipeline import add_chunk_images_arg
 from slurm.executor import add_executor_args
 from train.stage import add_common_args, run_cli
 
@@ -35,6 +40,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="only this model (repeatable); default: every model of the suite")
     parser.add_argument("--device", default=None,
                         help="cpu, cuda or cuda:N; default: cuda when available, else cpu")
+    add_chunk_images_arg(parser)
     add_executor_args(parser)
     return parser
 
@@ -45,8 +51,9 @@ def main(args: argparse.Namespace) -> None:
     suite = load_suite(args.suite)
     started = time.perf_counter()
     done = explain_suite(suite, args, methods=args.method, models=args.model)
-    print(f"{suite.name}: {done['computed']} visualization set(s) computed, {done['stored']} already "
-          f"stored, in {time.perf_counter() - started:.1f}s")
+    parts = f" (from {done['parts']} new part(s))" if done.get("parts") else ""
+    print(f"{suite.name}: {done['computed']} visualization set(s) computed{parts}, {done['stored']} "
+          f"already stored, in {time.perf_counter() - started:.1f}s")
 
 
 if __name__ == "__main__":

@@ -8,11 +8,17 @@ A result lives in one folder as two files, both written atomically (train/artifa
   image set id) plus shapes and layers, for people browsing the run folder.
 ``params.json`` is removed before and written after the arrays, so it marks completion: a folder
 without it, or whose key differs from the one asked for, is recomputed.
+
+A chunked explain stage (explain/pipeline.py, ``chunk_images``) stores each image range of a set
+as a *part*: the same two files in ``<result folder>/parts/<start>-<stop>/``, keyed like the full
+result plus ``image_range``. ``gather_parts`` concatenates the parts into the full result (the
+same files, key and arrays an unchunked run writes) and removes ``parts/``.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +30,8 @@ from train.artifacts import atomic_save_npz, atomic_write_json, read_json
 ARRAYS_FILE = "explanation.npz"
 PARAMS_FILE = "params.json"
 DIAGNOSTIC_PREFIX = "diag_"
+PARTS_DIR = "parts"
+RANGE_KEY = "image_range"  # [start, stop) of a part, in its key only
 
 
 def result_key(description: dict[str, Any], model_id: str, image_set_id: str) -> dict[str, Any]:
@@ -36,9 +44,20 @@ def _normalised(obj: Any) -> Any:
     return json.loads(json.dumps(obj, sort_keys=True))
 
 
+def part_dir(directory: str | os.PathLike, start: int, stop: int) -> Path:
+    """The folder of the part holding images [start, stop) of the result in ``directory``."""
+    return Path(directory) / PARTS_DIR / f"{start}-{stop}"
+
+
+def part_key(key: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
+    """The key of a part: the full result's key (``result_key``) plus its image range."""
+    return {**key, RANGE_KEY: [int(start), int(stop)]}
+
+
 def save_explanation(directory: str | os.PathLike, explanation: Explanation, model_id: str,
-                     image_set_id: str) -> Path:
-    """Write one result into ``directory``; returns the params file path."""
+                     image_set_id: str, image_range: tuple[int, int] | None = None) -> Path:
+    """Write one result into ``directory`` (a part's folder with ``image_range``, the images
+    [start, stop) of the set, which its key then records); returns the params file path."""
     directory = Path(directory)
     params_path = directory / PARAMS_FILE
     params_path.unlink(missing_ok=True)  # from here until the end, the folder reads as unfinished
@@ -51,8 +70,11 @@ def save_explanation(directory: str | os.PathLike, explanation: Explanation, mod
     for name, values in explanation.diagnostics.items():
         arrays[DIAGNOSTIC_PREFIX + name] = np.asarray(values)
     atomic_save_npz(directory / ARRAYS_FILE, **arrays)
+    key = result_key(explanation.params, model_id, image_set_id)
+    if image_range is not None:
+        key = part_key(key, *image_range)
     return atomic_write_json(params_path, {
-        "key": _normalised(result_key(explanation.params, model_id, image_set_id)),
+        "key": _normalised(key),
         "images_shape": list(explanation.images.shape),
         "layers": list(explanation.layers) if explanation.layers is not None else None,
     })
@@ -81,6 +103,7 @@ def load_explanation(directory: str | os.PathLike) -> Explanation:
     key = dict(stored["key"])
     key.pop("model_id", None)
     key.pop("image_set_id", None)
+    key.pop(RANGE_KEY, None)
     with np.load(directory / ARRAYS_FILE) as data:
         return Explanation(
             images=data["images"],
@@ -96,3 +119,37 @@ def stored_key(directory: str | os.PathLike) -> dict[str, Any] | None:
     """The key of a finished result in ``directory`` (None if there is none)."""
     params_path = Path(directory) / PARAMS_FILE
     return read_json(params_path).get("key") if params_path.exists() else None
+
+
+def gather_parts(directory: str | os.PathLike, key: dict[str, Any],
+                 ranges: list[tuple[int, int]]) -> bool:
+    """Make the full result in ``directory`` from its parts, if all of them are there.
+
+    ``key`` is the full result's key (``result_key``), ``ranges`` the consecutive [start, stop)
+    ranges that cover the set. If every part is stored with its ``part_key``, their arrays are
+    concatenated along the image axis and saved with ``save_explanation`` -- the files, key and
+    arrays an unchunked run writes (``raw`` goes float16 -> float32 -> float16, which is exact) --
+    and ``parts/`` is removed. Returns whether the full result is stored now; leftover parts of a
+    result that is already stored are removed."""
+    directory = Path(directory)
+    if is_stored(directory, key):
+        shutil.rmtree(directory / PARTS_DIR, ignore_errors=True)
+        return True
+    folders = [part_dir(directory, start, stop) for start, stop in ranges]
+    if not ranges or not all(is_stored(f, part_key(key, *r)) for f, r in zip(folders, ranges)):
+        return False
+    parts = [load_explanation(f) for f in folders]
+    first = parts[0]
+    if any(p.layers != first.layers or p.params != first.params for p in parts):
+        raise ValueError(f"the parts in {directory / PARTS_DIR} disagree on layers or parameters")
+    explanation = Explanation(
+        images=np.concatenate([p.images for p in parts], axis=-4),
+        targets=np.concatenate([p.targets for p in parts]),
+        params=first.params,
+        raw=None if first.raw is None else np.concatenate([p.raw for p in parts]),
+        layers=first.layers,
+        diagnostics={name: np.concatenate([p.diagnostics[name] for p in parts], axis=-1)
+                     for name in first.diagnostics})
+    save_explanation(directory, explanation, key["model_id"], key["image_set_id"])
+    shutil.rmtree(directory / PARTS_DIR, ignore_errors=True)
+    return True

@@ -64,6 +64,21 @@ def _run_sinfo(*arguments: str) -> str:
     return completed.stdout
 
 
+DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default MaxArraySize
+
+
+def max_array_size() -> int:
+    """How many tasks one job array may hold: the cluster's MaxArraySize (task indices run from 0
+    to MaxArraySize - 1), Slurm's default if the configuration does not say."""
+    try:
+        completed = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                                   timeout=_SINFO_TIMEOUT_SECONDS, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return DEFAULT_MAX_ARRAY_SIZE
+    match = re.search(r"^MaxArraySize\s*=\s*(\d+)", completed.stdout, re.MULTILINE)
+    return int(match.group(1)) if match else DEFAULT_MAX_ARRAY_SIZE
+
+
 def slurm_available() -> bool:
     """True when Slurm's commands are installed and the controller answers."""
     try:

@@ -32,7 +32,8 @@ from typing import Any, TypeVar
 import submitit
 
 from slurm.checkpointing import resumable
-from slurm.errors import ExecutorConfigError, ItemFailure, SlurmUnreachableError, SubmissionError
+from slurm.cluster import max_array_size
+from slurm.errors import ExecutorConfigError, ItemFailure, NoGpuError, SlurmUnreachableError, SubmissionError
 from slurm.executor_config import ExecutorConfig, add_executor_args, executor_config_from
 from slurm.request_checks import check_local_gpus, check_local_layout, check_slurm_request, sbatch_parameters
 from slurm.stage_run import FinishedStageRun, SlurmStageRun, StageRun, default_item_name, say
@@ -54,7 +55,12 @@ Result = TypeVar("Result")
 
 
 def _print_dry_run(
-    config: ExecutorConfig, stage_name: str, item_names: list[str], dependency_ids: list[str], note: str = ""
+    config: ExecutorConfig,
+    stage_name: str,
+    item_names: list[str],
+    dependency_ids: list[str],
+    note: str = "",
+    warning: str = "",
 ) -> None:
     lines = []
     if config.executor == "local":
@@ -82,6 +88,8 @@ def _print_dry_run(
         lines.append(f"  logs: {config.stage_log_folder(stage_name)}/")
     if note:
         lines.append(f"  note: {note}")
+    if warning:
+        lines.append(f"  WARNING: without --dry-run this would fail: {warning}")
     lines.append("  items:")
     lines.extend(f"    {name}" for name in item_names)
     lines.append("  nothing was run or submitted (--dry-run)")
@@ -185,10 +193,17 @@ def submit_items(
 
     if config.executor == "local":
         check_local_layout(config)
-        check_local_gpus(config)
         if config.dry_run:
-            _print_dry_run(config, stage_name, item_names, [])
+            # A dry run only prints: a plan made on a machine without the GPUs it asks for (a
+            # laptop, a login node) is still shown, with the error the real run would give.
+            try:
+                check_local_gpus(config)
+                warning = ""
+            except NoGpuError as error:
+                warning = str(error)
+            _print_dry_run(config, stage_name, item_names, [], warning=warning)
             return FinishedStageRun(stage_name, [], {}, [])
+        check_local_gpus(config)
         for earlier_stage in after:
             earlier_stage.results()
         return _run_locally(fn, items, item_names, stage_name, local_job_count(config, len(items)))
@@ -198,12 +213,14 @@ def submit_items(
             earlier_stage.results()  # already over: raises if it failed, as afterok would cancel us
     dependency_ids = sorted({job_id for stage in after for job_id in stage.pending_dependency_ids})
     if config.dry_run:
-        note = ""
+        note = warning = ""
         try:
-            check_slurm_request(config)
+            check_slurm_request(config)  # an unknown partition still fails a dry run
         except SlurmUnreachableError as error:
             note = f"the partition and GPUs were not checked: {error}"
-        _print_dry_run(config, stage_name, item_names, dependency_ids, note)
+        except NoGpuError as error:  # e.g. planning a GPU run against a CPU-only test cluster
+            warning = str(error)
+        _print_dry_run(config, stage_name, item_names, dependency_ids, note, warning)
         return FinishedStageRun(stage_name, [], {}, [])
     down = [partition.name for partition in check_slurm_request(config) if not partition.is_up]
     if down:
@@ -218,7 +235,11 @@ def submit_items(
     # A driver that itself runs inside a Slurm job must not pass its SLURM_* variables on.
     with submitit.helpers.clean_env():
         try:
-            jobs = executor.map_array(resumable(fn), items)
+            # A chunked paper suite has thousands of items; one array may hold MaxArraySize.
+            # (--array-parallelism then bounds each array, not their sum.)
+            array_size = max_array_size()
+            jobs = [job for start in range(0, len(items), array_size)
+                    for job in executor.map_array(resumable(fn), items[start:start + array_size])]
         except Exception as error:
             for leftover in set(log_folder.iterdir()) - files_before:  # pickles of jobs never submitted
                 leftover.unlink(missing_ok=True)

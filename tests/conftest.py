@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,49 @@ def runs(tmp_path, monkeypatch) -> Path:
 @pytest.fixture
 def tiny_suite(tmp_path) -> Path:
     return write_suite(tmp_path / "tiny.toml")
+
+
+REPO = Path(__file__).resolve().parents[1]
+# The end-to-end suite: two anomalies (one localizable), two methods, 8 detection images.
+E2E_BODY = """
+[[anomalies]]
+name = "backdoor"
+family = "backdoor"
+params = { nu = 0.3, size = 0.2 }
+
+[[anomalies]]
+name = "smoothing"
+family = "randomized_smoothing"
+params = { sigma = 0.5 }
+
+[explain]
+methods = ["guided_backprop", "outputs_only"]
+
+[evaluate]
+detection_images = 8
+localization_images = 4
+"""
+
+
+def run_script(script, *args):
+    """Run a repository script in a subprocess; asserts it succeeded, returns its stdout."""
+    result = subprocess.run([sys.executable, str(REPO / script), *map(str, args)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory):
+    """(suite file, runs dir, detect.py's stdout) of a finished end-to-end run of E2E_BODY:
+    trained, implant-checked, explained, scored. Made once per session, shared by the tests of
+    the pipeline and of the report."""
+    base = tmp_path_factory.mktemp("e2e")
+    suite = write_suite(base / "e2e.toml", body=E2E_BODY, references=3, epochs=2)
+    runs = base / "runs"
+    out = run_script("evaluate/detect.py", "--suite", suite, "--runs-dir", runs, "--distance", "ssim",
+                     "--no-progress")
+    return suite, runs, out
 
 
 def pytest_runtest_setup(item):

@@ -184,3 +184,16 @@ def test_errors_that_need_the_world(world, tmp_path):
     faceless = build_world({**WORLD, "face_prob": 0.0, "harmonica_face_prob": 0.0}, runs_root=tmp_path)
     with pytest.raises(ValueError, match="blurred_faces needs face annotations"):
         family(faceless, "blurred_faces").training_split(faceless.split("train"))
+
+
+def test_longest_trainings_are_started_first():
+    """With one model per worker, the adversarial model (PGD passes per step) goes first, so no
+    worker is left alone with it at the end of the run."""
+    from train.stage import training_cost
+    from train.suite import load_suite
+    suite = load_suite("demo")
+    costs = {spec.name: training_cost(spec) for spec in suite.models}
+    adversarial = next(s for s in suite.models if s.family == "adversarial")
+    assert costs[adversarial.name] == 1 + adversarial.params["steps"]
+    assert max(costs, key=costs.get) == adversarial.name
+    assert {costs[s.name] for s in suite.references} == {1.0}

@@ -2,49 +2,10 @@
 scores, Table 1 and Table 2, and a rerun that does no work."""
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
-import pytest
 
-from tests.conftest import write_suite
-
-REPO = Path(__file__).resolve().parents[1]
-BODY = """
-[[anomalies]]
-name = "backdoor"
-family = "backdoor"
-params = { nu = 0.3, size = 0.2 }
-
-[[anomalies]]
-name = "smoothing"
-family = "randomized_smoothing"
-params = { sigma = 0.5 }
-
-[explain]
-methods = ["guided_backprop", "outputs_only"]
-
-[evaluate]
-detection_images = 8
-localization_images = 4
-"""
-
-
-def _run(script, *args):
-    result = subprocess.run([sys.executable, str(REPO / script), *map(str, args)],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result.stdout
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    base = tmp_path_factory.mktemp("e2e")
-    suite = write_suite(base / "e2e.toml", body=BODY, references=3, epochs=2)
-    runs = base / "runs"
-    out = _run("evaluate/detect.py", "--suite", suite, "--runs-dir", runs, "--distance", "ssim",
-               "--no-progress")
-    return suite, runs, out
+from tests.conftest import REPO, run_script  # the finished_run fixture is in conftest.py
 
 
 def test_detect_prints_and_saves_table1(finished_run):
@@ -67,8 +28,8 @@ def test_detect_prints_and_saves_table1(finished_run):
 
 def test_rerun_does_no_work_and_localize_gives_table2(finished_run):
     suite, runs, _ = finished_run
-    out = _run("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "ssim",
-               "--no-progress")
+    out = run_script("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "ssim",
+                     "--no-progress")
     assert "0 visualization set(s) computed" in out and "Table 2" in out
     table = pd.read_csv(runs / "e2e" / "tables" / "localization-per-model-ssim.csv")
     assert set(table["model"]) == {"backdoor"}  # the only localizable anomaly

@@ -84,6 +84,17 @@ def test_job_array_gives_the_same_results_as_the_local_executor(tmp_path):
     assert sorted(int(path.name.split("_")[1]) for path in stage_logs.glob("*_0_log.out")) == items
 
 
+def test_more_items_than_the_clusters_array_size_go_out_as_several_arrays(tmp_path, monkeypatch):
+    from slurm.cluster import DEFAULT_MAX_ARRAY_SIZE, max_array_size
+    assert max_array_size() == DEFAULT_MAX_ARRAY_SIZE  # read from the local cluster's scontrol
+    monkeypatch.setattr("slurm.executor.max_array_size", lambda: 2)
+    stage = unique_stage("arrays")
+    results = run_items(describe_number, list(range(5)), slurm_config(tmp_path), stage)
+    assert results == [describe_number(n) for n in range(5)]
+    array_ids = {path.name.split("_")[0] for path in (tmp_path / "logs" / stage).glob("*_log.out")}
+    assert len(array_ids) == 3  # 2 + 2 + 1
+
+
 def test_partial_failure_names_failed_items_and_keeps_the_others(tmp_path):
     names = {number: f"item-{number}" for number in range(5)}
     with pytest.raises(ItemsFailedError) as raised:

@@ -1,10 +1,12 @@
 """A job interrupted on the real local Slurm cluster resumes from its own progress file and ends
 with the same result as an uninterrupted run: after `scontrol requeue` (Slurm restarts the job)
-and after a preemption signal (submitit calls ResumableCall.checkpoint and requeues)."""
+and after a preemption signal (submitit calls ResumableCall.checkpoint and requeues); and a real
+training job requeued mid-run resumes from its per-epoch checkpoint to the same weights."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -97,3 +99,58 @@ def test_preemption_signal_checkpoints_requeues_and_resumes(tmp_path):
     assert result == uninterrupted_result(tmp_path)
     log = stage.jobs[0].paths.stdout.read_text()
     assert "this job is preempted" in log and "Calling checkpoint method" in log and "Requeued job" in log
+
+
+# A real training job, about 1.3 s per epoch here. `scontrol requeue` sends SIGTERM, which
+# submitit's handler ignores ("Bypassing signal SIGTERM"), so the job trains on until Slurm kills
+# it KillWait (5 s on the local cluster) later: it needs well over 5 s of training left then.
+REQUEUE_EPOCHS = 10
+
+
+def test_training_job_requeued_mid_run_resumes_from_its_checkpoint_to_the_same_weights(tmp_path):
+    """`scontrol requeue` kills a running training job after its first per-epoch checkpoint;
+    Slurm restarts it, train_one resumes from checkpoint.pth (the one definition in
+    train/checkpoint.py), loses at most the epoch in progress, and ends with weights bit-identical
+    to an uninterrupted local run."""
+    import torch
+
+    from tests.conftest import TINY_WORLD, write_suite
+    from train.checkpoint import CHECKPOINT_NAME, WEIGHTS_NAME, model_dir
+    from train.stage import train_one
+    from train.suite import load_suite
+
+    suite_path = write_suite(tmp_path / "requeuetiny.toml", references=2, epochs=REQUEUE_EPOCHS,
+                             world={**TINY_WORLD, "num_train": 2560})  # fmt: skip
+    suite = load_suite(suite_path)
+    spec = suite.references[0]
+    item = {"suite": str(suite_path), "model": spec.name, "runs_dir": str(tmp_path / "slurm"), "progress": False}
+    directory = model_dir(suite.root(tmp_path / "slurm"), spec)
+    config = ExecutorConfig(executor="slurm", cpus_per_task=1, time_minutes=10, log_dir=tmp_path / "logs")
+    stage = submit_items(train_one, [item], config, "train", item_name=lambda i: i["model"])
+
+    deadline = time.monotonic() + 90
+    while not (directory / CHECKPOINT_NAME).exists():
+        assert time.monotonic() < deadline, "the training job wrote no checkpoint in 90 s"
+        time.sleep(0.1)
+    subprocess.run(["scontrol", "requeue", stage.job_ids[0]], check=True, capture_output=True)
+    # While Slurm holds the requeued job back (KillWait, then cred_expire: 10 s), train the same
+    # model locally, uninterrupted.
+    train_one({**item, "runs_dir": str(tmp_path / "local")})
+    [metrics] = stage.results()
+
+    log = stage.jobs[0].paths.stdout.read_text()
+    resumed = re.findall(rf"{spec.name}: resuming after epoch (\d+)/{REQUEUE_EPOCHS}", log)
+    assert len(resumed) == 1, log
+    resumed_after = int(resumed[0])
+    assert 1 <= resumed_after < REQUEUE_EPOCHS
+    finished = [int(e) for e in re.findall(rf"{spec.name} epoch (\d+)/{REQUEUE_EPOCHS}:", log)]
+    # epochs up to the checkpoint ran once; only the epoch in progress at the requeue may repeat
+    assert all(finished.count(epoch) == 1 for epoch in range(1, resumed_after + 1)), finished
+    assert sorted(set(finished)) == list(range(1, REQUEUE_EPOCHS + 1))
+    assert len(finished) <= REQUEUE_EPOCHS + 1
+    assert [entry["epoch"] for entry in metrics["history"]] == list(range(1, REQUEUE_EPOCHS + 1))
+
+    requeued = torch.load(directory / WEIGHTS_NAME)
+    uninterrupted = torch.load(model_dir(suite.root(tmp_path / "local"), spec) / WEIGHTS_NAME)
+    assert requeued.keys() == uninterrupted.keys()
+    assert all(torch.equal(requeued[name], uninterrupted[name]) for name in requeued)

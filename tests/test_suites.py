@@ -66,3 +66,53 @@ def test_train_script_errors_are_one_clear_line(tmp_path):
     assert result.returncode != 0
     assert "error: suite 'demo' has no model 'nobody'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(120)
+def test_paper_suite_dry_run_on_slurm_lists_the_36_trainings_with_the_papers_recipe(tmp_path):
+    """`train.py --suite paper --executor slurm --dry-run` without ImageNet: the 36 training jobs
+    (12 references + 24 anomalies), the recipe and the resources, and nothing submitted. The
+    local test cluster has no GPUs: the plan is still printed, with the error a real run gives."""
+    import os
+    env = {k: v for k, v in os.environ.items() if k not in ("IMAGENET_ROOT", "STYLIZED_IMAGENET_ROOT")}
+    runs = tmp_path / "runs"
+    result = subprocess.run([sys.executable, str(REPO / "train" / "train.py"), "--suite", "paper",
+                             "--executor", "slurm", "--partition", "debug", "--dry-run",
+                             "--runs-dir", str(runs)],
+                            capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    paper = load_suite("paper")
+    listed = out.split("\n  items:\n", 1)[1].split("\n  nothing was run")[0].split()
+    assert len(listed) == 36 and set(listed) == {spec.name for spec in paper.models}
+    assert "36 models to train (12 references, 24 anomalies)" in out
+    assert "would submit 1 Slurm job array of 36 jobs" in out
+    assert ("recipe: SGD, 90 epochs, batch 300, lr 0.1 x0.1 every 30 epochs, momentum 0.9, "
+            "weight decay 0.0001") in out
+    assert ("own recipe (batch_size 512): adversarial-l2-0.01, adversarial-l2-0.1, adversarial-l2-1, "
+            "adversarial-l2-5") in out
+    assert "1 node(s) x 8 task(s) = 8 process(es), 8 GPU(s) per node; DistributedDataParallel" in out
+    assert "partition=debug nodes=1 tasks_per_node=8 gpus_per_node=8 cpus_per_task=10 mem=400GB" in out
+    assert "WARNING: without --dry-run this would fail: --gpus-per-node 8" in out  # a CPU-only cluster
+    assert not runs.exists()  # no logs, no checkpoints, no world
+    queued = subprocess.run(["squeue", "-h", "--states=all", "-o", "%o"], capture_output=True,
+                            text=True, check=True).stdout
+    assert str(tmp_path) not in queued
+
+
+def test_paper_suite_local_dry_run_prints_the_plan_even_without_the_gpus_it_asks_for(tmp_path, capsys,
+                                                                                    monkeypatch):
+    """A dry run only prints: on a machine without the suite's 8 GPUs it shows the plan and, under
+    it, the error a real run would give, instead of failing."""
+    import torch
+    from train.train import get_args_parser, main
+    monkeypatch.delenv("IMAGENET_ROOT", raising=False)
+    args = get_args_parser().parse_args(["--suite", "paper", "--dry-run", "--runs-dir", str(tmp_path)])
+    assert main(args) == []
+    out = capsys.readouterr().out
+    assert "36 models to train (12 references, 24 anomalies)" in out
+    assert "would run 36 items locally" in out
+    if not torch.cuda.is_available():
+        assert "WARNING: without --dry-run this would fail: --gpus-per-node 8 asks for GPUs" in out
+    assert list(tmp_path.iterdir()) == []

@@ -41,6 +41,21 @@ def test_same_seed_same_weights_different_seed_different(suite_and_world, tmp_pa
     assert len(first["history"]) == suite.recipe.epochs
 
 
+def test_cpu_bf16_recipe_is_seeded_to_the_bit_and_is_its_own_model(suite_and_world, tmp_path):
+    """recipe.cpu_bf16 (the demo's): bf16 autocast on the CPU, same seed same bits; a different
+    recipe, so a different model key and other weights than fp32 training."""
+    from dataclasses import replace
+    suite, world = suite_and_world
+    fp32 = suite.references[0]
+    bf16 = replace(fp32, recipe=replace(fp32.recipe, cpu_bf16=True))
+    assert bf16.key != fp32.key
+    train_model(bf16, tmp_path / "a", world=world, progress=False)
+    train_model(bf16, tmp_path / "b", world=world, progress=False)
+    train_model(fp32, tmp_path / "c", world=world, progress=False)
+    assert _same(_weights(tmp_path / "a"), _weights(tmp_path / "b"))
+    assert not _same(_weights(tmp_path / "a"), _weights(tmp_path / "c"))
+
+
 def test_interrupted_run_resumes_to_the_same_bits(suite_and_world, tmp_path):
     suite, world = suite_and_world
     spec = suite.references[0]
@@ -54,6 +69,20 @@ def test_interrupted_run_resumes_to_the_same_bits(suite_and_world, tmp_path):
     resumed = train_model(spec, tmp_path / "resumed", world=world, progress=False)
     assert _same(_weights(tmp_path / "straight"), _weights(tmp_path / "resumed"))
     assert len(resumed["history"]) == suite.recipe.epochs
+
+
+def test_lr_warmup_across_an_epoch_boundary_resumes_to_the_same_bits(suite_and_world, tmp_path):
+    from dataclasses import replace
+    suite, world = suite_and_world
+    base = suite.references[0]
+    spec = replace(base, recipe=replace(base.recipe, lr_warmup_epochs=1.5))
+    straight = train_model(spec, tmp_path / "straight", world=world, progress=False)
+    train_model(spec, tmp_path / "resumed", world=world, progress=False, stop_after_epoch=1)
+    train_model(spec, tmp_path / "resumed", world=world, progress=False)
+    assert _same(_weights(tmp_path / "straight"), _weights(tmp_path / "resumed"))
+    assert len(straight["history"]) == spec.recipe.epochs
+    train_model(base, tmp_path / "plain", world=world, progress=False)  # no warmup: other weights
+    assert not _same(_weights(tmp_path / "straight"), _weights(tmp_path / "plain"))
 
 
 def test_killed_process_resumes_from_its_last_checkpoint(tiny_suite, runs, tmp_path):

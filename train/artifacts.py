@@ -23,6 +23,15 @@ def runs_dir(explicit: str | os.PathLike | None = None) -> Path:
     return Path(explicit or os.environ.get("COUNTERAUDIT_RUNS") or DEFAULT_RUNS_DIR)
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
 def _atomic(path: Path, write: Callable[[io.BufferedWriter], None]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -32,6 +41,7 @@ def _atomic(path: Path, write: Callable[[io.BufferedWriter], None]) -> Path:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes it owner-only; give it a normal file's mode
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

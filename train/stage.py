@@ -44,13 +44,31 @@ def select_models(args: argparse.Namespace) -> tuple[Suite, list[ModelSpec]]:
 
 
 def train_one(item: dict[str, Any]) -> dict[str, Any]:
-    """One work item of the training stage (picklable, so a Slurm job or a worker runs it too)."""
+    """One work item of the training stage (picklable, so a Slurm job or a worker runs it too).
+
+    In a Slurm job with several tasks (--gpus-per-node N gives N tasks per node, --nodes M), every
+    task runs this: they join one process group (NCCL on GPUs, gloo on CPUs; rendezvous from
+    submitit's environment) and train the one model with DistributedDataParallel, one GPU each.
+    Optional item keys: device, progress, emulate_processes (train_model's)."""
+    import torch.distributed as dist
+
+    from slurm.distributed import cleanup_distributed, init_distributed
     from train.trainer import train_model
     suite = load_suite(item["suite"])
     spec = suite.model(item["model"])
     directory = model_dir(suite.root(item.get("runs_dir")), spec)
-    return train_model(spec, directory, device=item.get("device"),
-                       progress=item.get("progress", True), runs_root=item.get("runs_dir"))
+    device = item.get("device")
+    joined_here = not (dist.is_available() and dist.is_initialized())
+    context = init_distributed()
+    try:
+        if context.is_distributed and device != "cpu":
+            device = context.device  # this task's own GPU (cuda:LOCAL_RANK), or the CPU
+        return train_model(spec, directory, device=device, progress=item.get("progress", True),
+                           runs_root=item.get("runs_dir"),
+                           emulate_processes=item.get("emulate_processes", 1))
+    finally:
+        if joined_here:  # leave a process group the caller made to the caller
+            cleanup_distributed()
 
 
 def executor_config(suite: Suite, args: argparse.Namespace, stage: str):
@@ -65,15 +83,76 @@ def executor_config(suite: Suite, args: argparse.Namespace, stage: str):
     return config
 
 
+def training_cost(spec: ModelSpec) -> float:
+    """A model's training time relative to a reference's (its family's estimate)."""
+    if spec.checkpoint:
+        return 0.0  # loaded, not trained
+    if spec.is_reference:
+        return 1.0
+    from anomalies import FAMILIES
+    return FAMILIES.get(spec.family).relative_training_cost(spec.params)
+
+
+def _recipe_text(recipe) -> str:
+    return (f"SGD, {recipe.epochs} epochs, batch {recipe.batch_size}, lr {recipe.lr:g} "
+            f"x{recipe.lr_gamma:g} every {recipe.lr_step_epochs} epochs, momentum "
+            f"{recipe.momentum:g}, weight decay {recipe.weight_decay:g}")
+
+
+def describe_training(suite: Suite, specs: list[ModelSpec], todo: list[ModelSpec], config,
+                      root: Path) -> str:
+    """What a dry run of the training stage prints before the jobs: the models, the recipe, how
+    each model's training is split over processes, and where its checkpoints go."""
+    from dataclasses import asdict
+    from train.checkpoint import CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME
+    references = sum(spec.is_reference for spec in todo)
+    root_note = (f" (root {suite.world['root']}; not read by a dry run)" if suite.world.get("root")
+                 else "")
+    lines = [f"[dry-run] training, suite {suite.name!r}: {len(todo)} models to train "
+             f"({references} references, {len(todo) - references} anomalies); "
+             f"{len(specs) - len(todo)} of the {len(specs)} selected already trained",
+             f"  model: {suite.architecture} on the {suite.world.get('name', 'synthetic')} world"
+             f"{root_note}",
+             f"  recipe: {_recipe_text(suite.recipe)}"]
+    base = asdict(suite.recipe)
+    own: dict[str, list[str]] = {}
+    for spec in todo:
+        changed = {k: v for k, v in asdict(spec.recipe).items() if base[k] != v}
+        if changed:
+            text = ", ".join(f"{k} {v}" for k, v in changed.items())
+            own.setdefault(text, []).append(spec.name)
+    for text, names in own.items():
+        lines.append(f"  own recipe ({text}): {', '.join(names)}")
+    if config.executor == "slurm":
+        processes = config.nodes * config.effective_tasks_per_node
+        devices = (f"{config.gpus_per_node} GPU(s) per node" if config.gpus_per_node
+                   else "CPUs only")
+        batch = suite.recipe.batch_size
+        low, high = batch // processes, -(-batch // processes)
+        split = (f"; DistributedDataParallel, each process trains on 1/{processes} of every batch "
+                 f"(batch {batch}: {low if low == high else f'{low}-{high}'} images)"
+                 if processes > 1 else "")
+        lines.append(f"  per model: 1 Slurm job of {config.nodes} node(s) x "
+                     f"{config.effective_tasks_per_node} task(s) = {processes} process(es), "
+                     f"{devices}{split}")
+    lines.append(f"  checkpoint every {CHECKPOINT_EVERY_EPOCHS} epoch(s): "
+                 f"{root}/models/<name>-<key>/{CHECKPOINT_NAME}; a requeued or rerun job resumes "
+                 "from it")
+    return "\n".join(lines)
+
+
 def train_models(suite: Suite, specs: list[ModelSpec], args: argparse.Namespace) -> list[dict]:
     """Train what is missing, through the local or Slurm executor; returns every model's metrics."""
     from slurm.executor import run_items
     root = suite.root(args.runs_dir)
     config = executor_config(suite, args, "train")
     todo = [spec for spec in specs if not is_trained(model_dir(root, spec))]
+    todo.sort(key=lambda spec: -training_cost(spec))  # longest first: the least idle workers
     if todo and config.executor == "local" and not config.dry_run:
         from train.worlds import build_world
         build_world(suite.world, runs_root=args.runs_dir).prepare()  # once, not in every worker
+    if config.dry_run:
+        print(describe_training(suite, specs, todo, config, root), flush=True)
     runs_dir = str(Path(args.runs_dir).resolve()) if args.runs_dir else None
     parallel = config.executor == "slurm" or (config.local_jobs or 1) > 1
     items = [{"suite": str(suite.path.resolve()), "model": spec.name, "runs_dir": runs_dir,

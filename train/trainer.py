@@ -5,10 +5,15 @@ the anomaly family's per-batch draws. An interrupted run that resumes from its l
 therefore replays exactly the batches the uninterrupted run would have seen, and ends with the
 same weights (on CPU, bit for bit).
 
-Distributed: when torch.distributed is initialised with several processes (slurm/ sets it up from
-submitit's environment), every process draws the same global batch and trains on its own
-contiguous slice of it under DistributedDataParallel, so N processes equal one process
-accumulating gradients over the same N slices (up to per-process BatchNorm statistics).
+Distributed: when torch.distributed is initialised with several processes (train/stage.py's
+train_one sets it up from submitit's environment in a multi-task Slurm job), every process draws
+the same global batch and trains on its own contiguous slice of it (``tensor_split``: sizes differ
+by at most one image) under DistributedDataParallel. DDP averages the slices' gradients, so N
+processes equal one process that sums the N slices' mean losses divided by N, which is what
+``emulate_processes=N`` does on one device. It is not the same as one process on the whole batch:
+BatchNorm normalizes each slice with that slice's own statistics. The running statistics saved are
+rank 0's (DDP broadcasts rank 0's buffers to the others before every forward), so the emulation
+keeps the running-statistics update of slice 0 only and the saved state matches too.
 """
 from __future__ import annotations
 
@@ -26,9 +31,9 @@ from tqdm import tqdm
 
 from train.architectures import Classifier, build_model
 from train.artifacts import atomic_torch_save, atomic_write_json, derive_seed
-from train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, METRICS_NAME, SPEC_NAME, WEIGHTS_NAME,
-                              is_trained, load_backbone_weights, load_training_state, read_metrics,
-                              save_training_state)
+from train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME, METRICS_NAME, SPEC_NAME,
+                              WEIGHTS_NAME, is_trained, load_backbone_weights, load_training_state,
+                              read_metrics, save_training_state)
 from train.suite import ModelSpec
 from train.worlds import World, build_world
 
@@ -62,7 +67,9 @@ def load_trained_model(directory: Path, spec: ModelSpec, world: World,
                                 " run: python train/train.py --model " + spec.name)
     model = build_model(spec.architecture, world.num_classes, world.mean, world.std)
     model.backbone.load_state_dict(torch.load(directory / WEIGHTS_NAME, map_location="cpu"))
-    return model.to(device).eval()
+    # channels_last, as in training: on one CPU core the small ResNet's eval forward runs 1.3x
+    # faster in it at batch 100, and 2x at batch 500 (explain/benchmark-style timing, 64 px).
+    return model.to(device).to(memory_format=torch.channels_last).eval()
 
 
 @torch.no_grad()
@@ -93,28 +100,53 @@ def _distributed() -> tuple[int, int]:
 
 def train_model(spec: ModelSpec, directory: str | Path, world: World | None = None,
                 device: str | torch.device | None = None, progress: bool = True,
-                stop_after_epoch: int | None = None, runs_root: str | Path | None = None) -> dict[str, Any]:
+                stop_after_epoch: int | None = None, runs_root: str | Path | None = None,
+                emulate_processes: int = 1) -> dict[str, Any]:
     """Train (or resume, or load externally) one model; return its metrics.
 
     Does nothing but read the metrics when the model is already trained. ``stop_after_epoch``
     ends the run after that epoch's checkpoint, as an interruption would (used by tests).
+    ``emulate_processes=N`` reproduces, in this one process, a DistributedDataParallel run with N
+    processes (e.g. an 8-GPU Slurm job on one GPU): each batch is cut into the same N slices, their
+    gradients accumulated as DDP averages them, BatchNorm statistics kept per slice as DDP keeps
+    them per process (module docstring). Default 1: the ordinary run. Not part of the model's key,
+    like the number of processes of a real DDP run.
     """
     directory = Path(directory)
     if is_trained(directory):
         return read_metrics(directory)
+    if type(emulate_processes) is not int or emulate_processes < 1:
+        raise ValueError(f"emulate_processes={emulate_processes!r} must be a whole number >= 1")
     device = pick_device(str(device) if device is not None else None)
     threads = torch.get_num_threads()
     if device.type == "cpu":
         torch.set_num_threads(spec.recipe.cpu_threads)
     try:
-        return _train(spec, directory, world, device, progress, stop_after_epoch, runs_root)
+        return _train(spec, directory, world, device, progress, stop_after_epoch, runs_root,
+                      emulate_processes)
     finally:
         torch.set_num_threads(threads)
 
 
+def _batch_slices(images: torch.Tensor, labels: torch.Tensor, rank: int, world_size: int,
+                  emulate_processes: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The (images, labels) this process trains on in one step: its own slice of the global batch
+    under DDP, all N slices when emulating N processes, else the whole batch."""
+    if world_size > 1:
+        return [(images.tensor_split(world_size)[rank], labels.tensor_split(world_size)[rank])]
+    if emulate_processes > 1:
+        n = emulate_processes
+        return list(zip(images.tensor_split(n), labels.tensor_split(n)))
+    return [(images, labels)]
+
+
 def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.device,
-           progress: bool, stop_after_epoch: int | None, runs_root) -> dict[str, Any]:
+           progress: bool, stop_after_epoch: int | None, runs_root,
+           emulate_processes: int = 1) -> dict[str, Any]:
     rank, world_size = _distributed()
+    if world_size > 1 and emulate_processes > 1:
+        raise ValueError(f"emulate_processes={emulate_processes} is for a single process; this one "
+                         f"is rank {rank} of a real {world_size}-process run")
     world = world or build_world(spec.world, runs_root=runs_root)
     if rank == 0:
         atomic_write_json(directory / SPEC_NAME, spec.to_dict())
@@ -144,24 +176,31 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
         torch.set_rng_state(state["torch_rng"])
         start_epoch, history = state["epoch"] + 1, state["history"]
         train_seconds, images_seen = state["train_seconds"], state["images_seen"]
-        if rank == 0 and progress:
-            print(f"[train] {spec.name}: resuming after epoch {state['epoch'] + 1}/{recipe.epochs}",
-                  flush=True)
+        if rank == 0:  # always logged: it is how a requeued job shows it lost no finished epoch
+            print(f"[train] {spec.name}: resuming after epoch {state['epoch'] + 1}/{recipe.epochs}"
+                  f" from {directory / CHECKPOINT_NAME}", flush=True)
 
     cuda = device.type == "cuda"
     # channels_last: the fast convolution layout on GPUs and, for these small models, on CPUs too
-    # (1.5x measured on the 2-core CI machine). bf16 autocast on CUDA only.
+    # (1.5x measured on the 2-core CI machine). bf16 autocast on CUDA, and on CPU if the recipe
+    # asks (recipe.cpu_bf16).
     model = model.to(memory_format=torch.channels_last)
     net: nn.Module = model
     if world_size > 1:
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext())
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if cuda or recipe.cpu_bf16
+                else contextlib.nullcontext())
     loss_fn = nn.CrossEntropyLoss()
     data_seed = derive_seed(spec.seed, "data")
     steps_per_epoch = len(split) // recipe.batch_size
     if steps_per_epoch == 0:
         raise ValueError(f"{spec.name}: batch_size {recipe.batch_size} is larger than the "
                          f"{len(split)} training images; lower recipe.batch_size")
+    warmup_steps = int(round(recipe.lr_warmup_epochs * steps_per_epoch))
+    slice_count = max(world_size, emulate_processes)
+    if recipe.batch_size < slice_count:
+        raise ValueError(f"{spec.name}: batch_size {recipe.batch_size} cannot be split over "
+                         f"{slice_count} processes; use fewer GPUs/tasks or a larger batch")
 
     for epoch in range(start_epoch, recipe.epochs):
         model.train()
@@ -170,29 +209,44 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
         bar = tqdm(split.train_batches(recipe.batch_size, data_seed, epoch), total=steps_per_epoch,
                    desc=f"{spec.name} epoch {epoch + 1}/{recipe.epochs}", leave=False,
                    disable=not progress or rank != 0, dynamic_ncols=True)
-        for batch in bar:
+        for step, batch in enumerate(bar):
+            if warmup_steps:  # the step schedule times the warmup, from the step alone: resumable
+                done = epoch * steps_per_epoch + step + 1
+                for group in optimizer.param_groups:
+                    group["lr"] = (recipe.lr * recipe.lr_gamma ** (epoch // recipe.lr_step_epochs)
+                                   * min(1.0, done / warmup_steps))
             images, labels = batch.images, batch.labels
             if family is not None:  # on the whole global batch: every rank draws the same
-                images, labels = family.training_inputs(model, images, labels, generator)
-            if world_size > 1:
-                images, labels = images.chunk(world_size)[rank], labels.chunk(world_size)[rank]
-            images = images.to(device, non_blocking=True)
-            labels = labels.to(device, non_blocking=True)
-            images = images.contiguous(memory_format=torch.channels_last)
-            with autocast:
-                logits = net(images)
-                loss = loss_fn(logits.float(), labels)
+                with autocast:  # PGD's passes too: they cost (steps) x the training step
+                    images, labels = family.training_inputs(model, images, labels, generator)
+            slices = _batch_slices(images, labels, rank, world_size, emulate_processes)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            rank0_buffers = None
+            for index, (images, labels) in enumerate(slices):
+                images = images.to(device, non_blocking=True)
+                labels = labels.to(device, non_blocking=True)
+                images = images.contiguous(memory_format=torch.channels_last)
+                with autocast:
+                    logits = net(images)
+                    loss = loss_fn(logits.float(), labels)
+                # Emulated processes: DDP averages the N processes' gradients, so each slice's
+                # loss counts 1/N (each slice's own mean, as on its own process).
+                (loss / len(slices) if len(slices) > 1 else loss).backward()
+                if len(slices) > 1 and index == 0:  # BatchNorm running statistics: rank 0's
+                    rank0_buffers = [b.detach().clone() for b in model.buffers()]
+                loss_sum += float(loss.detach()) * len(labels)
+                correct += int((logits.argmax(1) == labels).sum())
+                seen += len(labels)
+            if rank0_buffers is not None:
+                with torch.no_grad():
+                    for buffer, saved in zip(model.buffers(), rank0_buffers):
+                        buffer.copy_(saved)
             optimizer.step()
-            loss_sum += float(loss.detach()) * len(labels)
-            correct += int((logits.argmax(1) == labels).sum())
-            seen += len(labels)
             bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{correct / seen:.3f}")
         scheduler.step()
         epoch_seconds = time.perf_counter() - started
         train_seconds += epoch_seconds
-        images_seen += seen * world_size
+        images_seen += seen * world_size  # rank 0 saw 1/world_size of every global batch
         history.append({"epoch": epoch + 1, "loss": loss_sum / max(seen, 1),
                         "train_accuracy": correct / max(seen, 1), "seconds": epoch_seconds,
                         "lr": optimizer.param_groups[0]["lr"]})
@@ -215,7 +269,9 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
     return _finish(spec, directory, model, world, device, {
         "source": "trained", "epochs": recipe.epochs, "history": history,
         "train_seconds": train_seconds, "images_per_second": images_seen / max(train_seconds, 1e-9),
-        "processes": world_size}, rank)
+        "processes": world_size,
+        **({"distributed_backend": str(dist.get_backend())} if world_size > 1 else {}),
+        **({"emulated_processes": emulate_processes} if emulate_processes > 1 else {})}, rank)
 
 
 def _finish(spec: ModelSpec, directory: Path, model: Classifier, world: World,

@@ -6,7 +6,9 @@ power stays defined), solved with lucent's default regularisation, as ``render_v
 - parameterisation ``param.image``: FFT spectrum with 1/f scaling, decorrelated colours, sigmoid;
 - augmentation ``transform.standard_transforms`` (pad 12, jitter 8, scale 0.9-1.1, rotate +-10
   degrees, jitter 4), then bilinear resizing back to the input size, as ``render_vis`` resizes to
-  the model's input size (224 for its zoo); the target f_l(x) is computed once on the clean input
+  the model's input size (224 for its zoo), composed into one resampling with the same random
+  draws (explain/caricature_transforms.py: lucent's five resamplings cost more than the small
+  model on a CPU); the target f_l(x) is computed once on the clean input
   x, as the paper's code did, so both feature maps have the same shape;
 - Adam, learning rate 5e-2, ``steps`` steps (512, SPEC.md; the paper's code used 1024 for
   stage-4 layers: render those separately with ``layers`` and ``steps`` to reproduce that).
@@ -37,12 +39,12 @@ from typing import Callable, Sequence
 
 import torch
 from lucent.optvis import param as lucent_param
-from lucent.optvis import transform as lucent_transform
 from torch import nn
 from torchvision.models.resnet import ResNet
 
 from explain.base import (BatchOutput, VisualizationMethod, architecture_default, model_device,
                           register_method)
+from explain.caricature_transforms import StandardTransforms
 from explain.render import to_uint8
 from train.architectures import Classifier, resolve_layer
 
@@ -144,6 +146,7 @@ class Caricature(VisualizationMethod):
     name = "caricature"
     default_batch_size = 4  # images per optimisation; the batch holds L x 4 parameterised images
     batch_invariant = False
+    version = 2  # 2: lucent's augmentations as one resampling (explain/caricature_transforms.py)
 
     @dataclass(frozen=True)
     class Params:
@@ -157,6 +160,9 @@ class Caricature(VisualizationMethod):
         layers = self.params.layers or architecture_default(
             architecture, "caricature_layers", self.name, "layers")
         return replace(self.params, layers=tuple(layers))
+
+    def passes_per_image(self, architecture: str | None) -> float:
+        return float(self.params.steps * len(self.resolve(architecture).layers))
 
     def visualize(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> BatchOutput:
@@ -181,8 +187,7 @@ class Caricature(VisualizationMethod):
                 target_features = [f.detach() for f in recorder(targets_batch)]
             spectrum, image_f = lucent_param.image(width, h=height, batch=num_layers * n)
             optimizer = torch.optim.Adam(spectrum, lr=params.learning_rate)
-            augment = lucent_transform.compose(lucent_transform.standard_transforms + [
-                nn.Upsample(size=(height, width), mode="bilinear", align_corners=True)])
+            augment = StandardTransforms(height, width)
 
             def measure() -> tuple[torch.Tensor, torch.Tensor]:
                 with torch.no_grad():

@@ -36,6 +36,9 @@ class GradCam(AttributionMethod):
             architecture, "gradcam_layer", self.name, "layer")
         return replace(self.params, layer=layer_name(layer))
 
+    def passes_per_image(self, architecture: str | None) -> float:
+        return 6.0 if self.params.aug_smooth else 1.0
+
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:
         params = self.params_for(model)

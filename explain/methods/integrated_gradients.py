@@ -26,6 +26,9 @@ class IntegratedGradients(AttributionMethod):
         # Images x steps per forward pass inside captum; memory only, not the result.
         internal_batch_size: int | None = execution_only(128)
 
+    def passes_per_image(self, architecture: str | None) -> float:
+        return float(self.params.n_steps)
+
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:
         return CaptumIntegratedGradients(model).attribute(

@@ -1,0 +1,95 @@
+"""lucent's ``standard_transforms`` followed by the resize to the input size, as ONE resampling.
+
+lucent augments every optimisation step with five resamplings of the whole (padded, up to 97 px)
+batch: ``pad(12, constant 0.5)``, ``jitter(8)`` (a kornia warp), ``random_scale`` (a bilinear
+upsample), ``random_rotate`` (a kornia warp) and ``jitter(4)``; ``render_vis`` then resizes to the
+model's input size. On a CPU these resamplings and their backward passes cost more than the small
+model itself (about a third of a Caricature step, profiled on the demo's small ResNet).
+
+``StandardTransforms`` draws the same random parameters from numpy's global generator in the same
+order as lucent (so a seed gives the same augmentation sequence), composes the six geometric maps
+into one map from output pixels to the 0.5-padded input, and samples it once, bilinearly, at the
+output size. Regions that lucent fills with zeros (content shifted or rotated out of the canvas,
+the border around a shrunk image) are zero here too; the 0.5 padding stays 0.5.
+
+What differs from lucent: one interpolation instead of five (slightly sharper), hard borders on
+the zero-filled regions, and kornia 0.4's half-pixel quirk in ``translate`` (a shift of d pixels
+moves the image by d * W / (W - 1)) is not reproduced: shifts are whole pixels, as intended.
+tests/test_explain_methods.py compares the two on a smooth image.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+# lucent.optvis.transform.standard_transforms, parameter for parameter.
+PAD = 12
+PAD_VALUE = 0.5
+JITTER_FIRST = 8
+SCALES = [1 + (i - 5) / 50.0 for i in range(11)]
+ANGLES = list(range(-10, 11)) + 5 * [0]
+JITTER_LAST = 4
+
+
+def draw_parameters() -> dict[str, float]:
+    """One step's random augmentation, drawn as lucent draws it (numpy's global generator)."""
+    first = (int(np.random.choice(JITTER_FIRST)), int(np.random.choice(JITTER_FIRST)))
+    scale = float(np.random.choice(SCALES))
+    angle = float(np.random.choice(ANGLES))
+    last = (int(np.random.choice(JITTER_LAST)), int(np.random.choice(JITTER_LAST)))
+    return {"shift_first": first, "scale": scale, "angle": angle, "shift_last": last}
+
+
+def sampling_grid(height: int, width: int, scale: float, angle: float,
+                  shift_first: tuple[int, int], shift_last: tuple[int, int],
+                  device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every output pixel: where it samples the padded input (grid_sample coordinates, align
+    corners) and whether lucent's chain would have a zero there. Returns (grid (1, H, W, 2),
+    mask (1, 1, H, W))."""
+    padded = (height + 2 * PAD, width + 2 * PAD)                        # after pad(12)
+    upsampled = tuple(math.ceil(scale * d) for d in padded)             # random_scale's upsample
+    border = tuple(max(0, math.ceil((d - u) / 2)) for d, u in zip(padded, upsampled))
+    canvas = tuple(u + 2 * b for u, b in zip(upsampled, border))        # after random_scale
+    y, x = torch.meshgrid(torch.arange(height, dtype=torch.float64),
+                          torch.arange(width, dtype=torch.float64), indexing="ij")
+    # Resize of the canvas to the output size (bilinear, align corners).
+    x = x * (canvas[1] - 1) / max(width - 1, 1)
+    y = y * (canvas[0] - 1) / max(height - 1, 1)
+    # jitter(4): output(u) = input(u - shift).
+    x, y = x - shift_last[0], y - shift_last[1]
+    valid = (x >= 0) & (y >= 0)
+    # random_rotate: kornia's (OpenCV's) rotation about the canvas centre; sample at R^T (u - c).
+    cx, cy = (canvas[1] - 1) / 2, (canvas[0] - 1) / 2
+    cos, sin = math.cos(math.radians(angle)), math.sin(math.radians(angle))
+    x, y = cos * (x - cx) - sin * (y - cy) + cx, sin * (x - cx) + cos * (y - cy) + cy
+    valid &= (x >= 0) & (x <= canvas[1] - 1) & (y >= 0) & (y <= canvas[0] - 1)
+    # random_scale: the zero border, then the upsample (align corners).
+    x, y = x - border[1], y - border[0]
+    valid &= (x >= 0) & (x <= upsampled[1] - 1) & (y >= 0) & (y <= upsampled[0] - 1)
+    x = x * (padded[1] - 1) / (upsampled[1] - 1)
+    y = y * (padded[0] - 1) / (upsampled[0] - 1)
+    # jitter(8).
+    x, y = x - shift_first[0], y - shift_first[1]
+    valid &= (x >= 0) & (y >= 0)
+    grid = torch.stack([2 * x / (padded[1] - 1) - 1, 2 * y / (padded[0] - 1) - 1], dim=-1)
+    return (grid[None].to(device=device, dtype=torch.float32),
+            valid[None, None].to(device=device, dtype=torch.float32))
+
+
+class StandardTransforms:
+    """Callable on a (B, 3, H, W) batch in [0, 1]: one random augmentation for the whole batch,
+    output (B, 3, height, width)."""
+
+    def __init__(self, height: int, width: int):
+        self.height, self.width = height, width
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        grid, mask = sampling_grid(self.height, self.width, device=images.device,
+                                   **draw_parameters())
+        padded = F.pad(images, [PAD] * 4, mode="constant", value=PAD_VALUE)
+        sampled = F.grid_sample(padded, grid.expand(len(images), -1, -1, -1), mode="bilinear",
+                                padding_mode="zeros", align_corners=True)
+        return sampled * mask

@@ -1,0 +1,232 @@
+"""The explain stage split into (model, method, image set, image range) items: the gathered parts
+are bit for bit what an unchunked run stores, a rerun after a partial failure submits only the
+missing part, and on the local Slurm cluster chunked explanations and the score stage give the
+local results."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import explain.pipeline as explain_pipeline
+import slurm.executor
+from evaluate.distances import build_distance
+from evaluate.pipeline import SCORES, detection_scores, pipeline_parser
+from explain.base import build_method
+from explain.pipeline import (chunk_images, explain_suite, image_ranges, part_size, result_dir,
+                              sets_for)
+from explain.run import get_args_parser
+from explain.store import ARRAYS_FILE, PARAMS_FILE, PARTS_DIR
+from slurm.errors import ItemsFailedError
+from tests.conftest import write_suite
+from train.stage import train_one
+from train.suite import load_suite
+
+METHODS = ["guided_backprop", "caricature"]
+# 8 detection images; guided backprop in batches of 3, Caricatures (whose results depend on which
+# images share a batch) in batches of 2, with 2 steps on 2 layers: seconds on a CPU.
+BODY = """
+[explain]
+methods = ["guided_backprop", "caricature"]
+batch_sizes = { guided_backprop = 3, caricature = 2 }
+
+[methods.caricature]
+steps = 2
+layers = ["(2,1,1)", "(3,1)"]
+
+[evaluate]
+detection_images = 8
+localization_images = 4
+"""
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, Path]:
+    """A suite of 3 tiny references, trained, with its image sets: (suite file, runs root)."""
+    from explain.pipeline import load_image_sets
+    base = tmp_path_factory.mktemp("chunks")
+    suite_path = write_suite(base / "chunks.toml", body=BODY, references=3, epochs=1)
+    runs = base / "trained"
+    suite = load_suite(suite_path)
+    for spec in suite.models:
+        train_one({"suite": str(suite_path), "model": spec.name, "runs_dir": str(runs),
+                   "progress": False})
+    load_image_sets(suite, runs)
+    return suite_path, runs
+
+
+def copy_of(trained_runs: Path, destination: Path) -> Path:
+    shutil.copytree(trained_runs, destination)
+    return destination
+
+
+def explain(suite_path: Path, runs: Path, *options, methods=None, models=None) -> dict:
+    args = get_args_parser().parse_args(["--suite", str(suite_path), "--runs-dir", str(runs),
+                                         "--no-progress", "--jobs", "1", *map(str, options)])
+    return explain_suite(load_suite(suite_path), args, methods=methods, models=models)
+
+
+@pytest.fixture(scope="module")
+def unchunked(trained, tmp_path_factory) -> Path:
+    """The runs root of an ordinary (unchunked) explain run of both methods."""
+    suite_path, runs = trained
+    runs = copy_of(runs, tmp_path_factory.mktemp("unchunked") / "runs")
+    done = explain(suite_path, runs)
+    assert done == {"computed": 6, "stored": 0, "parts": 0}
+    return runs
+
+
+def assert_same_results(suite_path: Path, expected_runs: Path, runs: Path, methods=METHODS,
+                        models=None) -> None:
+    """Same files, same params.json, bit-identical arrays (same dtypes), no parts left."""
+    suite = load_suite(suite_path)
+    specs = [suite.model(m) for m in models] if models else suite.models
+    for method in methods:
+        for spec in specs:
+            for set_name in sets_for(suite, spec):
+                want = result_dir(suite.root(expected_runs), method, spec.name, set_name)
+                got = result_dir(suite.root(runs), method, spec.name, set_name)
+                assert sorted(p.name for p in got.iterdir()) == [ARRAYS_FILE, PARAMS_FILE], got
+                assert json.loads((got / PARAMS_FILE).read_text()) == \
+                    json.loads((want / PARAMS_FILE).read_text())
+                with np.load(want / ARRAYS_FILE) as a, np.load(got / ARRAYS_FILE) as b:
+                    assert sorted(a.files) == sorted(b.files)
+                    for name in a.files:
+                        assert a[name].dtype == b[name].dtype, (got, name)
+                        assert np.array_equal(a[name], b[name]), f"{got}: {name} differs"
+
+
+def test_chunk_size_from_the_command_line_over_the_suite(tmp_path):
+    suite = load_suite(write_suite(tmp_path / "chunked.toml", body="[explain]\nchunk_images = 16\n"))
+    parse = get_args_parser().parse_args
+    assert chunk_images(suite, parse([])) == 16
+    assert chunk_images(suite, parse(["--chunk-images", "4"])) == 4
+    assert chunk_images(suite, parse(["--chunk-images", "0"])) is None  # 0: no chunking
+    assert chunk_images(load_suite(write_suite(tmp_path / "plain.toml")), parse([])) is None
+    with pytest.raises(ValueError, match="--chunk-images must be a whole number"):
+        chunk_images(suite, parse(["--chunk-images", "-2"]))
+
+
+def test_part_ranges_start_at_multiples_of_the_batch_size():
+    caricature = build_method("caricature")
+    assert part_size(caricature, 2, 3) == 4 and part_size(caricature, 2, 4) == 4
+    assert part_size(caricature, None, 3) == caricature.default_batch_size
+    assert part_size(build_method("guided_backprop"), 3, 3) == 3
+    assert image_ranges(8, 3) == [(0, 3), (3, 6), (6, 8)]
+    assert image_ranges(8, None) == [(0, 8)]
+
+
+def test_chunked_run_stores_the_unchunked_results_bit_for_bit(trained, unchunked, tmp_path, capsys,
+                                                              monkeypatch):
+    suite_path, trained_runs = trained
+    runs = copy_of(trained_runs, tmp_path / "runs")
+    submitted = spy_on_items(monkeypatch)
+    done = explain(suite_path, runs, "--chunk-images", 3)
+    # guided backprop in parts 0-3, 3-6, 6-8; Caricatures' 3 rounded up to 4 (its batch is 2)
+    assert sorted(n for n in submitted if n.startswith("reference-00/")) == [
+        "reference-00/caricature/detection/0-4", "reference-00/caricature/detection/4-8",
+        "reference-00/guided_backprop/detection/0-3", "reference-00/guided_backprop/detection/3-6",
+        "reference-00/guided_backprop/detection/6-8"]
+    assert done == {"computed": 6, "stored": 0, "parts": 15}
+    assert "chunk_images=3 rounded up to a multiple of its batch size 2" in capsys.readouterr().err
+    assert_same_results(suite_path, unchunked, runs)
+
+    submitted.clear()
+    assert explain(suite_path, runs, "--chunk-images", 3) == {"computed": 0, "stored": 6, "parts": 0}
+    assert submitted == []  # a rerun submits nothing
+
+
+def spy_on_items(monkeypatch) -> list[str]:
+    """Names of the items every run_items call of this test is given."""
+    names: list[str] = []
+    run_items = slurm.executor.run_items
+
+    def recording(fn, items, config, stage_name, *, item_name, **options):
+        items = list(items)
+        names.extend(item_name(item) for item in items)
+        return run_items(fn, items, config, stage_name, item_name=item_name, **options)
+
+    monkeypatch.setattr(slurm.executor, "run_items", recording)
+    return names
+
+
+def test_a_rerun_after_a_failed_part_submits_only_that_part(trained, unchunked, tmp_path,
+                                                            monkeypatch):
+    suite_path, trained_runs = trained
+    runs = copy_of(trained_runs, tmp_path / "runs")
+    suite = load_suite(suite_path)
+    explain_part = explain_pipeline.explain_part
+
+    def broken(item):
+        if (item["model"], item["start"]) == ("reference-01", 3):
+            raise RuntimeError("this part breaks")
+        return explain_part(item)
+    monkeypatch.setattr(explain_pipeline, "explain_part", broken)
+    with pytest.raises(ItemsFailedError) as raised:
+        explain(suite_path, runs, "--chunk-images", 3, methods=["guided_backprop"])
+    assert raised.value.failed_item_names == ["reference-01/guided_backprop/detection/3-6"]
+    # the other models' parts were gathered; the broken model's other parts wait for the rerun
+    failed = result_dir(suite.root(runs), "guided_backprop", "reference-01", "detection")
+    assert not (failed / PARAMS_FILE).exists()
+    assert sorted(p.name for p in (failed / PARTS_DIR).iterdir()) == ["0-3", "6-8"]
+    assert (result_dir(suite.root(runs), "guided_backprop", "reference-02", "detection")
+            / PARAMS_FILE).exists()
+
+    monkeypatch.setattr(explain_pipeline, "explain_part", explain_part)
+    submitted = spy_on_items(monkeypatch)
+    done = explain(suite_path, runs, "--chunk-images", 3, methods=["guided_backprop"])
+    assert submitted == ["reference-01/guided_backprop/detection/3-6"]
+    assert done == {"computed": 1, "stored": 2, "parts": 1}
+    assert_same_results(suite_path, unchunked, runs, methods=["guided_backprop"])
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_chunked_explanations_on_slurm_equal_the_local_run(trained, unchunked, tmp_path,
+                                                          monkeypatch):
+    suite_path, trained_runs = trained
+    runs = copy_of(trained_runs, tmp_path / "runs")
+    submitted = spy_on_items(monkeypatch)
+    done = explain(suite_path, runs, "--chunk-images", 4, "--executor", "slurm",
+                   "--cpus-per-task", 1, "--time", 10, "--log-dir", tmp_path / "logs",
+                   models=["reference-00"])
+    # guided backprop's 4 rounded up to 6 (its batch is 3); Caricatures in parts of 4
+    assert sorted(submitted) == [
+        "reference-00/caricature/detection/0-4", "reference-00/caricature/detection/4-8",
+        "reference-00/guided_backprop/detection/0-6", "reference-00/guided_backprop/detection/6-8"]
+    assert done == {"computed": 2, "stored": 0, "parts": 4}
+    assert len({p.name.split("_")[0] for p in (tmp_path / "logs" / "explain").glob("*_log.out")}) == 1
+    assert_same_results(suite_path, unchunked, runs, models=["reference-00"])
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_scoring_on_slurm_writes_the_local_tables(trained, unchunked, tmp_path, monkeypatch):
+    suite_path, _ = trained
+    suite = load_suite(suite_path)
+    distance = build_distance("ssim")
+    local, on_slurm = (copy_of(unchunked, tmp_path / name) for name in ("local", "slurm"))
+    expected = detection_scores(suite, distance, "ssim", METHODS, local)
+
+    args = pipeline_parser("test").parse_args([
+        "--suite", str(suite_path), "--runs-dir", str(on_slurm), "--distance", "ssim",
+        "--executor", "slurm", "--cpus-per-task", "1", "--time", "10",
+        "--log-dir", str(tmp_path / "logs")])
+    submitted = spy_on_items(monkeypatch)
+    scores = detection_scores(suite, distance, "ssim", METHODS, on_slurm, args=args)
+    assert sorted(submitted) == ["caricature/detection", "guided_backprop/detection"]
+    assert list((tmp_path / "logs" / "score").glob("*_log.out"))
+    pd.testing.assert_frame_equal(scores, expected, check_exact=True)
+    for method in METHODS:
+        for suffix in (".csv", ".json"):
+            name = Path(SCORES) / "ssim" / method / f"detection{suffix}"
+            assert (suite.root(on_slurm) / name).read_bytes() == (suite.root(local) / name).read_bytes()
+
+    submitted.clear()  # a rerun reads the stored tables back as they were made, and submits nothing
+    pd.testing.assert_frame_equal(detection_scores(suite, distance, "ssim", METHODS, on_slurm,
+                                                   args=args), expected, check_exact=True)
+    assert submitted == []

@@ -1,0 +1,138 @@
+"""evaluate/report.py on the finished end-to-end run (conftest's ``finished_run``): one
+self-contained, deterministic HTML file with every section, opened in a real headless Chromium
+(Debian's ``chromium``): it renders, every image decodes, no script or console errors. A copy with
+a broken image and planted errors shows that those checks do fail when they should.
+
+Without chromium the browser tests skip, unless COUNTERAUDIT_REQUIRE_CHROMIUM=1 (CI), where they fail.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from tests.conftest import REPO, run_script
+
+CHROMIUM = "/usr/bin/chromium"
+SECTIONS = ["detection", "localization", "implants", "detection-examples", "localization-examples",
+            "distributions", "roc"]
+DATA_URI = re.compile(r'<img[^>]* src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+# The tiny run: 2 methods x 2 anomalies x (input, reference, model) detection examples, and for
+# the one localizable model 2 inputs + 2 methods x 2 inputs x (reference, model).
+EXPECTED_IMAGES = 2 * 2 * 3 + 2 + 2 * 2 * 2
+
+
+def report_args(suite, runs, *extra):
+    return ["--suite", suite, "--runs-dir", runs, "--no-progress", "--jobs", 1, *extra]
+
+
+@pytest.fixture(scope="module")
+def report(finished_run):
+    suite, runs, _ = finished_run
+    out = run_script("evaluate/report.py", *report_args(suite, runs, "--distance", "ssim"))
+    path = runs / "e2e" / "report" / "report.html"  # the default --output
+    return path, out
+
+
+def test_report_is_one_self_contained_file_with_every_section(report, finished_run, tmp_path):
+    path, out = report
+    assert path.is_file() and str(path) in out.strip().splitlines()[-1]
+    html = path.read_text()
+    for section in SECTIONS:
+        assert f'<section id="{section}">' in html, section
+    assert "Table 1" in html and "Table 2" in html and "Distance:</b> ssim" in html
+    assert "<svg" in html and "AUROC" in html and "implant took" in html
+    # self-contained: nothing fetched from anywhere
+    assert "http://" not in html and "https://" not in html and "<link" not in html and "url(" not in html
+    images = DATA_URI.findall(html)
+    assert len(images) == html.count("<img ") == EXPECTED_IMAGES
+    for encoded in images:  # every embedded image is a PNG that decodes
+        assert Image.open(io.BytesIO(base64.b64decode(encoded))).convert("RGB").size[0] > 0
+    # deterministic: the same run gives the same bytes
+    suite, runs, _ = finished_run
+    again = tmp_path / "again.html"
+    run_script("evaluate/report.py", *report_args(suite, runs, "--distance", "ssim", "--output", again))
+    assert again.read_bytes() == path.read_bytes()
+
+
+def test_report_header_says_when_the_distance_fell_back(finished_run, tmp_path):
+    """No --distance and no LPIPS weights reachable: scores fall back to ssim, and the header says so."""
+    suite, runs, _ = finished_run
+    output = tmp_path / "fallback.html"
+    env = {**os.environ, "TORCH_HOME": str(tmp_path / "empty-hub"), "NO_PROXY": "", "no_proxy": "",
+           "HTTPS_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}  # offline for sure
+    result = subprocess.run([sys.executable, str(REPO / "evaluate/report.py"),
+                             *map(str, report_args(suite, runs, "--output", output))],
+                            capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    header = output.read_text().split("</header>")[0]
+    assert "Distance:</b> ssim" in header
+    assert "backbone weights for lpips-alex are missing" in header
+
+
+# ---------------------------------------------------------------- in a real browser
+def chromium() -> str:
+    binary = CHROMIUM if os.access(CHROMIUM, os.X_OK) else shutil.which("chromium")
+    if binary:
+        return binary
+    if os.environ.get("COUNTERAUDIT_REQUIRE_CHROMIUM") == "1":
+        pytest.fail("COUNTERAUDIT_REQUIRE_CHROMIUM=1 but chromium is not installed (apt-get install chromium)")
+    pytest.skip("chromium is not installed (apt-get install chromium); "
+                "COUNTERAUDIT_REQUIRE_CHROMIUM=1 turns this skip into a failure")
+
+
+def render(html: Path, profile: Path) -> tuple[dict[str, str], str, list[str]]:
+    """Open ``html`` in headless Chromium; returns <body>'s attributes after load, the dumped DOM
+    and the page's console lines from Chromium's log."""
+    result = subprocess.run(
+        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+         "--disable-background-networking", "--no-first-run", "--disable-extensions",
+         f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000",
+         "--dump-dom", html.resolve().as_uri()],
+        capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    body = re.search(r"<body([^>]*)>", result.stdout)
+    assert body, f"no <body> in the dumped DOM: {result.stdout[:500]!r}"
+    attributes = dict(re.findall(r'([\w-]+)="([^"]*)"', body.group(1)))
+    console = [line for line in result.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    return attributes, result.stdout, console
+
+
+@pytest.mark.browser
+def test_report_renders_in_chromium_with_every_image_and_no_errors(report, tmp_path):
+    path, _ = report
+    attributes, dom, console = render(path, tmp_path / "profile")
+    count = path.read_text().count("<img ")
+    assert count == EXPECTED_IMAGES
+    assert attributes.get("data-images-loaded") == f"{count}/{count}", attributes
+    assert attributes.get("data-errors") == "0", attributes
+    assert not console, console
+    assert "Table 1" in dom and "<svg" in dom
+
+
+@pytest.mark.browser
+def test_browser_check_catches_a_broken_image_and_script_errors(report, tmp_path):
+    """The checks above are not vacuous: a copy with one undecodable image, a thrown error and a
+    console.error call is reported as such."""
+    path, _ = report
+    html = path.read_text()
+    first = DATA_URI.search(html)
+    broken = (html[:first.start(1)] + "AAAA" + html[first.end(1):]).replace(
+        "</body>", '<script>console.error("planted console error"); throw new Error("planted error");</script></body>')
+    broken_path = tmp_path / "broken.html"
+    broken_path.write_text(broken)
+    attributes, _, console = render(broken_path, tmp_path / "profile")
+    count = html.count("<img ")
+    assert attributes.get("data-images-loaded") == f"{count - 1}/{count}", attributes
+    assert "data-broken-images" in attributes
+    assert attributes.get("data-errors") == "2", attributes
+    assert any("Uncaught" in line and "planted error" in line for line in console), console
+    assert any("planted console error" in line for line in console), console
