@@ -73,13 +73,14 @@ def test_train_script_errors_are_one_clear_line(tmp_path):
 def test_paper_suite_dry_run_on_slurm_lists_the_36_trainings_with_the_papers_recipe(tmp_path):
     """`train.py --suite paper --executor slurm --dry-run` without ImageNet: the 36 training jobs
     (12 references + 24 anomalies), the recipe and the resources, and nothing submitted. The
-    local test cluster has no GPUs: the plan is still printed, with the error a real run gives."""
+    local test cluster has no GPUs: the plan is still printed, with the error a real run gives.
+    The suite asks for one GPU per model; --gpus-per-node 8 shows the DDP plan of a multi-GPU run."""
     import os
     env = {k: v for k, v in os.environ.items() if k not in ("IMAGENET_ROOT", "STYLIZED_IMAGENET_ROOT")}
     runs = tmp_path / "runs"
     result = subprocess.run([sys.executable, str(REPO / "train" / "train.py"), "--suite", "paper",
                              "--executor", "slurm", "--partition", "debug", "--dry-run",
-                             "--runs-dir", str(runs)],
+                             "--gpus-per-node", "8", "--mem-gb", "400", "--runs-dir", str(runs)],
                             capture_output=True, text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -103,8 +104,8 @@ def test_paper_suite_dry_run_on_slurm_lists_the_36_trainings_with_the_papers_rec
 
 def test_paper_suite_local_dry_run_prints_the_plan_even_without_the_gpus_it_asks_for(tmp_path, capsys,
                                                                                     monkeypatch):
-    """A dry run only prints: on a machine without the suite's 8 GPUs it shows the plan and, under
-    it, the error a real run would give, instead of failing."""
+    """A dry run only prints: on a machine without the GPU the suite asks for it shows the plan
+    and, under it, the error a real run would give, instead of failing."""
     import torch
     from train.train import get_args_parser, main
     monkeypatch.delenv("IMAGENET_ROOT", raising=False)
@@ -114,5 +115,5 @@ def test_paper_suite_local_dry_run_prints_the_plan_even_without_the_gpus_it_asks
     assert "36 models to train (12 references, 24 anomalies)" in out
     assert "would run 36 items locally" in out
     if not torch.cuda.is_available():
-        assert "WARNING: without --dry-run this would fail: --gpus-per-node 8 asks for GPUs" in out
+        assert "WARNING: without --dry-run this would fail: --gpus-per-node 1 asks for GPUs" in out
     assert list(tmp_path.iterdir()) == []
