@@ -78,11 +78,18 @@ def verify_implants(suite: Suite, runs_root=None, device: str | None = None,
         raise RuntimeError(f"implant checks compare with the references; not trained yet: {missing}")
     specs = [s for s in suite.anomalies if (models is None or s.name in models)
              and is_trained(model_dir(root, s))]
+    records = {s.name: read_json(model_dir(root, s) / IMPLANT_NAME) for s in specs
+               if (model_dir(root, s) / IMPLANT_NAME).is_file()}  # made before: no job for them
     runs_root = str(Path(runs_root).resolve()) if runs_root else None
     items = [{"suite": str(suite.path.resolve()), "model": s.name, "runs_dir": runs_root,
-              "device": device} for s in specs]
-    return run_items(verify_one, items, config or ExecutorConfig(local_jobs=default_local_jobs()), "verify",
-                     item_name=lambda item: item["model"])
+              "device": device} for s in specs if s.name not in records]
+    config = config or ExecutorConfig(local_jobs=default_local_jobs())
+    if items:
+        made = run_items(verify_one, items, config, "verify", item_name=lambda item: item["model"])
+        if config.dry_run:
+            return []
+        records.update(zip([item["model"] for item in items], made, strict=True))
+    return [records[s.name] for s in specs]
 
 
 def read_implant(suite: Suite, spec: ModelSpec, runs_root=None) -> dict[str, Any] | None:

@@ -5,7 +5,8 @@
     python explain/run.py --suite paper --executor slurm --partition gpu --gpus-per-node 1
     python explain/run.py --suite paper --executor slurm --gpus-per-node 1 --chunk-images 16
 
-Every model is explained on the detection set; each localizable anomalous model and every
+Models that are not trained yet are trained first (with their implant checks), through the same
+executor. Every model is explained on the detection set; each localizable anomalous model and every
 reference on that model's abnormal set. One work item is one (model, method): the model is loaded
 once and its images go through the method in batches. With --chunk-images N, one work item is
 one (model, method, image set, range of N images), stored as a part; the parts of a set are
@@ -47,8 +48,16 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace) -> None:
     from explain.pipeline import explain_suite
+    from train.stage import train_models
     from train.suite import load_suite
+    from train.train import check_implants
     suite = load_suite(args.suite)
+    # This stage needs trained models, and the blurred-faces image set needs the implant checks:
+    # whatever is missing runs first, through the same executor, instead of failing (a no-op when
+    # everything is there).
+    specs = [suite.model(name) for name in args.model] if args.model else suite.models
+    train_models(suite, specs, args)
+    check_implants(suite, specs, args)
     started = time.perf_counter()
     done = explain_suite(suite, args, methods=args.method, models=args.model)
     parts = f" (from {done['parts']} new part(s))" if done.get("parts") else ""

@@ -46,3 +46,28 @@ def test_unavailable_lpips_is_an_error_not_a_substitution(finished_run, tmp_path
                             env={"TORCH_HOME": str(tmp_path / "hub"), "PATH": "/usr/bin:/bin"})
     assert result.returncode != 0
     assert "alexnet-owt-7be5be79.pth" in result.stderr
+
+
+def test_explain_stage_trains_the_models_it_needs_first(tmp_path):
+    """explain/run.py on a suite nothing of which is trained: the training stage (and the implant
+    checks the image sets need) runs first instead of the explain items failing."""
+    from tests.conftest import write_suite
+    body = """
+[[anomalies]]
+name = "backdoor"
+family = "backdoor"
+params = { nu = 0.3, size = 0.2 }
+
+[explain]
+methods = ["outputs_only"]
+
+[evaluate]
+detection_images = 4
+localization_images = 2
+"""
+    suite = write_suite(tmp_path / "fresh.toml", body=body, references=3, epochs=1)
+    runs = tmp_path / "runs"
+    out = run_script("explain/run.py", "--suite", suite, "--runs-dir", runs, "--no-progress")
+    assert "Implant checks" in out
+    assert "8 visualization set(s) computed" in out  # 4 models on detection + 4 on the abnormal set
+    assert len(list((runs / "fresh" / "models").glob("*/metrics.json"))) == 4
