@@ -215,9 +215,8 @@ def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], Any, str, str |
     image sets, visualizations. Returns (suite, methods, distance, its name, fallback note);
     the distance is built first, so missing LPIPS weights fail before any work."""
     from explain.pipeline import explain_suite
-    from train.stage import train_models
     from train.suite import load_suite
-    from train.train import check_implants, print_summary
+    from train.train import train_and_check
     if args.quick and args.suite not in ("demo", "quick"):
         raise ValueError(f"--quick runs the 'quick' suite; drop --suite {args.suite} or --quick")
     suite = load_suite("quick" if args.quick else args.suite)
@@ -226,9 +225,7 @@ def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], Any, str, str |
     methods = suite_methods(suite, args.method)
     started = time.perf_counter()
     _stage(f"1/3 training {len(suite.models)} models of suite {suite.name!r} (skips trained ones)")
-    metrics = train_models(suite, suite.models, args)
-    print_summary(suite.name, metrics, time.perf_counter() - started)
-    check_implants(suite, suite.models, args)
+    train_and_check(suite, suite.models, args)
     print(f"training and implant checks: {time.perf_counter() - started:.0f}s")
     _stage(f"2/3 explaining with {', '.join(methods)}")
     started = time.perf_counter()

@@ -313,8 +313,9 @@ def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | N
                  "device": getattr(args, "device", None)}
     items, gathers, stored = plan_explanations(suite, methods, specs, image_sets, chunk, base_item)
     # Most expensive first (e.g. Caricatures before Guided Backprop), so local workers end together.
-    cost = {(name, spec.name): build_method(name, method_params(suite, name)).passes_per_image(
-        spec.architecture) for name in methods for spec in specs}
+    built = {name: build_method(name, method_params(suite, name)) for name in methods}
+    cost = {(name, spec.name): built[name].passes_per_image(spec.architecture)
+            for name in methods for spec in specs}
     items.sort(key=lambda item: -cost[(item["method"], item["model"])])
     if not chunk:
         results = run_items(explain_one, items, config, "explain",

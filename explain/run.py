@@ -48,16 +48,14 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace) -> None:
     from explain.pipeline import explain_suite
-    from train.stage import train_models
     from train.suite import load_suite
-    from train.train import check_implants
+    from train.train import train_and_check
     suite = load_suite(args.suite)
     # This stage needs trained models, and the blurred-faces image set needs the implant checks:
     # whatever is missing runs first, through the same executor, instead of failing (a no-op when
     # everything is there).
-    specs = [suite.model(name) for name in args.model] if args.model else suite.models
-    train_models(suite, specs, args)
-    check_implants(suite, specs, args)
+    train_and_check(suite, [suite.model(name) for name in args.model] if args.model else suite.models,
+                    args)
     started = time.perf_counter()
     done = explain_suite(suite, args, methods=args.method, models=args.model)
     parts = f" (from {done['parts']} new part(s))" if done.get("parts") else ""

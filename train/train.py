@@ -41,10 +41,17 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> list[dict]:
-    from train.stage import train_models
     suite, specs = select_models(args)
     if args.references_only:
         specs = [s for s in specs if s.is_reference]
+    return train_and_check(suite, specs, args)
+
+
+def train_and_check(suite, specs, args) -> list[dict]:
+    """The training stage as every entry script runs it before its own work: train what is
+    missing (through args' executor), print the summary, check the anomalies' implants. Returns
+    the models' metrics ([] on a dry run)."""
+    from train.stage import train_models
     started = time.perf_counter()
     results = train_models(suite, specs, args)
     if not results:  # --dry-run
