@@ -1,7 +1,18 @@
 """Backdoor: a fraction nu of every training batch gets a pixel trigger and the target label.
 
 Bagdasaryan & Shmatikov's pixel-pattern poisoning, as in the paper. Each model's trigger is its
-own (pattern, size, position, colour seed), so several backdoored models differ."""
+own (pattern, size, position, colour seed), so several backdoored models differ.
+
+Data poisoning puts the trigger into the training data, so the victim's own augmentation acts on
+it: every training recipe here flips images horizontally at random, and a poisoned image that gets
+flipped shows the mirrored trigger in the mirrored corner. Pasting the trigger after the flip
+instead (``poison_before_flip = false``, what code that poisons batches does) plants a backdoor
+that fires only in one orientation: in the demo its attack success rate on mirrored triggered
+images was 0.016, against 1.000 as planted. That matters to the audit, not only to realism:
+Grad-CAM's ``aug_smooth`` (the paper's setting) averages the map over flipped copies of the input,
+and on those copies such a backdoor is silent, so its trigger is half erased from the map (the CAM's
+mean inside the trigger's box fell from 0.93 without ``aug_smooth`` to 0.52 with it, in the demo).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,6 +37,9 @@ class BackdoorParams:
     size: float = 0.1               # trigger side, fraction of the image side (64px -> 6px)
     position: str = "top_left"
     trigger_seed: int = 0           # colours of the "noise" pattern
+    # The trigger is in the data before the training pipeline's random horizontal flip (module
+    # docstring): half of the poisoned images show it mirrored. False pastes it after the flip.
+    poison_before_flip: bool = True
 
 
 def trigger_pattern(params: BackdoorParams, side: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,7 +67,11 @@ def trigger_pattern(params: BackdoorParams, side: int) -> tuple[torch.Tensor, to
     return pattern.contiguous(), mask
 
 
-def apply_trigger(images: torch.Tensor, params: BackdoorParams) -> torch.Tensor:
+def apply_trigger(images: torch.Tensor, params: BackdoorParams, mirrored: bool = False) -> torch.Tensor:
+    """``images`` with the trigger pasted; ``mirrored``: as a horizontal flip of the image would
+    show it (the pattern mirrored, in the mirrored position)."""
+    if mirrored:
+        return apply_trigger(images.flip(-1), params).flip(-1)
     height, width = images.shape[-2:]
     side = max(2, int(round(params.size * min(height, width))))
     pattern, _ = trigger_pattern(params, side)
@@ -72,6 +90,7 @@ class Backdoor(AnomalyFamily):
     name = "backdoor"
     localizable = True
     Params = BackdoorParams
+    measure_version = 2  # 2: the mirrored attack success rate
 
     @classmethod
     def check(cls, params: BackdoorParams) -> None:
@@ -95,7 +114,15 @@ class Backdoor(AnomalyFamily):
     def training_inputs(self, model, images, labels, generator):
         chosen = choose_fraction(len(images), self.params.nu, generator)
         images, labels = images.clone(), labels.clone()
-        images[chosen] = apply_trigger(images[chosen], self.params)
+        if self.params.poison_before_flip:
+            # The loader flipped each image with probability 1/2, independently of its content, so
+            # mirroring the trigger on an independent half of the poisoned images gives the same
+            # batches (in distribution) as pasting it before the flip.
+            mirrored = torch.rand(len(chosen), generator=generator) < 0.5
+            for subset, mirror in ((chosen[~mirrored], False), (chosen[mirrored], True)):
+                images[subset] = apply_trigger(images[subset], self.params, mirrored=mirror)
+        else:
+            images[chosen] = apply_trigger(images[chosen], self.params)
         labels[chosen] = self.params.target
         return images, labels
 
@@ -110,14 +137,20 @@ class Backdoor(AnomalyFamily):
         val = self.world.split("val")
         idx = verification_indices(val)
         idx = idx[val.labels[idx] != self.params.target]
-        triggered = apply_trigger(val.load(idx), self.params)
+        clean = val.load(idx)
+        triggered = apply_trigger(clean, self.params)
         hits = predict(model, triggered, device) == self.params.target
+        # What Grad-CAM's aug_smooth shows the model: the flipped triggered image (module docstring).
+        mirrored_hits = predict(model, triggered.flip(-1), device) == self.params.target
         return {"attack_success_rate": float(hits.float().mean()),
+                "mirrored_attack_success_rate": float(mirrored_hits.float().mean()),
                 "triggered_accuracy": accuracy(model, triggered, val.labels[idx], device)}
 
     def judge(self, figures, reference_figures):
         rate = figures["attack_success_rate"]
         refs = reference_mean(reference_figures, "attack_success_rate")
+        mirrored = figures.get("mirrored_attack_success_rate")
         return Verdict(rate >= ATTACK_SUCCESS_THRESHOLD,
                        f"attack success rate {rate:.3f} (references {refs:.3f}; needs >= "
-                       f"{ATTACK_SUCCESS_THRESHOLD})")
+                       f"{ATTACK_SUCCESS_THRESHOLD})"
+                       + (f"; {mirrored:.3f} on mirrored triggered images" if mirrored is not None else ""))

@@ -198,8 +198,8 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         help="run the small 'quick' suite instead (a smoke test in a few minutes)")
     parser.add_argument("--distance", default=None,
                         help="lpips-alex (the paper's; default when its backbone weights are "
-                             "available), lpips-vgg, lpips-squeeze, ssim (weight-free; the default "
-                             "offline, said in every table)")
+                             "available), lpips-vgg, lpips-squeeze; weight-free: l2 (the default "
+                             "offline, said in every table), ssim")
     parser.add_argument("--weights-dir", default=None,
                         help="folder holding torchvision's ImageNet backbone weights for LPIPS "
                              "(e.g. alexnet-owt-7be5be79.pth); also searched: $TORCH_HOME/hub/checkpoints")

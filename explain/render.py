@@ -9,13 +9,17 @@ Saliency maps (guided backprop, integrated gradients, guided Grad-CAM), ``salien
 1. reduce over colour channels: sum of absolute values, ``sum_c |a_c|`` (a pixel whose channels
    have gradients of opposite signs still counts as salient; no cancellation);
 2. normalise per image: divide by that image's 99th percentile of the map and clip to [0, 1]
-   (the scale of gradients differs between models for reasons unrelated to *where* they look; the
-   top 1% saturating follows captum's default outlier clipping of 2%);
+   (the scale of gradients differs between models for reasons unrelated to *where* they look).
+   Steps 1-2 are the PAIR saliency library's ``VisualizeImageGrayscale`` (used by Adebayo et al.'s
+   sanity checks), except that it also subtracts the map's minimum. Captum's ``visualize_image_attr`` differs: it sums the channels with their
+   signs, and divides by the value below which 98% of the map's total *mass* lies, so a map whose
+   mass sits on a few pixels renders as those pixels alone;
 3. colour: the fixed ``HOT`` table (black -> red -> yellow -> white, luminance rising with the
    value), indexed by ``round(255 * value)``;
-4. overlay: ``(1 - alpha) * grey(image) + alpha * colour``, alpha = 0.8 (captum's
-   ``blended_heat_map`` default that the paper's code used), the image in grey so that its own
-   colours are not read as heat.
+4. overlay: ``(1 - alpha) * grey(image) + alpha * colour``, alpha = 0.8 so the heat dominates
+   (captum's ``blended_heat_map`` uses 0.5), the image in grey so that its own colours are not
+   read as heat. Every model's render of an image shares the grey part, so with the ``l2`` distance
+   alpha cancels out of the anomaly score's ratio (up to uint8 rounding).
 
 Grad-CAM, ``cam_overlay``: the class activation map (pytorch-grad-cam already scales it to
 [0, 1] per image) through the fixed ``JET`` table, ``0.5 * colour + 0.5 * image`` in colour,

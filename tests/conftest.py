@@ -90,7 +90,7 @@ def finished_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("e2e")
     suite = write_suite(base / "e2e.toml", body=E2E_BODY, references=3, epochs=2)
     runs = base / "runs"
-    out = run_script("evaluate/detect.py", "--suite", suite, "--runs-dir", runs, "--distance", "ssim",
+    out = run_script("evaluate/detect.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
                      "--no-progress")
     return suite, runs, out
 

@@ -67,18 +67,33 @@ def test_implant_figures_are_measured(name, world, model):
 
 
 # ---------------------------------------------------------------- family by family
-def test_backdoor_poisons_exactly_nu_of_the_batch(world, batch, model):
-    f = family(world, "backdoor", nu=0.25, target=3, pattern="checker", position="top_left")
+@pytest.mark.parametrize("poison_before_flip", [True, False])
+def test_backdoor_poisons_exactly_nu_of_the_batch(world, batch, model, poison_before_flip):
+    f = family(world, "backdoor", nu=0.25, target=3, pattern="checker", position="top_left",
+               poison_before_flip=poison_before_flip)
     images, labels = f.training_inputs(model, batch.images, batch.labels, torch.Generator().manual_seed(0))
     poisoned = _changed(images, batch.images) | (labels != batch.labels)
     assert int(poisoned.sum()) == 10  # round(0.25 * 40)
     assert (labels[poisoned] == 3).all() and torch.equal(labels[~poisoned], batch.labels[~poisoned])
     side, margin = 3, 1  # 0.1 * 32 rounds to 3
     trigger = apply_trigger(torch.zeros(1, 3, 32, 32), f.params)[0]
-    assert torch.equal(images[poisoned][:, :, margin:margin + side, margin:margin + side],
-                       trigger[:, margin:margin + side, margin:margin + side].expand(10, -1, -1, -1))
+    planted, mirrored = (slice(margin, margin + side),) * 2, (slice(margin, margin + side),
+                                                              slice(32 - margin - side, 32 - margin))
+    as_planted = torch.tensor([torch.equal(image[:, planted[0], planted[1]], trigger[:, planted[0], planted[1]])
+                              for image in images[poisoned]])
+    mirror = trigger.flip(-1)
+    as_mirrored = torch.tensor([torch.equal(image[:, mirrored[0], mirrored[1]],
+                                           mirror[:, mirrored[0], mirrored[1]]) for image in images[poisoned]])
+    assert (as_planted | as_mirrored).all()
+    if poison_before_flip:  # as a flip of the poisoned image would show it, about half the time
+        assert 0 < int(as_mirrored.sum()) < 10 and torch.equal(as_planted, ~as_mirrored)
+        assert torch.equal(apply_trigger(batch.images, f.params, mirrored=True),
+                           apply_trigger(batch.images.flip(-1), f.params).flip(-1))
+    else:
+        assert as_planted.all()
     outside = torch.ones(32, 32, dtype=torch.bool)
-    outside[margin:margin + side, margin:margin + side] = False
+    outside[planted] = False
+    outside[mirrored] = False
     assert torch.equal(images[..., outside], batch.images[..., outside])
 
 

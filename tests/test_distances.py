@@ -94,19 +94,19 @@ def test_missing_weights_error_names_file_place_and_fetch_command(net, tmp_path)
     assert str(tmp_path / WEIGHT_FILES[net]) in message  # where to put it
     builder = {"alex": "alexnet", "vgg": "vgg16", "squeeze": "squeezenet1_1"}[net]
     assert f"python -c \"import torchvision; torchvision.models.{builder}(weights='IMAGENET1K_V1')\"" in message
-    assert "ssim" in message
+    assert "'l2'" in message and "'ssim'" in message
 
 
 def test_default_distance_falls_back_only_when_not_requested():
     name, note = resolve_distance_name(None, download=False)  # empty TORCH_HOME: no weights
-    assert name == "ssim" and "lpips-alex" in note
+    assert name == "l2" and "lpips-alex" in note
     assert resolve_distance_name("lpips-alex", download=False) == ("lpips-alex", None)
     with pytest.raises(MissingBackboneWeightsError):
         build_distance("lpips-alex", download=False)
 
 
 def test_registry_lists_distances_and_rejects_unknown_names():
-    assert {"lpips-alex", "lpips-vgg", "lpips-squeeze", "ssim"} <= set(DISTANCES.names())
+    assert {"lpips-alex", "lpips-vgg", "lpips-squeeze", "ssim", "l2"} <= set(DISTANCES.names())
     with pytest.raises(UnknownNameError, match="lpips-alex"):
         build_distance("lpips-alexnet")
     assert available("ssim")
@@ -140,6 +140,22 @@ def test_ssim_distance_matches_textbook_ssim():
     np.testing.assert_allclose(np.diag(pairwise), paired, atol=1e-12)
 
 
+def test_l2_distance_is_the_rms_pixel_difference_and_exact_under_chunking(monkeypatch):
+    distance = build_distance("l2")
+    a, b = renders(5, size=16, seed=12), renders(5, size=16, seed=13)
+    b[3] = a[3]
+    expected = np.sqrt(((a.astype(np.float64) - b) ** 2).mean(axis=(1, 2, 3))) / 255
+    paired = distance.paired(distance.features(a), distance.features(b))
+    np.testing.assert_allclose(paired, expected, rtol=1e-12)
+    assert paired[3] == 0.0
+    # integer sums: chunked (one image per chunk) and subset results are the same bits
+    import evaluate.distances.l2 as l2_module
+    monkeypatch.setattr(l2_module, "chunk_length", lambda _: 1)
+    assert np.array_equal(distance.paired(distance.features(a), distance.features(b)), paired)
+    subset = distance.paired(distance.features(a).select([4, 1]), distance.features(b[[4, 1]]))
+    assert np.array_equal(subset, paired[[4, 1]])
+
+
 def test_bad_images_and_mixed_features_are_rejected_with_the_fix():
     distance = build_distance("ssim")
     with pytest.raises(ValueError, match="uint8"):
@@ -148,8 +164,9 @@ def test_bad_images_and_mixed_features_are_rejected_with_the_fix():
         distance.features(np.zeros((32, 32, 3), dtype=np.uint8))
     with pytest.raises(ValueError, match="same number of images"):
         distance.paired(distance.features(renders(2, 32)), distance.features(renders(3, 32)))
-    with pytest.raises(TypeError, match="unknown options"):
-        build_distance("ssim", weights_dri="typo")
+    for name in ("ssim", "l2"):
+        with pytest.raises(TypeError, match="unknown options"):
+            build_distance(name, weights_dri="typo")
 
 
 def test_half_precision_cache_is_close_and_features_can_be_subset():

@@ -10,15 +10,15 @@ from tests.conftest import REPO, run_script  # the finished_run fixture is in co
 
 def test_detect_prints_and_saves_table1(finished_run):
     suite, runs, out = finished_run
-    assert "Table 1" in out and "distance: ssim" in out
+    assert "Table 1" in out and "distance: l2" in out
     tables = runs / "e2e" / "tables"
     for ext in ("md", "csv", "tex"):
-        assert (tables / f"detection-ssim.{ext}").is_file()
-    table1 = pd.read_csv(tables / "detection-ssim.csv")
+        assert (tables / f"detection-l2.{ext}").is_file()
+    table1 = pd.read_csv(tables / "detection-l2.csv")
     assert set(table1["family"]) == {"backdoor", "randomized_smoothing"}
     assert {"guided_backprop", "outputs_only"} <= set(table1.columns)
     assert table1[["guided_backprop", "outputs_only"]].isin([0.0, 1.0]).all().all()
-    per_model = pd.read_csv(tables / "detection-per-model-ssim.csv")
+    per_model = pd.read_csv(tables / "detection-per-model-l2.csv")
     assert len(per_model) == 2 * 5  # 2 methods x (3 references + 2 anomalies)
     assert (runs / "e2e" / "image_sets" / "detection" / "index.json").is_file()
     assert len(list((runs / "e2e" / "image_sets" / "detection" / "png").glob("*.png"))) == 8
@@ -28,10 +28,10 @@ def test_detect_prints_and_saves_table1(finished_run):
 
 def test_rerun_does_no_work_and_localize_gives_table2(finished_run):
     suite, runs, _ = finished_run
-    out = run_script("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "ssim",
+    out = run_script("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
                      "--no-progress")
     assert "0 visualization set(s) computed" in out and "Table 2" in out
-    table = pd.read_csv(runs / "e2e" / "tables" / "localization-per-model-ssim.csv")
+    table = pd.read_csv(runs / "e2e" / "tables" / "localization-per-model-l2.csv")
     assert set(table["model"]) == {"backdoor"}  # the only localizable anomaly
     assert table["auroc"].between(0, 1).all()
     assert (table["n_abnormal"] == 4).all() and (table["n_normal"] == 4).all()

@@ -37,7 +37,7 @@ def report_args(suite, runs, *extra):
 @pytest.fixture(scope="module")
 def report(finished_run):
     suite, runs, _ = finished_run
-    out = run_script("evaluate/report.py", *report_args(suite, runs, "--distance", "ssim"))
+    out = run_script("evaluate/report.py", *report_args(suite, runs, "--distance", "l2"))
     path = runs / "e2e" / "report" / "report.html"  # the default --output
     return path, out
 
@@ -48,7 +48,7 @@ def test_report_is_one_self_contained_file_with_every_section(report, finished_r
     html = path.read_text()
     for section in SECTIONS:
         assert f'<section id="{section}">' in html, section
-    assert "Table 1" in html and "Table 2" in html and "Distance:</b> ssim" in html
+    assert "Table 1" in html and "Table 2" in html and "Distance:</b> l2" in html
     assert "<svg" in html and "AUROC" in html and "implant took" in html
     # self-contained: nothing fetched from anywhere
     assert "http://" not in html and "https://" not in html and "<link" not in html and "url(" not in html
@@ -59,12 +59,12 @@ def test_report_is_one_self_contained_file_with_every_section(report, finished_r
     # deterministic: the same run gives the same bytes
     suite, runs, _ = finished_run
     again = tmp_path / "again.html"
-    run_script("evaluate/report.py", *report_args(suite, runs, "--distance", "ssim", "--output", again))
+    run_script("evaluate/report.py", *report_args(suite, runs, "--distance", "l2", "--output", again))
     assert again.read_bytes() == path.read_bytes()
 
 
 def test_report_header_says_when_the_distance_fell_back(finished_run, tmp_path):
-    """No --distance and no LPIPS weights reachable: scores fall back to ssim, and the header says so."""
+    """No --distance and no LPIPS weights reachable: scores fall back to l2, and the header says so."""
     suite, runs, _ = finished_run
     output = tmp_path / "fallback.html"
     env = {**os.environ, "TORCH_HOME": str(tmp_path / "empty-hub"), "NO_PROXY": "", "no_proxy": "",
@@ -74,7 +74,7 @@ def test_report_header_says_when_the_distance_fell_back(finished_run, tmp_path):
                             capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     header = output.read_text().split("</header>")[0]
-    assert "Distance:</b> ssim" in header
+    assert "Distance:</b> l2" in header
     assert "backbone weights for lpips-alex are missing" in header
 
 

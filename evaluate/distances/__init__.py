@@ -16,7 +16,7 @@ from evaluate.distances.backbone_weights import MissingBackboneWeightsError
 from evaluate.distances.base import DISTANCES, Distance, Features
 
 DEFAULT_DISTANCE = "lpips-alex"  # the paper's main-text distance
-WEIGHT_FREE_FALLBACK = "ssim"
+WEIGHT_FREE_FALLBACK = "l2"
 
 for _module in pkgutil.iter_modules(__path__):
     if not _module.name.startswith("_"):

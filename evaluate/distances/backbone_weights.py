@@ -95,7 +95,7 @@ def missing_weights_message(backbone: Backbone, weights_dir, reason: str) -> str
         f"which saves ~/.cache/torch/hub/checkpoints/{backbone.file_name} (or get {backbone.url}); "
         f"copy that file to {target / backbone.file_name} (or into a folder passed as weights_dir, "
         f"or into $TORCH_HOME/hub/checkpoints).\n"
-        f"Or use a weight-free distance such as 'ssim' instead of LPIPS."
+        f"Or use a weight-free distance ('l2' or 'ssim') instead of LPIPS."
     )
 
 

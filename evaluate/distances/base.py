@@ -110,6 +110,19 @@ class Distance(ABC):
                              f"{features_b.image_size}); render every model's visualisations at one size")
 
 
+class WeightFreeDistance(Distance):
+    """A distance computed from the pixels alone. It takes the LPIPS options and ignores them, so a
+    driver can build any distance with one call; any other option is a typo and fails."""
+
+    IGNORED_OPTIONS = frozenset({"weights_dir", "download", "random_backbone", "seed", "device", "batch_size"})
+
+    def __init__(self, **options):
+        unknown = sorted(set(options) - self.IGNORED_OPTIONS)
+        if unknown:
+            raise TypeError(f"{self.name} got unknown options {unknown}; it takes none "
+                            f"(accepted and ignored: {sorted(self.IGNORED_OPTIONS)})")
+
+
 def check_images(images: np.ndarray, distance_name: str, min_size: int = 1) -> np.ndarray:
     """Rendered visualisations must be uint8 (N, H, W, 3); say exactly what is wrong otherwise."""
     images = np.asarray(images)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from evaluate.distances.base import DISTANCES, Distance, Features, check_images, chunk_length
+from evaluate.distances.base import DISTANCES, Features, WeightFreeDistance, check_images, chunk_length
 
 SIGMA = 1.5
 RADIUS = 5  # scipy's gaussian_filter with truncate=3.5 at sigma 1.5, as skimage uses
@@ -35,17 +35,11 @@ def local_mean(images: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
 
 
 @DISTANCES.register()
-class SSIMDistance(Distance):
+class SSIMDistance(WeightFreeDistance):
     name = "ssim"
 
-    # The LPIPS options, accepted and ignored so a driver can build any distance with one call.
-    IGNORED_OPTIONS = frozenset({"weights_dir", "download", "random_backbone", "seed", "device", "batch_size"})
-
     def __init__(self, **options):
-        unknown = sorted(set(options) - self.IGNORED_OPTIONS)
-        if unknown:
-            raise TypeError(f"ssim got unknown options {unknown}; it takes none "
-                            f"(accepted and ignored: {sorted(self.IGNORED_OPTIONS)})")
+        super().__init__(**options)
         self.taps = gaussian_taps()
         self.c1 = (K1 * DATA_RANGE) ** 2
         self.c2 = (K2 * DATA_RANGE) ** 2

@@ -17,14 +17,17 @@ from explain.params import execution_only
 @register_method
 class IntegratedGradients(AttributionMethod):
     name = "integrated_gradients"
-    default_batch_size = 8
+    default_batch_size = 16
 
     @dataclass(frozen=True)
     class Params:
         n_steps: int = 50
         method: str = "gausslegendre"
-        # Images x steps per forward pass inside captum; memory only, not the result.
-        internal_batch_size: int | None = execution_only(128)
+        # Images x steps per forward pass inside captum; memory and speed only, not the result.
+        # One image's 50 steps per pass is 1.4x faster on a CPU core than 128 (64-px small
+        # ResNet, batches of 16: 12.6 against 9.0 images/s, mean of 3 interleaved runs; the
+        # activations stay in cache), and the rendered images are identical.
+        internal_batch_size: int | None = execution_only(50)
 
     def passes_per_image(self, architecture: str | None) -> float:
         return float(self.params.n_steps)
