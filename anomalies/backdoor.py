@@ -137,8 +137,7 @@ class Backdoor(AnomalyFamily):
         val = self.world.split("val")
         idx = verification_indices(val)
         idx = idx[val.labels[idx] != self.params.target]
-        clean = val.load(idx)
-        triggered = apply_trigger(clean, self.params)
+        triggered = apply_trigger(val.load(idx), self.params)
         hits = predict(model, triggered, device) == self.params.target
         # What Grad-CAM's aug_smooth shows the model: the flipped triggered image (module docstring).
         mirrored_hits = predict(model, triggered.flip(-1), device) == self.params.target
@@ -149,8 +148,7 @@ class Backdoor(AnomalyFamily):
     def judge(self, figures, reference_figures):
         rate = figures["attack_success_rate"]
         refs = reference_mean(reference_figures, "attack_success_rate")
-        mirrored = figures.get("mirrored_attack_success_rate")
+        mirrored = figures["mirrored_attack_success_rate"]
         return Verdict(rate >= ATTACK_SUCCESS_THRESHOLD,
                        f"attack success rate {rate:.3f} (references {refs:.3f}; needs >= "
-                       f"{ATTACK_SUCCESS_THRESHOLD})"
-                       + (f"; {mirrored:.3f} on mirrored triggered images" if mirrored is not None else ""))
+                       f"{ATTACK_SUCCESS_THRESHOLD}); {mirrored:.3f} on mirrored triggered images")

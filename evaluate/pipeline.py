@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_positions
+from evaluate.detection import NO_LAYER
 from evaluate.distances import build_distance, resolve_distance_name
 from evaluate.scores import anomaly_scores
 from explain.pipeline import add_chunk_images_arg, load_results, result_dir, suite_methods
@@ -26,7 +27,6 @@ from train.suite import Suite
 
 SCORES = "scores"
 TABLES = "tables"
-NO_LAYER = ""
 
 
 def score_table_key(suite: Suite, distance_name: str, method: str, image_set: str,
@@ -114,9 +114,12 @@ def score_tables(suite: Suite, distance, distance_name: str,
     once; locally in this process, one after the other, with ``distance``."""
     from slurm.executor import run_items
     from train.stage import executor_config
-    todo, computed = {}, {}
+    todo, computed, stored = {}, {}, {}
     for method, image_set, models in tables:
-        if not _is_scored(*score_table_key(suite, distance_name, method, image_set, models, runs_root)):
+        table_path, key = score_table_key(suite, distance_name, method, image_set, models, runs_root)
+        if _is_scored(table_path, key):
+            stored[(method, image_set, tuple(models))] = table_path
+        else:
             todo.setdefault((method, image_set), models)
     if todo:
         config = executor_config(suite, args or argparse.Namespace(runs_dir=runs_root), "score")
@@ -138,9 +141,11 @@ def score_tables(suite: Suite, distance, distance_name: str,
         computed = dict(zip(todo, results, strict=True))
     scored = []
     for method, image_set, models in tables:
-        if (method, image_set) in computed and todo[(method, image_set)] == models:
+        if (method, image_set, tuple(models)) in stored:  # checked above: read back as made
+            scored.append(read_score_table(stored[(method, image_set, tuple(models))]))
+        elif (method, image_set) in computed and todo[(method, image_set)] == models:
             scored.append(computed[(method, image_set)])  # made just now
-        else:  # stored: read back as it was made
+        else:  # the same set asked with other models after a computed one: score it here
             scored.append(score_set(suite, distance, distance_name, method, image_set, models,
                                     runs_root))
     return scored
@@ -257,7 +262,7 @@ def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str) -> 
     families = {s.name: s.family for s in suite.anomalies}
     per_model = detection_table(scores, references, families=families)
     per_layer = detection_table(scores, references, families=families, per_layer=True)
-    per_layer = per_layer[per_layer["layer"] != ""]
+    per_layer = per_layer[per_layer["layer"] != NO_LAYER]
     order = [f for f in FAMILIES.names() if f in set(families.values())]
     summary = table1(per_model, family_order=sorted(order, key=lambda f: not FAMILIES.get(f).stark))
     return {f"detection-{distance_name}": summary, f"detection-per-model-{distance_name}": per_model,
@@ -270,7 +275,7 @@ def localization_tables(scores: pd.DataFrame, distance_name: str) -> dict[str, p
     from evaluate.localization import localization_table, table2
     per_model = localization_table(scores)
     per_layer = localization_table(scores, per_layer=True)
-    per_layer = per_layer[per_layer["layer"] != ""]
+    per_layer = per_layer[per_layer["layer"] != NO_LAYER]
     return {f"localization-{distance_name}": table2(per_model),
             f"localization-per-model-{distance_name}": per_model,
             f"localization-per-layer-{distance_name}": per_layer}

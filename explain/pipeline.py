@@ -21,9 +21,9 @@ thread-dependent order: local, ``--jobs`` and Slurm runs store the same bits.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 from anomalies.image_sets import (DETECTION, ImageSet, abnormal_set_name, build_image_sets,
@@ -74,13 +74,6 @@ def load_image_sets(suite: Suite, runs_root=None, world=None) -> dict[str, Image
     implants = {spec.name: read_implant(suite, spec, runs_root) for spec in localizable(suite)}
     return build_image_sets(suite, world, suite.root(runs_root) / IMAGE_SETS,
                             {k: v for k, v in implants.items() if v})
-
-
-# Library notices that every batch would repeat and that say nothing about the user's run:
-# captum's "hooks on ReLU" and "input did not require grad", torch.jit's deprecation.
-QUIET = [("ignore", r"Setting backward hooks on ReLU", UserWarning),
-         ("ignore", r"Input Tensor \d+ did not already require gradients", UserWarning),
-         ("ignore", r"`torch.jit.script` is deprecated", FutureWarning)]
 
 
 def add_chunk_images_arg(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -242,13 +235,15 @@ def explain_part(item: dict[str, Any]) -> dict[str, int]:
 def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
                       image_sets: dict[str, ImageSet] | None, chunk: int | None,
                       base_item: dict[str, Any]):
-    """The work items of the missing results, the (folder, key, ranges) of each (model, method,
-    set) a chunked run must gather, and how many results are stored already.
+    """The work items of the missing results, most expensive first (e.g. Caricatures before
+    Guided Backprop, so local workers end together), the (folder, key, ranges) of each (model,
+    method, set) a chunked run must gather, and how many results are stored already.
 
     ``image_sets`` None (a dry run, before the sets exist) plans every result, with the sets'
     nominal sizes ([evaluate] detection_images / localization_images) for the ranges."""
     from slurm.stage_run import say
     items, gathers, stored = [], [], 0
+    cost: dict[tuple[str, str], float] = {}  # (method, model) -> passes per image
     root = suite.root(base_item.get("runs_dir"))
     m, p = set_sizes(suite)
     for name in methods:
@@ -257,6 +252,7 @@ def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
         size = part_size(method, batch_size, chunk) if chunk else None
         items_before = len(items)
         for spec in specs:
+            cost[(name, spec.name)] = method.passes_per_image(spec.architecture)
             description = method.describe(spec.architecture, batch_size)
             missing, already = [], 0
             for set_name in sets_for(suite, spec):
@@ -288,6 +284,7 @@ def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
             say("explain", f"{name}: parts of {size} images (chunk_images={chunk} rounded up to "
                            f"a multiple of its batch size {batch_size or method.default_batch_size}, "
                            "so its batches are those of an unchunked run)")
+    items.sort(key=lambda item: -cost[(item["method"], item["model"])])
     return items, gathers, stored
 
 
@@ -312,11 +309,6 @@ def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | N
     base_item = {"suite": str(suite.path.resolve()), "runs_dir": runs_dir,
                  "device": getattr(args, "device", None)}
     items, gathers, stored = plan_explanations(suite, methods, specs, image_sets, chunk, base_item)
-    # Most expensive first (e.g. Caricatures before Guided Backprop), so local workers end together.
-    built = {name: build_method(name, method_params(suite, name)) for name in methods}
-    cost = {(name, spec.name): built[name].passes_per_image(spec.architecture)
-            for name in methods for spec in specs}
-    items.sort(key=lambda item: -cost[(item["method"], item["model"])])
     if not chunk:
         results = run_items(explain_one, items, config, "explain",
                             item_name=lambda item: f"{item['model']}/{item['method']}")
