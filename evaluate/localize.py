@@ -19,7 +19,7 @@ if __package__ in (None, ""):
 import argparse
 import time
 
-from evaluate.pipeline import describe_distance, pipeline_parser
+from evaluate.pipeline import describe_distance, localization_power_note, pipeline_parser
 from train.stage import run_cli
 
 
@@ -46,6 +46,9 @@ def main(args: argparse.Namespace) -> dict:
     print(to_markdown(summary, float_format="{:.2f}"))
     print(f"\nAt these set sizes an AUROC inside [{band['chance_low']:.2f}, {band['chance_high']:.2f}] "
           "cannot be told from chance (95% of label permutations); 0.7 counts as success.")
+    power = localization_power_note(suite)
+    if power:
+        print(power)
     print(f"tables: {suite.root(args.runs_dir) / 'tables'}/")
     return tables
 

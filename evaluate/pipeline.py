@@ -16,14 +16,15 @@ from typing import Any
 
 import pandas as pd
 
-from anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_positions
+from anomalies.image_sets import (DEFAULT_LOCALIZATION_IMAGES, DETECTION, abnormal_set_name,
+                                  localizable, normal_positions, set_sizes)
 from evaluate.detection import NO_LAYER
 from evaluate.distances import build_distance, resolve_distance_name
 from evaluate.scores import anomaly_scores
 from explain.pipeline import add_chunk_images_arg, load_results, result_dir, suite_methods
 from explain.store import stored_key
 from train.artifacts import atomic_write_json, atomic_write_text, read_json, stable_hash
-from train.suite import Suite
+from train.suite import PAPER_REFERENCES, Suite
 
 SCORES = "scores"
 TABLES = "tables"
@@ -283,3 +284,16 @@ def localization_tables(scores: pd.DataFrame, distance_name: str) -> dict[str, p
 
 def describe_distance(distance_name: str, note: str | None) -> str:
     return f"distance: {distance_name}" + (f" -- {note}" if note else "")
+
+
+def localization_power_note(suite: Suite) -> str | None:
+    """Why a suite with fewer references or images than the paper localizes less sharply, or None."""
+    references, (_, p) = len(suite.references), set_sizes(suite)
+    if references >= PAPER_REFERENCES and p >= DEFAULT_LOCALIZATION_IMAGES:
+        return None
+    return (f"This suite uses {references} references and p = {p} images per set (the paper: "
+            f"{PAPER_REFERENCES} and {DEFAULT_LOCALIZATION_IMAGES}). The anomaly score divides by "
+            f"the references' spread on each image, here estimated from "
+            f"{references * (references - 1) // 2} pairs: with fewer references that estimate is "
+            "noisier, which pulls AUROCs towards 0.5, and with fewer images each AUROC varies more "
+            "from one draw of images to the next.")

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from evaluate.pipeline import pipeline_parser
+from evaluate.pipeline import localization_power_note, pipeline_parser
 from train.stage import run_cli
 
 DEFAULT_EXAMPLES = 1     # normal and abnormal inputs shown per localizable model
@@ -347,7 +347,7 @@ class Report:
                  f'<p class="note">At these set sizes an AUROC inside [{fmt(band["chance_low"])}, '
                  f'{fmt(band["chance_high"])}] cannot be told from chance (95% of label permutations); '
                  "0.7 counts as success. CI: seeded bootstrap, abnormal and normal images resampled "
-                 "separately.</p>",
+                 f"separately. {escape(localization_power_note(self.suite) or '')}</p>",
                  html_table(detail, caption=f"Per-model localization ({self.distance_name})")]
         if not per_layer.empty:
             parts.append("<details><summary>Per-layer localization table</summary>"

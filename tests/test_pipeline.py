@@ -31,10 +31,25 @@ def test_rerun_does_no_work_and_localize_gives_table2(finished_run):
     out = run_script("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
                      "--no-progress")
     assert "0 visualization set(s) computed" in out and "Table 2" in out
+    # fewer references and images than the paper: the table says what that does to AUROCs
+    assert "uses 3 references and p = 4 images per set (the paper: 12 and 40)" in out
     table = pd.read_csv(runs / "e2e" / "tables" / "localization-per-model-l2.csv")
     assert set(table["model"]) == {"backdoor"}  # the only localizable anomaly
     assert table["auroc"].between(0, 1).all()
     assert (table["n_abnormal"] == 4).all() and (table["n_normal"] == 4).all()
+
+
+def test_reference_count_recomputes_table2_at_the_full_reference_set(finished_run):
+    suite, runs, _ = finished_run
+    run_script("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
+               "--no-progress")
+    out = run_script("evaluate/reference_count.py", "--suite", suite, "--runs-dir", runs,
+                     "--subsets", "3")
+    assert "| n=2 " in out and "| n=3 " in out
+    table2 = pd.read_csv(runs / "e2e" / "tables" / "localization-per-model-l2.csv")
+    for _, row in table2.iterrows():  # with all 3 references it is Table 2's own AUROC
+        line = next(l for l in out.splitlines() if f"| {row['model']} " in l and f" {row['method']} " in l)
+        assert line.rstrip(" |").split("|")[-1].strip() == f"{row['auroc']:.2f}", line
 
 
 def test_unavailable_lpips_is_an_error_not_a_substitution(finished_run, tmp_path):

@@ -50,6 +50,7 @@ def test_report_is_one_self_contained_file_with_every_section(report, finished_r
         assert f'<section id="{section}">' in html, section
     assert "Table 1" in html and "Table 2" in html and "Distance:</b> l2" in html
     assert "<svg" in html and "AUROC" in html and "implant took" in html
+    assert "uses 3 references and p = 4 images per set" in html
     # self-contained: nothing fetched from anywhere
     assert "http://" not in html and "https://" not in html and "<link" not in html and "url(" not in html
     images = DATA_URI.findall(html)

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_shipped_suites():
-    assert {"demo", "paper", "quick"} <= set(available_suites())
+    assert {"demo", "demo-full", "paper", "quick"} <= set(available_suites())
     demo = load_suite("demo")
     assert demo.world["name"] == "synthetic" and len(demo.references) >= 5
     paper = load_suite("paper")
@@ -24,6 +24,47 @@ def test_shipped_suites():
             paper.recipe.weight_decay, paper.recipe.lr_step_epochs) == (90, 300, 0.1, 0.9, 1e-4, 30)
     keys = {spec.key for spec in paper.models}
     assert len(keys) == len(paper.models), "every model has its own artifact folder"
+
+
+def test_demo_full_is_the_demo_at_the_papers_counts():
+    demo, full = load_suite("demo"), load_suite("demo-full")
+    assert full.name == "demo-full" and len(full.references) == 12
+    assert full.tables["evaluate"] == {"detection_images": 50, "localization_images": 40}
+    # Everything else is the demo's: the same models (same artifact keys) and method settings.
+    assert [s.key for s in full.models[:5]] == [s.key for s in demo.references]
+    assert [s.key for s in full.anomalies] == [s.key for s in demo.anomalies]
+    assert full.tables["methods"] == demo.tables["methods"]
+    assert full.tables["explain"] == demo.tables["explain"]
+
+
+def test_extends_merges_tables_replaces_arrays_and_refuses_cycles(tmp_path):
+    base = write_suite(tmp_path / "base.toml", body="[[anomalies]]\nname='b'\nfamily='backdoor'\n"
+                       "[evaluate]\ndetection_images = 8\nlocalization_images = 4\n")
+    child = tmp_path / "sub" / "child.toml"
+    child.parent.mkdir()
+    child.write_text('extends = "../base.toml"\n[evaluate]\nlocalization_images = 6\n'
+                     '[[anomalies]]\nname = "s"\nfamily = "spurious"\n')
+    parent, suite = load_suite(base), load_suite(child)
+    assert suite.name == "child", "the name is never inherited"
+    assert suite.tables["evaluate"] == {"detection_images": 8, "localization_images": 6}
+    assert [s.name for s in suite.anomalies] == ["s"], "an array replaces the base's"
+    assert suite.world == parent.world and suite.recipe == parent.recipe
+    (tmp_path / "a.toml").write_text('extends = "b.toml"\n')
+    (tmp_path / "b.toml").write_text('extends = "a.toml"\n')
+    with pytest.raises(ValueError, match="extend each other in a cycle"):
+        load_suite(tmp_path / "a.toml")
+    (tmp_path / "lost.toml").write_text('extends = "demoo"\n')
+    with pytest.raises(ValueError, match="unknown suite 'demoo'.*shipped suites: .*demo"):
+        load_suite(tmp_path / "lost.toml")
+
+
+def test_an_anomalys_default_seed_follows_its_name_not_its_position(tmp_path):
+    one = "[[anomalies]]\nname='b'\nfamily='backdoor'\n"
+    two = "[[anomalies]]\nname='s'\nfamily='spurious'\n" + one
+    first = load_suite(write_suite(tmp_path / "one.toml", body=one)).model("b")
+    second = load_suite(write_suite(tmp_path / "two.toml", body=two)).model("b")
+    assert first.seed == second.seed and first.key == second.key, \
+        "inserting an entry before a model must not retrain it"
 
 
 def test_unknown_names_list_the_valid_ones(tmp_path):

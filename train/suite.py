@@ -3,6 +3,11 @@
 A suite expands into ``ModelSpec``s. A spec holds everything that determines a checkpoint, and its
 hash names the model's artifact folder, so changing a recipe or a parameter never reuses a stale
 checkpoint. Shipped suites live in ``train/suites/``; ``--suite`` also takes a path to a file.
+
+A suite may start from another: ``extends = "demo"`` (a shipped suite's name, or a path relative to
+the extending file) takes every table of that suite, and the extending file's tables override it
+key by key (a nested table merges; a value or an array, ``[[anomalies]]`` included, replaces). The
+name is never inherited: it is the file's own ``name`` or its file name.
 """
 from __future__ import annotations
 
@@ -11,10 +16,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from train.artifacts import runs_dir, stable_hash
+from train.artifacts import derive_seed, runs_dir, stable_hash
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 REFERENCE = "reference"
+PAPER_REFERENCES = 12  # SPEC: n = 12 reference models
 
 
 @dataclass(frozen=True)
@@ -120,15 +126,50 @@ def available_suites() -> list[str]:
     return sorted(p.stem for p in SUITES_DIR.glob("*.toml"))
 
 
-def load_suite(name_or_path: str | Path) -> Suite:
+def _suite_path(name_or_path: str | Path, relative_to: Path | None = None) -> Path:
     path = Path(name_or_path)
     if path.suffix != ".toml":
         path = SUITES_DIR / f"{name_or_path}.toml"
+    elif relative_to is not None and not path.is_absolute():
+        path = relative_to / path
     if not path.is_file():
         raise ValueError(f"unknown suite {str(name_or_path)!r}: no file {path}; shipped suites: "
                          f"{', '.join(available_suites())} (or pass a path to a .toml file)")
+    return path
+
+
+def _merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``override`` on top: nested tables merge, anything else replaces."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_table(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The suite file's table with its ``extends`` chain resolved; ``name`` is never inherited."""
+    if path.resolve() in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, path.resolve()))
+        raise ValueError(f"suite files extend each other in a cycle: {cycle}")
     with open(path, "rb") as handle:
         table = tomllib.load(handle)
+    table.setdefault("name", path.stem)
+    base_name = table.pop("extends", None)
+    if base_name is None:
+        return table
+    if not isinstance(base_name, str):
+        raise ValueError(f"suite file {path}: extends={base_name!r} must be a suite name or a path")
+    base = _read_table(_suite_path(base_name, path.parent), (*chain, path.resolve()))
+    base.pop("name")
+    return _merged(base, table)
+
+
+def load_suite(name_or_path: str | Path) -> Suite:
+    path = _suite_path(name_or_path)
+    table = _read_table(path)
     try:
         return _parse(table, path)
     except (TypeError, ValueError, LookupError) as error:
@@ -150,7 +191,8 @@ def _parse(table: dict[str, Any], path: Path) -> Suite:
     count, seed_start = int(ref_table.get("count", 5)), int(ref_table.get("seed_start", 0))
     if count < 2:
         raise ValueError(f"references.count={count}: the anomaly score needs at least 2 references "
-                         "(3 or more for leave-one-out scoring of references; the paper uses 12)")
+                         "(3 or more for leave-one-out scoring of references; the paper uses "
+                         f"{PAPER_REFERENCES})")
     common = {"world": world, "architecture": architecture, "recipe": recipe}
     references = [ModelSpec(name=f"reference-{i:02d}", family=REFERENCE, seed=seed_start + i, **common)
                   for i in range(count)]
@@ -165,7 +207,7 @@ def _parse(table: dict[str, Any], path: Path) -> Suite:
         params = family.validate_params(dict(entry.get("params", {})))
         entry_recipe = Recipe.from_dict({**asdict(recipe), **entry.get("recipe", {})})
         anomalies.append(ModelSpec(name=entry["name"], family=entry["family"], params=params,
-                                   seed=int(entry.get("seed", 1000 + len(anomalies))),
+                                   seed=int(entry.get("seed", default_anomaly_seed(entry["name"]))),
                                    checkpoint=entry.get("checkpoint"),
                                    **{**common, "recipe": entry_recipe}))
     names = [s.name for s in references + anomalies]
@@ -174,6 +216,12 @@ def _parse(table: dict[str, Any], path: Path) -> Suite:
         raise ValueError(f"model names must be unique; repeated: {duplicates}")
     return Suite(name=name, path=path, world=world, architecture=architecture, recipe=recipe,
                  references=references, anomalies=anomalies, tables=table)
+
+
+def default_anomaly_seed(name: str) -> int:
+    """An anomalous model's seed when its entry gives none: from its name, not its position, so
+    adding, removing or reordering entries never changes (and retrains) the other models."""
+    return derive_seed("anomaly", name) % 1_000_000_000
 
 
 def _check_keys(table: dict[str, Any], cls: type | None, what: str, valid: set[str] | None = None):
