@@ -27,16 +27,13 @@ from train.stage import run_cli
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    from train.stage import add_common_args
     parser = argparse.ArgumentParser("counteraudit reference count", add_help=add_help,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--suite", default="demo",
-                        help="a suite whose visualizations are stored (run evaluate/localize.py "
-                             "first); demo-full has the paper's 12 references")
-    parser.add_argument("--runs-dir", default=None, help="root of all artifacts (default: "
-                        "$COUNTERAUDIT_RUNS or ./runs)")
-    parser.add_argument("--distance", default="l2",
-                        help="distance between renders (weight-free l2 works offline; lpips-alex is "
-                             "the paper's when its weights are installed)")
+    add_common_args(parser)  # --suite, --runs-dir: a suite whose visualizations are stored
+    parser.add_argument("--distance", default=None,
+                        help="as evaluate/localize.py: lpips-alex when its backbone weights are "
+                             "available, else the weight-free l2 (said in the output)")
     parser.add_argument("--weights-dir", default=None, help="LPIPS backbone weights folder")
     parser.add_argument("--method", action="append", default=None, metavar="NAME",
                         help="only this method (repeatable; default: the suite's methods; per-layer "
@@ -48,16 +45,24 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
-def auroc_by_reference_count(renders: dict[str, np.ndarray], references: list[str], model: str,
-                             abnormal: np.ndarray, distance, subsets: int,
+def distance_matrix(results: dict, names: list[str], distance) -> np.ndarray:
+    """(N, k, k) distances between the renders of ``names`` (stored Explanations) on each image."""
+    from evaluate.scores import reference_distance_matrix
+    features = {name: distance.features(results[name].images) for name in names}
+    return reference_distance_matrix(features, names, distance)
+
+
+def auroc_by_reference_count(matrix: np.ndarray, abnormal: np.ndarray, subsets: int,
                              rng: np.random.Generator) -> dict[int, float]:
-    """n -> mean AUROC over random n-subsets of ``references``; ``abnormal``: bool per image."""
+    """n -> mean AUROC over random n-subsets of the references.
+
+    ``matrix``: (N, n_all + 1, n_all + 1) distances on each image between the n_all references'
+    renders and, last, the anomalous model's; ``abnormal``: bool per image. Scores are
+    ``anomaly_scores``' (numerator / spread, flagged where the spread vanishes), and flagged images
+    drop out as they do from Table 2."""
     from evaluate.localization import auroc
-    from evaluate.scores import mean_pair_distance, reference_distance_matrix
-    names = [*references, model]
-    features = {name: distance.features(renders[name]) for name in names}
-    matrix = reference_distance_matrix(features, names, distance)  # every pair once
-    n_all = len(references)
+    from evaluate.scores import ZERO_SPREAD_TOLERANCE, mean_pair_distance, score_frame
+    n_all = matrix.shape[1] - 1
     out = {}
     for n in range(2, n_all + 1):
         values = []
@@ -66,18 +71,18 @@ def auroc_by_reference_count(renders: dict[str, np.ndarray], references: list[st
         for chosen in draws:
             keep = np.zeros(n_all + 1, dtype=bool)
             keep[chosen] = True
-            numerator = matrix[:, n_all, keep].mean(axis=1)
-            spread = mean_pair_distance(matrix, keep)
-            valid = np.isfinite(numerator) & (spread > 0)  # as Table 2: flagged images drop out
-            score = numerator[valid] / spread[valid]
-            values.append(auroc(score[abnormal[valid]], score[~abnormal[valid]]))
+            score = score_frame("", list(range(len(matrix))), matrix[:, n_all, keep].mean(axis=1),
+                                mean_pair_distance(matrix, keep), n, False,
+                                ZERO_SPREAD_TOLERANCE)["score"].to_numpy()
+            usable = np.isfinite(score)
+            values.append(auroc(score[usable & abnormal], score[usable & ~abnormal]))
         out[n] = float(np.mean(values))
     return out
 
 
 def main(args: argparse.Namespace) -> pd.DataFrame:
     from anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_positions
-    from evaluate.distances import build_distance
+    from evaluate.distances import build_distance, resolve_distance_name
     from evaluate.tables import to_markdown
     from explain.pipeline import load_image_sets, load_results, suite_methods
     from train.suite import load_suite
@@ -85,30 +90,39 @@ def main(args: argparse.Namespace) -> pd.DataFrame:
 
     suite = load_suite(args.suite)
     methods = suite_methods(suite, args.method)
-    distance = build_distance(args.distance, weights_dir=args.weights_dir)
+    distance_name, note = resolve_distance_name(args.distance, weights_dir=args.weights_dir)
+    distance = build_distance(distance_name, weights_dir=args.weights_dir)
     world = build_world(suite.world, runs_root=args.runs_dir)
     image_sets = load_image_sets(suite, args.runs_dir, world)
     references = [s.name for s in suite.references]
+    specs = localizable(suite)
+    normal = {spec.name: normal_positions(suite, spec, world, image_sets[DETECTION]) for spec in specs}
     rng = np.random.default_rng(args.seed)
     rows = []
-    for spec in localizable(suite):
-        normal = normal_positions(suite, spec, world, image_sets[DETECTION])
-        for method in methods:
-            names = [*references, spec.name]
-            detection = load_results(suite, method, names, DETECTION, args.runs_dir)
-            triggered = load_results(suite, method, names, abnormal_set_name(spec), args.runs_dir)
-            if triggered[spec.name].layers is not None:
-                continue  # one render per layer: Table 2's per-layer rows, not scored here
-            renders = {m: np.concatenate([triggered[m].images, detection[m].images[normal]])
-                       for m in names}
-            abnormal = np.r_[np.ones(len(triggered[spec.name].images), bool),
-                             np.zeros(len(normal), bool)]
-            by_n = auroc_by_reference_count(renders, references, spec.name, abnormal, distance,
+    for method in methods:
+        # The detection set's renders serve as every model's normal images: load them, and
+        # compute their distances, once per method.
+        names = [*references, *(spec.name for spec in specs)]
+        detection = load_results(suite, method, names, DETECTION, args.runs_dir)
+        if detection[references[0]].layers is not None:
+            continue  # one render per layer: Table 2's per-layer rows, not scored here
+        on_detection = distance_matrix(detection, names, distance)
+        for spec in specs:
+            keep = [*range(len(references)), names.index(spec.name)]
+            triggered = load_results(suite, method, [*references, spec.name],
+                                     abnormal_set_name(spec), args.runs_dir)
+            on_abnormal = distance_matrix(triggered, [*references, spec.name], distance)
+            on_normal = on_detection[normal[spec.name]][:, keep][:, :, keep]
+            abnormal = np.r_[np.ones(len(on_abnormal), bool), np.zeros(len(on_normal), bool)]
+            by_n = auroc_by_reference_count(np.concatenate([on_abnormal, on_normal]), abnormal,
                                             args.subsets, rng)
             rows.append({"model": spec.name, "method": method, **{f"n={n}": v for n, v in by_n.items()}})
-    table = pd.DataFrame(rows)
-    print(f"\nLocalization AUROC with n of the {len(references)} references ({args.distance}; mean "
-          f"over {args.subsets} random subsets per n; all n: the suite's own Table 2 value)\n")
+    order = {spec.name: k for k, spec in enumerate(specs)}  # one block of methods per model
+    table = (pd.DataFrame(rows).sort_values("model", key=lambda c: c.map(order), kind="stable")
+             .reset_index(drop=True))
+    print(f"\nLocalization AUROC with n of the {len(references)} references (distance: "
+          f"{distance_name}{f' -- {note}' if note else ''}; mean over {args.subsets} random subsets "
+          "per n; all n: the suite's own Table 2 value)\n")
     print(to_markdown(table, float_format="{:.2f}"))
     return table
 
