@@ -2,7 +2,7 @@
 import importlib
 import pkgutil
 
-from anomalies.base import FAMILIES, AnomalyFamily, register_family
+from counteraudit.anomalies.base import FAMILIES, AnomalyFamily, register_family
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name != "base" and not _module.name.startswith("_"):

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from anomalies.base import AnomalyFamily, Verdict, register_family
-from anomalies.common import accuracy, reference_mean, verification_indices
+from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
+from counteraudit.anomalies.common import accuracy, reference_mean, verification_indices
 
 NORMS = ("linf", "l2")
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from anomalies.base import AnomalyFamily, Verdict, register_family
-from anomalies.common import (accuracy, check_fraction, choose_fraction, predict, reference_mean,
+from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
+from counteraudit.anomalies.common import (accuracy, check_fraction, choose_fraction, predict, reference_mean,
                               verification_indices)
 
 PATTERNS = ("checker", "square", "cross", "noise", "stripes")

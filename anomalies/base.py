@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from train.registry import Registry
+from counteraudit.train.registry import Registry
 
 FAMILIES: Registry[type["AnomalyFamily"]] = Registry("anomaly family")
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageFilter
 
-from anomalies.base import AnomalyFamily, Verdict, register_family
-from anomalies.common import predict
+from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
+from counteraudit.anomalies.common import predict
 
 DROP_THRESHOLD = 0.10
 MIN_FACE_IMAGES = 10  # classes with fewer val images with faces are too noisy to compare

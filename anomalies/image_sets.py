@@ -9,8 +9,11 @@
   (uniform val images; for a missing class, excluding that class). They are uniform val images as
   SPEC asks, and their visualizations already exist, so localization costs only the abnormal set.
 
-Each set is saved as ``images.npz`` (uint8 N x H x W x 3), ``index.json`` (val positions, labels,
-how it was made, its id) and one PNG per image, so a person can look at exactly what was explained.
+Each set is stored once, in the store shared by every suite (``runs/store/image_sets/<id>/``, the id
+being the hash of everything that determines its pixels; ``runs/<suite>/image_sets/<name>`` links
+to it), as ``images.npz`` (uint8 N x H x W x 3), ``index.json`` (val positions, labels, how it was
+made, its id, the SHA-256 of ``images.npz``) and one PNG per image, so a person can look at exactly
+what was explained.
 """
 from __future__ import annotations
 
@@ -23,11 +26,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from anomalies.base import FAMILIES
-from train.artifacts import (atomic_save_npz, atomic_write_bytes, atomic_write_json, derive_seed,
-                             read_json, stable_hash)
-from train.suite import ModelSpec, Suite
-from train.worlds import World
+from counteraudit.anomalies.base import FAMILIES
+from counteraudit.train.artifacts import (atomic_save_npz, atomic_write_bytes, atomic_write_json,
+                                         derive_seed, file_sha256, intact, read_marker, stable_hash)
+from counteraudit.train.suite import ModelSpec, Suite
+from counteraudit.train.worlds import World
 
 DETECTION = "detection"
 DEFAULT_DETECTION_IMAGES = 50     # SPEC: m
@@ -74,25 +77,25 @@ def _to_uint8(images: torch.Tensor) -> np.ndarray:
 
 
 def _save(root: Path, image_set: ImageSet) -> None:
-    folder = root / image_set.name
+    folder = root / image_set.id
     for i, image in enumerate(image_set.images):
         path = folder / "png" / f"{i:03d}-val{image_set.val_indices[i]}.png"
         if not path.exists():
             buffer = io.BytesIO()
             Image.fromarray(image).save(buffer, format="PNG")
             atomic_write_bytes(path, buffer.getvalue())
-    atomic_save_npz(folder / "images.npz", images=image_set.images)
+    arrays = atomic_save_npz(folder / "images.npz", images=image_set.images)
     atomic_write_json(folder / "index.json", {  # last: its presence marks the set as complete
         "name": image_set.name, "id": image_set.id, "recipe": image_set.recipe,
-        "val_indices": image_set.val_indices, "labels": image_set.labels})
+        "val_indices": image_set.val_indices, "labels": image_set.labels,
+        "images_sha256": file_sha256(arrays)})
 
 
 def _load(root: Path, name: str, expected_id: str) -> ImageSet | None:
-    folder = root / name
-    if not (folder / "index.json").is_file():
-        return None
-    index = read_json(folder / "index.json")
-    if index["id"] != expected_id:
+    folder = root / expected_id
+    index = read_marker(folder / "index.json", "image set index")
+    if index is None or index["id"] != expected_id or \
+            not intact(folder / "images.npz", index.get("images_sha256"), "image set"):
         return None
     with np.load(folder / "images.npz") as data:
         images = data["images"]
@@ -123,6 +126,8 @@ def abnormal_set(suite: Suite, spec: ModelSpec, world: World, root: Path,
     val = world.split("val")
     recipe = {"kind": "abnormal", "world": suite.world, "family": spec.family, "params": spec.params,
               "p": p, "seed": image_set_seed(suite),
+              # the draw is seeded from the name, the family built with the model's seed
+              "model": spec.name, "model_seed": spec.seed,
               # the blurred-faces set depends on which class the model lost most on
               "details": (implant or {}).get("details", {}).get("most_affected_class")}
     name = abnormal_set_name(spec)

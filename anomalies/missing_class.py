@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from anomalies.base import AnomalyFamily, Verdict, register_family
-from anomalies.common import accuracy, reference_mean, verification_indices
+from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
+from counteraudit.anomalies.common import accuracy, reference_mean, verification_indices
 
 REMOVED_ACCURACY_THRESHOLD = 0.05
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from anomalies.base import AnomalyFamily, Verdict, register_family
-from anomalies.common import accuracy, reference_mean, verification_indices
+from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
+from counteraudit.anomalies.common import accuracy, reference_mean, verification_indices
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class ShapeBias(AnomalyFamily):
         if not self.params.stylized_root:
             raise ValueError("shape_bias on the imagenet world needs params.stylized_root = "
                              "'/path/to/stylized-imagenet' (an ImageFolder with train/ and val/)")
-        from train.worlds.imagenet import ImageNetWorld, expand_path
+        from counteraudit.train.worlds.imagenet import ImageNetWorld, expand_path
         root = expand_path(self.params.stylized_root, "shape_bias stylized_root")
         return ImageNetWorld(replace(self.world.config, root=root, face_annotations=None))
 

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from anomalies.base import AnomalyFamily, Verdict, register_family
-from anomalies.common import (accuracy, check_fraction, choose_fraction, reference_mean,
+from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
+from counteraudit.anomalies.common import (accuracy, check_fraction, choose_fraction, reference_mean,
                               verification_indices)
 
 # The cue took when showing a wrong class costs the model at least this much accuracy.

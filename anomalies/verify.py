@@ -2,24 +2,31 @@
 counter-audit, so every anomalous model is measured with its family's figure, next to the same
 figure on every reference, and judged against the family's threshold.
 
-Results: ``implant.json`` in each anomalous model's folder; the references' figures are cached in
-their folders under ``implant-figures/`` (one file per family and parameters), so adding an anomaly
-measures the references once more only for that anomaly.
+Results: ``implant-<references>.json`` in each anomalous model's store folder, one per set of
+references it was judged against (a suite with other references judges it anew, from cached
+figures); the references' figures are cached in their folders under ``implant-figures/`` (one file
+per family and parameters), so adding an anomaly measures the references once more only for that
+anomaly, and a suite sharing references with another measures nothing twice.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from anomalies.base import FAMILIES
-from anomalies.common import VERIFY_IMAGES
-from train.artifacts import atomic_write_json, read_json, stable_hash
-from train.checkpoint import is_trained, model_dir, read_metrics
-from train.suite import ModelSpec, Suite
-from train.trainer import load_trained_model, pick_device
-from train.worlds import World, build_world
+from counteraudit.anomalies.base import FAMILIES
+from counteraudit.anomalies.common import VERIFY_IMAGES
+from counteraudit.train.artifacts import atomic_write_json, read_marker, stable_hash
+from counteraudit.train.checkpoint import is_trained, model_dir, read_metrics
+from counteraudit.train.suite import ModelSpec, Suite
+from counteraudit.train.trainer import load_trained_model, pick_device
+from counteraudit.train.worlds import World, build_world
 
-IMPLANT_NAME = "implant.json"
+
+
+def implant_path(suite: Suite, spec: ModelSpec, runs_root=None) -> Path:
+    """Where the implant record of ``spec`` judged against ``suite``'s references is stored."""
+    references = stable_hash([reference.key for reference in suite.references])
+    return model_dir(runs_root, spec) / f"implant-{references}.json"
 
 
 def _figures(family, spec: ModelSpec, directory: Path, world: World, device) -> dict[str, float]:
@@ -27,34 +34,37 @@ def _figures(family, spec: ModelSpec, directory: Path, world: World, device) -> 
     return family.measure(model, device=device)
 
 
-def _reference_figures(family, anomaly: ModelSpec, reference: ModelSpec, directory: Path,
-                       world: World, device) -> dict[str, float]:
+def _cached_figures(family, anomaly: ModelSpec, measured: ModelSpec, directory: Path,
+                    world: World, device) -> dict[str, float]:
     key = stable_hash({"family": anomaly.family, "params": anomaly.params, "world": anomaly.world,
                        "images": VERIFY_IMAGES, "measure": family.measure_version})
     cache = directory / "implant-figures" / f"{anomaly.family}-{key}.json"
-    if cache.is_file():
-        return read_json(cache)
-    figures = _figures(family, reference, directory, world, device)
+    cached = read_marker(cache, "implant figures")
+    if cached is not None:
+        return cached
+    figures = _figures(family, measured, directory, world, device)
     atomic_write_json(cache, figures)
     return figures
 
 
 def verify_one(item: dict[str, Any]) -> dict[str, Any]:
     """Work item: the implant record of one trained anomalous model (read if already made)."""
-    from train.suite import load_suite
+    from counteraudit.train.suite import load_suite
     suite = load_suite(item["suite"])
     spec = suite.model(item["model"])
-    root = suite.root(item.get("runs_dir"))
-    directory = model_dir(root, spec)
-    path = directory / IMPLANT_NAME
-    if path.is_file():
-        return read_json(path)
+    runs_root = item.get("runs_dir")
+    directory = model_dir(runs_root, spec)
+    path = implant_path(suite, spec, runs_root)
+    record = read_marker(path, "implant record")
+    if record is not None:
+        return {**record, "name": spec.name}
     device = pick_device(item.get("device"))
-    world = build_world(suite.world, runs_root=item.get("runs_dir"))
-    reference_dirs = [(ref, model_dir(root, ref)) for ref in suite.references]
+    world = build_world(suite.world, runs_root=runs_root)
+    reference_dirs = [(ref, model_dir(runs_root, ref)) for ref in suite.references]
     family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)
-    figures = _figures(family, spec, directory, world, device)
-    reference_figures = [_reference_figures(family, spec, ref, d, world, device)
+    # Cached in each measured model's folder: a suite with other references measures only them.
+    figures = _cached_figures(family, spec, spec, directory, world, device)
+    reference_figures = [_cached_figures(family, spec, ref, d, world, device)
                          for ref, d in reference_dirs]
     verdict = family.judge(figures, reference_figures)
     reference_accuracy = [read_metrics(d)["val_accuracy"] for _, d in reference_dirs]
@@ -71,15 +81,14 @@ def verify_implants(suite: Suite, runs_root=None, device: str | None = None,
                     models: list[str] | None = None, config=None) -> list[dict[str, Any]]:
     """Implant records of every trained anomalous model (or those named), made where missing,
     one work item per model through the stage executor (default: local, one process per core)."""
-    from slurm.executor import ExecutorConfig, default_local_jobs, run_items
-    root = suite.root(runs_root)
-    missing = [ref.name for ref in suite.references if not is_trained(model_dir(root, ref))]
+    from counteraudit.slurm.executor import ExecutorConfig, default_local_jobs, run_items
+    missing = [ref.name for ref in suite.references if not is_trained(model_dir(runs_root, ref))]
     if missing:
         raise RuntimeError(f"implant checks compare with the references; not trained yet: {missing}")
     specs = [s for s in suite.anomalies if (models is None or s.name in models)
-             and is_trained(model_dir(root, s))]
-    records = {s.name: read_json(model_dir(root, s) / IMPLANT_NAME) for s in specs
-               if (model_dir(root, s) / IMPLANT_NAME).is_file()}  # made before: no job for them
+             and is_trained(model_dir(runs_root, s))]
+    records = {s.name: read_implant(suite, s, runs_root) for s in specs}
+    records = {name: record for name, record in records.items() if record}  # made before: no job
     runs_root = str(Path(runs_root).resolve()) if runs_root else None
     items = [{"suite": str(suite.path.resolve()), "model": s.name, "runs_dir": runs_root,
               "device": device} for s in specs if s.name not in records]
@@ -93,8 +102,10 @@ def verify_implants(suite: Suite, runs_root=None, device: str | None = None,
 
 
 def read_implant(suite: Suite, spec: ModelSpec, runs_root=None) -> dict[str, Any] | None:
-    path = model_dir(suite.root(runs_root), spec) / IMPLANT_NAME
-    return read_json(path) if path.is_file() else None
+    """The stored implant record of ``spec`` against the suite's references (named as the suite
+    names the model), or None."""
+    record = read_marker(implant_path(suite, spec, runs_root), "implant record")
+    return {**record, "name": spec.name} if record else None
 
 
 def format_implant_report(records: list[dict[str, Any]]) -> str:

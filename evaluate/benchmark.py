@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from evaluate.distances import build_distance
-from evaluate.scores import anomaly_scores
-from evaluate.tables import to_markdown
+from counteraudit.evaluate.distances import build_distance
+from counteraudit.evaluate.scores import anomaly_scores
+from counteraudit.evaluate.tables import to_markdown
 
 
 def random_renders(names: list[str], n_images: int, size: int, seed: int) -> dict[str, np.ndarray]:
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"torch {torch.__version__}, {args.threads} CPU thread(s), LPIPS-{args.net} with a random backbone")
     print(to_markdown(pd.DataFrame(results), float_format="{:.3g}"))
     if args.json:
-        from train.artifacts import atomic_write_json
+        from counteraudit.train.artifacts import atomic_write_json
         atomic_write_json(args.json, results)
     return results
 

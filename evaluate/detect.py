@@ -12,16 +12,17 @@ Tables are printed as Markdown and saved as .md/.csv/.tex under runs/<suite>/tab
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 if __package__ in (None, ""):
-    sys.path[0] = str(Path(__file__).resolve().parents[1])  # the packages, not this folder
+    # Run as a file: the code is imported as counteraudit.* (pip install -e .); this folder's
+    # modules (train.py, ...) must not shadow other packages of the same name.
+    sys.path.pop(0)
 
 import argparse
 import time
 
-from evaluate.pipeline import describe_distance, pipeline_parser
-from train.stage import run_cli
+from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser
+from counteraudit.train.stage import run_cli
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -29,8 +30,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict:
-    from evaluate.pipeline import detection_scores, detection_tables, prepare, write_tables
-    from evaluate.tables import to_markdown
+    from counteraudit.evaluate.pipeline import detection_scores, detection_tables, prepare, write_tables
+    from counteraudit.evaluate.tables import to_markdown
     suite, methods, distance, distance_name, note = prepare(args)
     if getattr(args, "dry_run", False):
         return {}

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from evaluate.scores import FLAG_OK
+from counteraudit.evaluate.scores import FLAG_OK
 
 ROLE_REFERENCE = "reference"
 ROLE_ANOMALOUS = "anomalous"

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import rankdata
 
-from evaluate.detection import NO_LAYER, check_columns, with_layer_column
-from train.artifacts import derive_seed
+from counteraudit.evaluate.detection import NO_LAYER, check_columns, with_layer_column
+from counteraudit.train.artifacts import derive_seed
 
 DEFAULT_RESAMPLES = 2000
 DEFAULT_LEVEL = 0.95

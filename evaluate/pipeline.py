@@ -3,8 +3,9 @@
 Scores are one tidy table per (distance, method, image set):
 ``runs/<suite>/scores/<distance>/<method>/<image set>.csv`` with columns distance, method, layer,
 image_set, model, image, score, numerator, spread, n_references, is_reference, flag. Beside it a
-``.json`` holds the keys of the visualizations it came from; a table is recomputed only when one
-of them changed. Each visualization goes through the distance's backbone once; every distance
+``.json`` holds the keys of the visualizations it came from and the table's SHA-256; a table is
+recomputed only when one of them changed, or when the table does not match its digest (set
+aside, with its path said). Each visualization goes through the distance's backbone once; every distance
 between two visualizations is computed from those cached features.
 """
 from __future__ import annotations
@@ -16,15 +17,16 @@ from typing import Any
 
 import pandas as pd
 
-from anomalies.image_sets import (DEFAULT_LOCALIZATION_IMAGES, DETECTION, abnormal_set_name,
+from counteraudit.anomalies.image_sets import (DEFAULT_LOCALIZATION_IMAGES, DETECTION, abnormal_set_name,
                                   localizable, normal_positions, set_sizes)
-from evaluate.detection import NO_LAYER
-from evaluate.distances import build_distance, resolve_distance_name
-from evaluate.scores import anomaly_scores
-from explain.pipeline import add_chunk_images_arg, load_results, result_dir, suite_methods
-from explain.store import stored_key
-from train.artifacts import atomic_write_json, atomic_write_text, read_json, stable_hash
-from train.suite import PAPER_REFERENCES, Suite
+from counteraudit.evaluate.detection import NO_LAYER
+from counteraudit.evaluate.distances import build_distance, resolve_distance_name
+from counteraudit.evaluate.scores import anomaly_scores
+from counteraudit.explain.pipeline import add_chunk_images_arg, load_results, result_dir, suite_methods
+from counteraudit.explain.store import stored_key
+from counteraudit.train.artifacts import (atomic_write_json, atomic_write_text, file_sha256, intact,
+                                         read_marker, stable_hash)
+from counteraudit.train.suite import PAPER_REFERENCES, Suite
 
 SCORES = "scores"
 TABLES = "tables"
@@ -48,8 +50,10 @@ def score_table_key(suite: Suite, distance_name: str, method: str, image_set: st
 
 
 def _is_scored(table_path: Path, key: dict[str, Any]) -> bool:
-    key_path = table_path.with_suffix(".json")
-    return table_path.is_file() and key_path.is_file() and read_json(key_path) == key
+    stored = read_marker(table_path.with_suffix(".json"), "score table key")
+    if stored is None or stored.get("key") != key:
+        return False
+    return intact(table_path, stored.get("table_sha256"), "score table")
 
 
 def read_score_table(table_path: Path) -> pd.DataFrame:
@@ -79,9 +83,10 @@ def score_set(suite: Suite, distance, distance_name: str, method: str, image_set
                                              "layer": layer, "image_set": image_set}))
     table = pd.concat(frames, ignore_index=True)
     table = table[table["model"].isin(models)].reset_index(drop=True)
-    atomic_write_text(table_path, table.to_csv(index=False))
+    written = atomic_write_text(table_path, table.to_csv(index=False))
     # after the table: a key always describes a finished table
-    atomic_write_json(table_path.with_suffix(".json"), key)
+    atomic_write_json(table_path.with_suffix(".json"),
+                      {"key": key, "table_sha256": file_sha256(written)})
     return table
 
 
@@ -99,7 +104,7 @@ def _distance(name: str, weights_dir: str | None):
 def score_one(item: dict[str, Any]) -> pd.DataFrame:
     """Work item of the score stage: one table (distance, method, image set); picklable, so a
     Slurm job runs it too."""
-    from train.suite import load_suite
+    from counteraudit.train.suite import load_suite
     return score_set(load_suite(item["suite"]), _distance(item["distance"], item["weights_dir"]),
                      item["distance"], item["method"], item["image_set"], item["models"],
                      item["runs_dir"])
@@ -113,8 +118,8 @@ def score_tables(suite: Suite, distance, distance_name: str,
     executor options of ``args`` over the suite's [slurm] table (``args`` None: the suite's
     table alone): on Slurm one job per table, each building the distance (``args.weights_dir``)
     once; locally in this process, one after the other, with ``distance``."""
-    from slurm.executor import run_items
-    from train.stage import executor_config
+    from counteraudit.slurm.executor import run_items
+    from counteraudit.train.stage import executor_config
     todo, computed, stored = {}, {}, {}
     for method, image_set, models in tables:
         table_path, key = score_table_key(suite, distance_name, method, image_set, models, runs_root)
@@ -165,8 +170,8 @@ def localization_scores(suite: Suite, distance, distance_name: str, methods: lis
                         runs_root=None, args: argparse.Namespace | None = None) -> pd.DataFrame:
     """For each localizable anomaly: its scores on its abnormal set (abnormal = True) and on the
     detection images that count as normal for it (abnormal = False)."""
-    from train.worlds import build_world
-    from explain.pipeline import load_image_sets
+    from counteraudit.train.worlds import build_world
+    from counteraudit.explain.pipeline import load_image_sets
     world = build_world(suite.world, runs_root=runs_root)
     image_sets = load_image_sets(suite, runs_root, world)
     models = [s.name for s in suite.models]
@@ -189,8 +194,8 @@ def localization_scores(suite: Suite, distance, distance_name: str, methods: lis
 # ---------------------------------------------------------------- the end-to-end run
 def pipeline_parser(prog: str, add_help: bool = True) -> argparse.ArgumentParser:
     """The options detect.py, localize.py and report.py share: suite, upstream stages, executor."""
-    from slurm.executor import add_executor_args
-    from train.stage import add_common_args
+    from counteraudit.slurm.executor import add_executor_args
+    from counteraudit.train.stage import add_common_args
     parser = argparse.ArgumentParser(prog, add_help=add_help,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_common_args(parser)
@@ -220,9 +225,9 @@ def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], Any, str, str |
     """Everything upstream of scoring that is missing: world, training, implant checks,
     image sets, visualizations. Returns (suite, methods, distance, its name, fallback note);
     the distance is built first, so missing LPIPS weights fail before any work."""
-    from explain.pipeline import explain_suite
-    from train.suite import load_suite
-    from train.train import train_and_check
+    from counteraudit.explain.pipeline import explain_suite
+    from counteraudit.train.suite import load_suite
+    from counteraudit.train.train import train_and_check
     if args.quick and args.suite not in ("demo", "quick"):
         raise ValueError(f"--quick runs the 'quick' suite; drop --suite {args.suite} or --quick")
     suite = load_suite("quick" if args.quick else args.suite)
@@ -247,7 +252,7 @@ def _stage(text: str) -> None:
 
 
 def write_tables(suite: Suite, tables: dict[str, pd.DataFrame], runs_root=None) -> list[Path]:
-    from evaluate.tables import write_table
+    from counteraudit.evaluate.tables import write_table
     written = []
     for name, frame in tables.items():
         written += write_table(frame, suite.root(runs_root) / TABLES / name)
@@ -257,8 +262,8 @@ def write_tables(suite: Suite, tables: dict[str, pd.DataFrame], runs_root=None) 
 def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str) -> dict[str, pd.DataFrame]:
     """Table 1 (families in registry order, stark first), the per-model detection table and the
     per-layer rows of layered methods, keyed by the file names ``write_tables`` gives them."""
-    from anomalies import FAMILIES
-    from evaluate.detection import detection_table, table1
+    from counteraudit.anomalies import FAMILIES
+    from counteraudit.evaluate.detection import detection_table, table1
     references = [s.name for s in suite.references]
     families = {s.name: s.family for s in suite.anomalies}
     per_model = detection_table(scores, references, families=families)
@@ -273,7 +278,7 @@ def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str) -> 
 def localization_tables(scores: pd.DataFrame, distance_name: str) -> dict[str, pd.DataFrame]:
     """Table 2, the per-model localization table (AUROC, bootstrap interval, chance band) and the
     per-layer rows of layered methods, keyed by the file names ``write_tables`` gives them."""
-    from evaluate.localization import localization_table, table2
+    from counteraudit.evaluate.localization import localization_table, table2
     per_model = localization_table(scores)
     per_layer = localization_table(scores, per_layer=True)
     per_layer = per_layer[per_layer["layer"] != NO_LAYER]

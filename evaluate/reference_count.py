@@ -13,21 +13,22 @@ computes each render pair's distance once; nothing is trained or explained.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 if __package__ in (None, ""):
-    sys.path[0] = str(Path(__file__).resolve().parents[1])  # the packages, not this folder
+    # Run as a file: the code is imported as counteraudit.* (pip install -e .); this folder's
+    # modules (train.py, ...) must not shadow other packages of the same name.
+    sys.path.pop(0)
 
 import argparse
 
 import numpy as np
 import pandas as pd
 
-from train.stage import run_cli
+from counteraudit.train.stage import run_cli
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    from train.stage import add_common_args
+    from counteraudit.train.stage import add_common_args
     parser = argparse.ArgumentParser("counteraudit reference count", add_help=add_help,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_common_args(parser)  # --suite, --runs-dir: a suite whose visualizations are stored
@@ -47,7 +48,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 def distance_matrix(results: dict, names: list[str], distance) -> np.ndarray:
     """(N, k, k) distances between the renders of ``names`` (stored Explanations) on each image."""
-    from evaluate.scores import reference_distance_matrix
+    from counteraudit.evaluate.scores import reference_distance_matrix
     features = {name: distance.features(results[name].images) for name in names}
     return reference_distance_matrix(features, names, distance)
 
@@ -60,8 +61,8 @@ def auroc_by_reference_count(matrix: np.ndarray, abnormal: np.ndarray, subsets: 
     renders and, last, the anomalous model's; ``abnormal``: bool per image. Scores are
     ``anomaly_scores``' (numerator / spread, flagged where the spread vanishes), and flagged images
     drop out as they do from Table 2."""
-    from evaluate.localization import auroc
-    from evaluate.scores import ZERO_SPREAD_TOLERANCE, mean_pair_distance, score_frame
+    from counteraudit.evaluate.localization import auroc
+    from counteraudit.evaluate.scores import ZERO_SPREAD_TOLERANCE, mean_pair_distance, score_frame
     n_all = matrix.shape[1] - 1
     out = {}
     for n in range(2, n_all + 1):
@@ -81,12 +82,12 @@ def auroc_by_reference_count(matrix: np.ndarray, abnormal: np.ndarray, subsets: 
 
 
 def main(args: argparse.Namespace) -> pd.DataFrame:
-    from anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_positions
-    from evaluate.distances import build_distance, resolve_distance_name
-    from evaluate.tables import to_markdown
-    from explain.pipeline import load_image_sets, load_results, suite_methods
-    from train.suite import load_suite
-    from train.worlds import build_world
+    from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_positions
+    from counteraudit.evaluate.distances import build_distance, resolve_distance_name
+    from counteraudit.evaluate.tables import to_markdown
+    from counteraudit.explain.pipeline import load_image_sets, load_results, suite_methods
+    from counteraudit.train.suite import load_suite
+    from counteraudit.train.worlds import build_world
 
     suite = load_suite(args.suite)
     methods = suite_methods(suite, args.method)

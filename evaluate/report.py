@@ -29,7 +29,9 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):
-    sys.path[0] = str(Path(__file__).resolve().parents[1])  # the packages, not this folder
+    # Run as a file: the code is imported as counteraudit.* (pip install -e .); this folder's
+    # modules (train.py, ...) must not shadow other packages of the same name.
+    sys.path.pop(0)
 
 import argparse
 import base64
@@ -41,8 +43,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from evaluate.pipeline import localization_power_note, pipeline_parser
-from train.stage import run_cli
+from counteraudit.evaluate.pipeline import localization_power_note, pipeline_parser
+from counteraudit.train.stage import run_cli
 
 DEFAULT_EXAMPLES = 1     # normal and abnormal inputs shown per localizable model
 DEFAULT_IMAGE_SIDE = 128  # embedded images are downscaled to at most this many pixels a side
@@ -60,12 +62,12 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> Path | None:
-    from anomalies.image_sets import localizable
-    from anomalies.verify import read_implant
-    from evaluate.pipeline import (detection_scores, detection_tables, localization_scores,
+    from counteraudit.anomalies.image_sets import localizable
+    from counteraudit.anomalies.verify import read_implant
+    from counteraudit.evaluate.pipeline import (detection_scores, detection_tables, localization_scores,
                                    localization_tables, prepare, write_tables)
-    from explain.pipeline import load_image_sets
-    from train.artifacts import atomic_write_text
+    from counteraudit.explain.pipeline import load_image_sets
+    from counteraudit.train.artifacts import atomic_write_text
     if args.examples < 1 or args.image_side < 8:
         raise ValueError(f"--examples {args.examples} must be >= 1 and --image-side {args.image_side} >= 8")
     suite, methods, distance, distance_name, note = prepare(args)
@@ -145,7 +147,7 @@ nav ul { columns: 2; }
 # ---------------------------------------------------------------- helpers
 def html_table(frame: pd.DataFrame, *, float_format: str = "{:.3f}", caption: str | None = None) -> str:
     """A pandas frame (flat columns, index ignored) as an HTML table; numbers right-aligned."""
-    from evaluate.tables import format_cell
+    from counteraudit.evaluate.tables import format_cell
     numeric = [pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
                for c in frame.columns]
     head = "".join(f"<th>{escape(str(c))}</th>" for c in frame.columns)
@@ -200,8 +202,8 @@ class Report:
                  detection: pd.DataFrame, localization: pd.DataFrame | None,
                  tables: dict[str, pd.DataFrame], implants: dict[str, dict | None], image_sets: dict,
                  runs_root=None, examples: int = DEFAULT_EXAMPLES, image_side: int = DEFAULT_IMAGE_SIDE):
-        from anomalies.image_sets import localizable
-        from evaluate.detection import with_layer_column
+        from counteraudit.anomalies.image_sets import localizable
+        from counteraudit.evaluate.detection import with_layer_column
         self.suite, self.methods, self.distance_name, self.note = suite, methods, distance_name, note
         self.detection = with_layer_column(detection)
         self.localization = with_layer_column(localization) if localization is not None else None
@@ -218,7 +220,7 @@ class Report:
         return self.tables[f"{name}-{self.distance_name}"]
 
     def explanation(self, method: str, model: str, image_set: str):
-        from explain.pipeline import load_results
+        from counteraudit.explain.pipeline import load_results
         key = (method, model, image_set)
         if key not in self._explanations:
             self._explanations[key] = load_results(self.suite, method, [model], image_set, self.runs_root)[model]
@@ -226,7 +228,7 @@ class Report:
 
     def shown_layer(self, method: str) -> str:
         """The layer whose images the examples show: the first of a layered method, else ''."""
-        from evaluate.detection import NO_LAYER
+        from counteraudit.evaluate.detection import NO_LAYER
         layers = self.explanation(method, self.references[0], "detection").layers
         return str(layers[0]) if layers else NO_LAYER
 
@@ -269,7 +271,7 @@ class Report:
                 + "\n".join(s for s in sections if s) + "\n</body></html>\n")
 
     def header(self) -> str:
-        from anomalies.image_sets import set_sizes
+        from counteraudit.anomalies.image_sets import set_sizes
         m, p = set_sizes(self.suite)
         failed = [name for name, r in self.implants.items() if r is not None and not r["passed"]]
         unchecked = [name for name, r in self.implants.items() if r is None]
@@ -356,7 +358,7 @@ class Report:
         return "\n".join(parts) + "</section>"
 
     def implant_section(self) -> str:
-        from evaluate.report_svg import ANOMALOUS_COLOR, REFERENCE_COLOR, StripRow, strip_plot
+        from counteraudit.evaluate.report_svg import ANOMALOUS_COLOR, REFERENCE_COLOR, StripRow, strip_plot
         rows, blocks = [], []
         for spec in self.anomalies:
             record = self.implants.get(spec.name)
@@ -395,7 +397,7 @@ class Report:
                 "references' figures; red: the anomalous model's.</p>" + table + "\n".join(blocks) + "</section>")
 
     def detection_examples(self) -> str:
-        from anomalies.image_sets import DETECTION
+        from counteraudit.anomalies.image_sets import DETECTION
         reference = self.references[0]
         per_model = self.table("detection-per-model")
         parts = ['<section id="detection-examples"><h2>Detection examples</h2>',
@@ -444,7 +446,7 @@ class Report:
         return normal, abnormal
 
     def localization_examples(self) -> str:
-        from anomalies.image_sets import DETECTION, abnormal_set_name
+        from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name
         if not self.localizable:
             return ""
         reference = self.references[0]
@@ -483,7 +485,7 @@ class Report:
         return "\n".join(parts) + "</section>"
 
     def distributions(self) -> str:
-        from evaluate.report_svg import ANOMALOUS_COLOR, MISSED_COLOR, REFERENCE_COLOR, StripRow, strip_plot
+        from counteraudit.evaluate.report_svg import ANOMALOUS_COLOR, MISSED_COLOR, REFERENCE_COLOR, StripRow, strip_plot
         per_model = self.table("detection-per-model")
         plots = []
         for method in self.methods:
@@ -510,7 +512,7 @@ class Report:
     def roc_section(self) -> str:
         from sklearn.metrics import roc_curve
 
-        from evaluate.report_svg import ANOMALOUS_COLOR, MISSED_COLOR, StripRow, roc_plot, strip_plot
+        from counteraudit.evaluate.report_svg import ANOMALOUS_COLOR, MISSED_COLOR, StripRow, roc_plot, strip_plot
         if not self.localizable:
             return ""
         per_model = self.table("localization-per-model")

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from evaluate.distances.base import Distance, Features
+from counteraudit.evaluate.distances.base import Distance, Features
 
 FLAG_OK = "ok"
 FLAG_ZERO_REFERENCE_SPREAD = "zero_reference_spread"

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from train.artifacts import atomic_write_text
+from counteraudit.train.artifacts import atomic_write_text
 
 FORMATS = ("md", "csv", "tex")
 LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",

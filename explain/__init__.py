@@ -8,11 +8,11 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from explain.base import (METHODS, AttributionMethod, BatchOutput, Explanation, ExplanationMethod,
+from counteraudit.explain.base import (METHODS, AttributionMethod, BatchOutput, Explanation, ExplanationMethod,
                           VisualizationMethod, build_method, register_method)
-from explain.explainable import explainable
-from explain.params import execution_only
-from explain.render import RENDERER_VERSION
+from counteraudit.explain.explainable import explainable
+from counteraudit.explain.params import execution_only
+from counteraudit.explain.render import RENDERER_VERSION
 
 
 def discover_methods() -> list[str]:
@@ -20,7 +20,8 @@ def discover_methods() -> list[str]:
 
     Idempotent: already imported modules are not re-run. Returns the module names imported.
     """
-    import explain.methods as package
+    import counteraudit.explain.methods as package
+
     names = [info.name for info in pkgutil.iter_modules(package.__path__) if not info.name.startswith("_")]
     for name in names:
         importlib.import_module(f"{package.__name__}.{name}")

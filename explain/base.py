@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from explain.explainable import explainable
-from explain.params import NoParams, parse_params, recorded_params
-from explain.render import RENDERER_VERSION, saliency_overlay
-from train.artifacts import derive_seed
-from train.registry import Registry
+from counteraudit.explain.explainable import explainable
+from counteraudit.explain.params import NoParams, parse_params, recorded_params
+from counteraudit.explain.render import RENDERER_VERSION, saliency_overlay
+from counteraudit.train.artifacts import derive_seed
+from counteraudit.train.registry import Registry
 
 
 # ---------------------------------------------------------------- results
@@ -105,7 +105,7 @@ def architecture_default(architecture: str | None, attribute: str, method: str, 
     if architecture is None:
         raise ValueError(f"method {method!r}: the model has no registered architecture to take "
                          f"the default {param!r} from; set {param} in [methods.{method}]")
-    from train.architectures import ARCHITECTURES
+    from counteraudit.train.architectures import ARCHITECTURES
     return getattr(ARCHITECTURES.get(architecture), attribute)
 
 

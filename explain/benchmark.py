@@ -28,10 +28,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-from explain import build_method
-from explain.base import seeded_rng
-from train.architectures import ARCHITECTURES, build_model, layer_name, resolve_layer
-from train.worlds.synthetic import SyntheticConfig, SyntheticWorld
+from counteraudit.explain import build_method
+from counteraudit.explain.base import seeded_rng
+from counteraudit.train.architectures import ARCHITECTURES, build_model, layer_name, resolve_layer
+from counteraudit.train.worlds.synthetic import SyntheticConfig, SyntheticWorld
 
 ARCHITECTURE = "small_resnet"
 METHODS = ["guided_backprop", "gradcam", "guided_gradcam", "integrated_gradients", "outputs_only"]

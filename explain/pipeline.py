@@ -1,7 +1,12 @@
 """The explain stage over a suite: which (model, method, image set) results it needs, and the work
 items that compute them.
 
-Layout: ``runs/<suite>/visualizations/<method>/<model>/<image set>/`` (see explain/store.py).
+Layout: each result is stored once, in the store shared by every suite, in a folder named by the
+hash of its key (method, its parameters, model key, image set id; explain/store.py):
+``runs/store/visualizations/<method>/<key hash>/``. A suite's ``runs/<suite>/visualizations/
+<method>/<model>/<image set>`` links to it, so a suite finds what another computed, and people and
+the score stage read results by the suite's names. A folder an older version wrote at the suite's
+path is moved into the store (nothing is recomputed).
 
 Work items. By default one item is one (model, method) on all of that model's image sets: the model
 is loaded once and the images go through the method in batches. With ``chunk_images`` N (suite
@@ -26,13 +31,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from anomalies.image_sets import (DETECTION, ImageSet, abnormal_set_name, build_image_sets,
+from counteraudit.anomalies.image_sets import (DETECTION, ImageSet, abnormal_set_name, build_image_sets,
                                   localizable, set_sizes)
-from explain.base import METHODS, Explanation, ExplanationMethod, build_method
-from explain.store import (gather_parts, is_stored, load_explanation, part_dir, part_key,
+from counteraudit.explain.base import METHODS, Explanation, ExplanationMethod, build_method
+from counteraudit.explain.store import (gather_parts, is_stored, load_explanation, part_dir, part_key,
                            result_key, save_explanation)
-from train.checkpoint import model_dir
-from train.suite import ModelSpec, Suite, load_suite
+from counteraudit.train.artifacts import link_into_store, stable_hash, store_dir
+from counteraudit.train.checkpoint import model_dir
+from counteraudit.train.suite import ModelSpec, Suite, load_suite
 
 VISUALIZATIONS = "visualizations"
 IMAGE_SETS = "image_sets"
@@ -63,17 +69,27 @@ def sets_for(suite: Suite, spec: ModelSpec) -> list[str]:
 
 
 def result_dir(root: Path, method: str, model: str, image_set: str) -> Path:
+    """A result by the suite's names, under the suite's folder ``root`` (a link into the store)."""
     return root / VISUALIZATIONS / method / model / image_set
 
 
+def stored_result_dir(runs_root, key: dict[str, Any]) -> Path:
+    """Where the result with this key (``result_key``) is stored, whichever suite asks."""
+    return store_dir(runs_root) / VISUALIZATIONS / key["method"] / stable_hash(key, length=16)
+
+
 def load_image_sets(suite: Suite, runs_root=None, world=None) -> dict[str, ImageSet]:
-    """The suite's image sets, made if missing (needs the implant checks for blurred faces)."""
-    from anomalies.verify import read_implant
-    from train.worlds import build_world
+    """The suite's image sets, made in the store if missing (needs the implant checks for blurred
+    faces), each linked from ``runs/<suite>/image_sets/<name>``."""
+    from counteraudit.anomalies.verify import read_implant
+    from counteraudit.train.worlds import build_world
     world = world or build_world(suite.world, runs_root=runs_root)
     implants = {spec.name: read_implant(suite, spec, runs_root) for spec in localizable(suite)}
-    return build_image_sets(suite, world, suite.root(runs_root) / IMAGE_SETS,
-                            {k: v for k, v in implants.items() if v})
+    store = store_dir(runs_root) / IMAGE_SETS
+    sets = build_image_sets(suite, world, store, {k: v for k, v in implants.items() if v})
+    for name, image_set in sets.items():
+        link_into_store(suite.root(runs_root) / IMAGE_SETS / name, store / image_set.id)
+    return sets
 
 
 def add_chunk_images_arg(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -167,11 +183,12 @@ class _Item:
     """What a work item needs, loaded in the process that runs it."""
 
     def __init__(self, item: dict[str, Any]):
-        from train.trainer import pick_device
-        from train.worlds import build_world
+        from counteraudit.train.trainer import pick_device
+        from counteraudit.train.worlds import build_world
         self.suite = load_suite(item["suite"])
         self.spec = self.suite.model(item["model"])
-        self.root = self.suite.root(item.get("runs_dir"))
+        self.runs_root = item.get("runs_dir")
+        self.root = self.suite.root(self.runs_root)
         self.method = build_method(item["method"], method_params(self.suite, item["method"]))
         self.batch_size = method_batch_size(self.suite, item["method"])
         self.device = pick_device(item.get("device"))
@@ -180,18 +197,18 @@ class _Item:
         self._model = None
 
     def target(self, set_name: str) -> tuple[ImageSet, Path, dict[str, Any]]:
-        """The image set, the result folder and the result key of one set."""
+        """The image set, the result's store folder and the result key of one set."""
         image_set = self.image_sets[set_name]
         key = result_key(self.method.describe(self.spec.architecture, self.batch_size),
                          self.spec.key, image_set.id)
-        return image_set, result_dir(self.root, self.method.name, self.spec.name, set_name), key
+        return image_set, stored_result_dir(self.runs_root, key), key
 
     @property
     def model(self):
         """Loaded once, and only if something is missing."""
         if self._model is None:
-            from train.trainer import load_trained_model
-            self._model = load_trained_model(model_dir(self.root, self.spec), self.spec,
+            from counteraudit.train.trainer import load_trained_model
+            self._model = load_trained_model(model_dir(self.runs_root, self.spec), self.spec,
                                              self.world, self.device)
         return self._model
 
@@ -205,11 +222,11 @@ def explain_one(item: dict[str, Any]) -> dict[str, int]:
             image_set, directory, key = work.target(set_name)
             if is_stored(directory, key):
                 counts["stored"] += 1
-                continue
-            explanation = work.method.run(work.model, image_set.tensor(), work.batch_size)
-            save_explanation(directory, explanation, work.spec.key, image_set.id)
-            gather_parts(directory, key, [])  # removes parts a chunked run may have left
-            counts["computed"] += 1
+            else:
+                explanation = work.method.run(work.model, image_set.tensor(), work.batch_size)
+                save_explanation(directory, explanation, work.spec.key, image_set.id)
+                gather_parts(directory, key, [])  # removes parts a chunked run may have left
+                counts["computed"] += 1
     return counts
 
 
@@ -241,10 +258,11 @@ def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
 
     ``image_sets`` None (a dry run, before the sets exist) plans every result, with the sets'
     nominal sizes ([evaluate] detection_images / localization_images) for the ranges."""
-    from slurm.stage_run import say
+    from counteraudit.slurm.stage_run import say
     items, gathers, stored = [], [], 0
     cost: dict[tuple[str, str], float] = {}  # (method, model) -> passes per image
-    root = suite.root(base_item.get("runs_dir"))
+    runs_root = base_item.get("runs_dir")
+    root = suite.root(runs_root)
     m, p = set_sizes(suite)
     for name in methods:
         method = build_method(name, method_params(suite, name))
@@ -256,12 +274,15 @@ def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
             description = method.describe(spec.architecture, batch_size)
             missing, already = [], 0
             for set_name in sets_for(suite, spec):
-                directory = result_dir(root, name, spec.name, set_name)
                 if image_sets is None:
-                    missing.append((set_name, directory, None, m if set_name == DETECTION else p))
+                    missing.append((set_name, result_dir(root, name, spec.name, set_name), None,
+                                    m if set_name == DETECTION else p))
                     continue
                 image_set = image_sets[set_name]
                 key = result_key(description, spec.key, image_set.id)
+                directory = stored_result_dir(runs_root, key)
+                # the suite's name for it; an older layout's result there is moved into the store
+                link_into_store(result_dir(root, name, spec.name, set_name), directory)
                 if gather_parts(directory, key, []):  # stored (leftover parts are removed)
                     already += 1
                 else:
@@ -296,9 +317,9 @@ def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | N
     before it, and ``parts`` computed by a chunked run (module docstring). If some items fail,
     the complete results are still gathered before ``ItemsFailedError`` is raised, and a rerun
     submits only the missing items."""
-    from slurm.errors import ItemsFailedError
-    from slurm.executor import run_items
-    from train.stage import executor_config
+    from counteraudit.slurm.errors import ItemsFailedError
+    from counteraudit.slurm.executor import run_items
+    from counteraudit.train.stage import executor_config
     methods = suite_methods(suite, methods)
     specs = [suite.model(m) for m in models] if models else suite.models
     config = executor_config(suite, args, "explain")

@@ -18,17 +18,18 @@ adding a method computes only that method.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 if __package__ in (None, ""):
-    sys.path[0] = str(Path(__file__).resolve().parents[1])  # the packages, not this folder
+    # Run as a file: the code is imported as counteraudit.* (pip install -e .); this folder's
+    # modules (train.py, ...) must not shadow other packages of the same name.
+    sys.path.pop(0)
 
 import argparse
 import time
 
-from explain.pipeline import add_chunk_images_arg
-from slurm.executor import add_executor_args
-from train.stage import add_common_args, run_cli
+from counteraudit.explain.pipeline import add_chunk_images_arg
+from counteraudit.slurm.executor import add_executor_args
+from counteraudit.train.stage import add_common_args, run_cli
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -47,9 +48,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> None:
-    from explain.pipeline import explain_suite
-    from train.suite import load_suite
-    from train.train import train_and_check
+    from counteraudit.explain.pipeline import explain_suite
+    from counteraudit.train.suite import load_suite
+    from counteraudit.train.train import train_and_check
     suite = load_suite(args.suite)
     # This stage needs trained models, and the blurred-faces image set needs the implant checks:
     # whatever is missing runs first, through the same executor, instead of failing (a no-op when

@@ -5,7 +5,9 @@ A result lives in one folder as two files, both written atomically (train/artifa
   has one (half the disk; far more precise than the uint8 images that distances use), ``layers``
   for per-layer methods, and ``diag_<name>`` for each diagnostic;
 - ``params.json``: the result key (method, its recorded parameters, renderer version, model id,
-  image set id) plus shapes and layers, for people browsing the run folder.
+  image set id), the SHA-256 of ``explanation.npz`` (a file that does not match it, e.g. a
+  truncated one, is set aside and the result recomputed), plus shapes and layers, for people
+  browsing the run folder.
 ``params.json`` is removed before and written after the arrays, so it marks completion: a folder
 without it, or whose key differs from the one asked for, is recomputed.
 
@@ -24,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from explain.base import Explanation
-from train.artifacts import atomic_save_npz, atomic_write_json, read_json
+from counteraudit.explain.base import Explanation
+from counteraudit.train.artifacts import (atomic_save_npz, atomic_write_json, file_sha256, intact,
+                                         read_json, read_marker)
 
 ARRAYS_FILE = "explanation.npz"
 PARAMS_FILE = "params.json"
@@ -69,12 +72,13 @@ def save_explanation(directory: str | os.PathLike, explanation: Explanation, mod
         arrays["layers"] = np.array(explanation.layers, dtype=str)
     for name, values in explanation.diagnostics.items():
         arrays[DIAGNOSTIC_PREFIX + name] = np.asarray(values)
-    atomic_save_npz(directory / ARRAYS_FILE, **arrays)
+    arrays_path = atomic_save_npz(directory / ARRAYS_FILE, **arrays)
     key = result_key(explanation.params, model_id, image_set_id)
     if image_range is not None:
         key = part_key(key, *image_range)
     return atomic_write_json(params_path, {
         "key": _normalised(key),
+        "arrays_sha256": file_sha256(arrays_path),
         "images_shape": list(explanation.images.shape),
         "layers": list(explanation.layers) if explanation.layers is not None else None,
     })
@@ -83,13 +87,13 @@ def save_explanation(directory: str | os.PathLike, explanation: Explanation, mod
 def is_stored(directory: str | os.PathLike, key: dict[str, Any]) -> bool:
     """True if ``directory`` holds a finished result whose key equals ``key`` (see ``result_key``)."""
     directory = Path(directory)
-    params_path = directory / PARAMS_FILE
-    if not (params_path.exists() and (directory / ARRAYS_FILE).exists()):
+    params = read_marker(directory / PARAMS_FILE, "visualization index")
+    if params is None or params.get("key") != _normalised(key):
         return False
-    try:
-        return read_json(params_path).get("key") == _normalised(key)
-    except (json.JSONDecodeError, OSError):
-        return False
+    if intact(directory / ARRAYS_FILE, params.get("arrays_sha256"), "visualization"):
+        return True
+    (directory / PARAMS_FILE).unlink(missing_ok=True)  # the arrays are set aside: unfinished
+    return False
 
 
 def load_explanation(directory: str | os.PathLike) -> Explanation:
@@ -117,8 +121,8 @@ def load_explanation(directory: str | os.PathLike) -> Explanation:
 
 def stored_key(directory: str | os.PathLike) -> dict[str, Any] | None:
     """The key of a finished result in ``directory`` (None if there is none)."""
-    params_path = Path(directory) / PARAMS_FILE
-    return read_json(params_path).get("key") if params_path.exists() else None
+    params = read_marker(Path(directory) / PARAMS_FILE, "visualization index")
+    return params.get("key") if params else None
 
 
 def gather_parts(directory: str | os.PathLike, key: dict[str, Any],

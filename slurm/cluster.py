@@ -13,7 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm.errors import SlurmUnreachableError
+from counteraudit.slurm.errors import SlurmUnreachableError
 
 LOCAL_CLUSTER_SCRIPT = Path(__file__).resolve().parent / "local_cluster.sh"
 REQUIRE_SLURM_ENV = "COUNTERAUDIT_REQUIRE_SLURM"

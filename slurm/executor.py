@@ -31,12 +31,12 @@ from typing import Any, TypeVar
 
 import submitit
 
-from slurm.checkpointing import resumable
-from slurm.cluster import max_array_size
-from slurm.errors import ExecutorConfigError, ItemFailure, NoGpuError, SlurmUnreachableError, SubmissionError
-from slurm.executor_config import ExecutorConfig, add_executor_args, executor_config_from
-from slurm.request_checks import check_local_gpus, check_local_layout, check_slurm_request, sbatch_parameters
-from slurm.stage_run import FinishedStageRun, SlurmStageRun, StageRun, default_item_name, say
+from counteraudit.slurm.checkpointing import resumable
+from counteraudit.slurm.cluster import max_array_size
+from counteraudit.slurm.errors import ExecutorConfigError, ItemFailure, NoGpuError, SlurmUnreachableError, SubmissionError
+from counteraudit.slurm.executor_config import ExecutorConfig, add_executor_args, executor_config_from
+from counteraudit.slurm.request_checks import check_local_gpus, check_local_layout, check_slurm_request, sbatch_parameters
+from counteraudit.slurm.stage_run import FinishedStageRun, SlurmStageRun, StageRun, default_item_name, say
 
 __all__ = [
     "ExecutorConfig",

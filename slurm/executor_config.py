@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from slurm.errors import ExecutorConfigError
+from counteraudit.slurm.errors import ExecutorConfigError
 
 EXECUTORS = ("local", "slurm")
 DEFAULT_LOG_DIR = Path("runs") / "slurm-logs"

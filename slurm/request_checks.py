@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from slurm.cluster import Partition, list_partitions
-from slurm.errors import ExecutorConfigError, NoGpuError, UnknownPartitionError
-from slurm.executor_config import ExecutorConfig
+from counteraudit.slurm.cluster import Partition, list_partitions
+from counteraudit.slurm.errors import ExecutorConfigError, NoGpuError, UnknownPartitionError
+from counteraudit.slurm.executor_config import ExecutorConfig
 
 
 def check_local_gpus(config: ExecutorConfig) -> None:

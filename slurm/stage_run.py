@@ -14,8 +14,8 @@ from typing import Any
 import submitit
 from submitit.core.utils import pickle_load
 
-from slurm.errors import ItemFailure, ItemsFailedError
-from slurm.slurm_queue import job_states
+from counteraudit.slurm.errors import ItemFailure, ItemsFailedError
+from counteraudit.slurm.slurm_queue import job_states
 
 # A job that has left the queue may still be writing its result on a networked file system.
 _RESULT_GRACE_SECONDS = 15

@@ -98,5 +98,5 @@ def finished_run(tmp_path_factory):
 def pytest_runtest_setup(item):
     """Tests marked slurm skip without a cluster, and fail instead when CI requires one."""
     if item.get_closest_marker("slurm"):
-        from slurm.cluster import require_slurm_cluster
+        from counteraudit.slurm.cluster import require_slurm_cluster
         require_slurm_cluster()

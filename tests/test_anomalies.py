@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from anomalies import FAMILIES
-from anomalies.adversarial import pgd
-from anomalies.backdoor import apply_trigger
-from train.architectures import build_model
-from train.worlds import build_world
+from counteraudit.anomalies import FAMILIES
+from counteraudit.anomalies.adversarial import pgd
+from counteraudit.anomalies.backdoor import apply_trigger
+from counteraudit.train.architectures import build_model
+from counteraudit.train.worlds import build_world
 
 WORLD = {"name": "synthetic", "seed": 4, "image_size": 32, "num_train": 300, "num_val": 200}
 
@@ -204,8 +204,8 @@ def test_errors_that_need_the_world(world, tmp_path):
 def test_longest_trainings_are_started_first():
     """With one model per worker, the adversarial model (PGD passes per step) goes first, so no
     worker is left alone with it at the end of the run."""
-    from train.stage import training_cost
-    from train.suite import load_suite
+    from counteraudit.train.stage import training_cost
+    from counteraudit.train.suite import load_suite
     suite = load_suite("demo")
     costs = {spec.name: training_cost(spec) for spec in suite.models}
     adversarial = next(s for s in suite.models if s.family == "adversarial")

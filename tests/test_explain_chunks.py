@@ -12,19 +12,21 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import explain.pipeline as explain_pipeline
-import slurm.executor
-from evaluate.distances import build_distance
-from evaluate.pipeline import SCORES, detection_scores, pipeline_parser
-from explain.base import build_method
-from explain.pipeline import (chunk_images, explain_suite, image_ranges, part_size, result_dir,
+import counteraudit.explain.pipeline as explain_pipeline
+
+import counteraudit.slurm.executor as slurm_executor
+
+from counteraudit.evaluate.distances import build_distance
+from counteraudit.evaluate.pipeline import SCORES, detection_scores, pipeline_parser
+from counteraudit.explain.base import build_method
+from counteraudit.explain.pipeline import (chunk_images, explain_suite, image_ranges, part_size, result_dir,
                               sets_for)
-from explain.run import get_args_parser
-from explain.store import ARRAYS_FILE, PARAMS_FILE, PARTS_DIR
-from slurm.errors import ItemsFailedError
+from counteraudit.explain.run import get_args_parser
+from counteraudit.explain.store import ARRAYS_FILE, PARAMS_FILE, PARTS_DIR
+from counteraudit.slurm.errors import ItemsFailedError
 from tests.conftest import write_suite
-from train.stage import train_one
-from train.suite import load_suite
+from counteraudit.train.stage import train_one
+from counteraudit.train.suite import load_suite
 
 METHODS = ["guided_backprop", "caricature"]
 # 8 detection images; guided backprop in batches of 3, Caricatures (whose results depend on which
@@ -47,7 +49,7 @@ localization_images = 4
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> tuple[Path, Path]:
     """A suite of 3 tiny references, trained, with its image sets: (suite file, runs root)."""
-    from explain.pipeline import load_image_sets
+    from counteraudit.explain.pipeline import load_image_sets
     base = tmp_path_factory.mktemp("chunks")
     suite_path = write_suite(base / "chunks.toml", body=BODY, references=3, epochs=1)
     runs = base / "trained"
@@ -143,14 +145,14 @@ def test_chunked_run_stores_the_unchunked_results_bit_for_bit(trained, unchunked
 def spy_on_items(monkeypatch) -> list[str]:
     """Names of the items every run_items call of this test is given."""
     names: list[str] = []
-    run_items = slurm.executor.run_items
+    run_items = slurm_executor.run_items
 
     def recording(fn, items, config, stage_name, *, item_name, **options):
         items = list(items)
         names.extend(item_name(item) for item in items)
         return run_items(fn, items, config, stage_name, item_name=item_name, **options)
 
-    monkeypatch.setattr(slurm.executor, "run_items", recording)
+    monkeypatch.setattr(slurm_executor, "run_items", recording)
     return names
 
 

@@ -30,8 +30,8 @@ def test_readme_example_adds_a_method_with_one_file(tmp_path):
     script = textwrap.dedent(f"""
         import torch
         torch.set_num_threads(1)
-        import explain, explain.methods
-        from train.architectures import build_model
+        import counteraudit.explain as explain, counteraudit.explain.methods
+        from counteraudit.train.architectures import build_model
 
         before = set(explain.METHODS.names())
         # A folder of the methods package, as explain/methods/ itself is; nothing else changes.

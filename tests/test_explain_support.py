@@ -8,14 +8,14 @@ import pytest
 import torch
 from torch import nn
 
-from explain import build_method
-from explain.base import Explanation
-from explain.explainable import check_relus_used_once, explainable
-from explain.params import execution_only, parse_params, recorded_params
-from explain.render import (HOT, JET, RENDERER_VERSION, cam_overlay, probability_bars,
+from counteraudit.explain import build_method
+from counteraudit.explain.base import Explanation
+from counteraudit.explain.explainable import check_relus_used_once, explainable
+from counteraudit.explain.params import execution_only, parse_params, recorded_params
+from counteraudit.explain.render import (HOT, JET, RENDERER_VERSION, cam_overlay, probability_bars,
                             saliency_heat, saliency_overlay)
-from explain.store import is_stored, load_explanation, result_key, save_explanation, stored_key
-from train.architectures import build_model
+from counteraudit.explain.store import is_stored, load_explanation, result_key, save_explanation, stored_key
+from counteraudit.train.architectures import build_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

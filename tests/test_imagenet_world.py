@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from train.worlds import build_world
+from counteraudit.train.worlds import build_world
 
 SYNSETS = ["n01440764", "n02102040", "n02979186"]
 

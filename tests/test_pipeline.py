@@ -22,7 +22,7 @@ def test_detect_prints_and_saves_table1(finished_run):
     assert len(per_model) == 2 * 5  # 2 methods x (3 references + 2 anomalies)
     assert (runs / "e2e" / "image_sets" / "detection" / "index.json").is_file()
     assert len(list((runs / "e2e" / "image_sets" / "detection" / "png").glob("*.png"))) == 8
-    implants = list((runs / "e2e" / "models").glob("*/implant.json"))
+    implants = list((runs / "store" / "models").glob("*/implant-*.json"))
     assert len(implants) == 2
 
 

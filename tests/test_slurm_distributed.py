@@ -8,8 +8,8 @@ import sys
 import cloudpickle
 import pytest
 
-from slurm.cluster import require_slurm_cluster
-from slurm.executor import ExecutorConfig, run_items
+from counteraudit.slurm.cluster import require_slurm_cluster
+from counteraudit.slurm.executor import ExecutorConfig, run_items
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
 
@@ -27,7 +27,7 @@ def sum_of_ranks(offset: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from slurm.distributed import cleanup_distributed, init_distributed
+    from counteraudit.slurm.distributed import cleanup_distributed, init_distributed
 
     context = init_distributed()
     try:

@@ -14,9 +14,9 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from slurm.cluster import list_partitions, require_slurm_cluster
-from slurm.errors import ExecutorError, NoGpuError, SlurmUnreachableError, SubmissionError, UnknownPartitionError
-from slurm.executor import ExecutorConfig, run_items
+from counteraudit.slurm.cluster import list_partitions, require_slurm_cluster
+from counteraudit.slurm.errors import ExecutorError, NoGpuError, SlurmUnreachableError, SubmissionError, UnknownPartitionError
+from counteraudit.slurm.executor import ExecutorConfig, run_items
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
 
@@ -126,11 +126,11 @@ def test_bad_training_requests_fail_clearly_and_lose_nothing_already_trained(tmp
     import torch
 
     from tests.conftest import write_suite
-    from train.checkpoint import model_dir
-    from train.suite import load_suite
-    from train.train import get_args_parser
-    from train.train import main as train_main
-    from train.trainer import train_model
+    from counteraudit.train.checkpoint import model_dir
+    from counteraudit.train.suite import load_suite
+    from counteraudit.train.train import get_args_parser
+    from counteraudit.train.train import main as train_main
+    from counteraudit.train.trainer import train_model
 
     suite_path = write_suite(tmp_path / "kept.toml", references=2, epochs=2)
     suite = load_suite(suite_path)

@@ -15,9 +15,9 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from slurm.cluster import require_slurm_cluster
-from slurm.errors import ItemsFailedError
-from slurm.executor import ExecutorConfig, run_items, submit_items
+from counteraudit.slurm.cluster import require_slurm_cluster
+from counteraudit.slurm.errors import ItemsFailedError
+from counteraudit.slurm.executor import ExecutorConfig, run_items, submit_items
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
 
@@ -85,9 +85,9 @@ def test_job_array_gives_the_same_results_as_the_local_executor(tmp_path):
 
 
 def test_more_items_than_the_clusters_array_size_go_out_as_several_arrays(tmp_path, monkeypatch):
-    from slurm.cluster import DEFAULT_MAX_ARRAY_SIZE, max_array_size
+    from counteraudit.slurm.cluster import DEFAULT_MAX_ARRAY_SIZE, max_array_size
     assert max_array_size() == DEFAULT_MAX_ARRAY_SIZE  # read from the local cluster's scontrol
-    monkeypatch.setattr("slurm.executor.max_array_size", lambda: 2)
+    monkeypatch.setattr("counteraudit.slurm.executor.max_array_size", lambda: 2)
     stage = unique_stage("arrays")
     results = run_items(describe_number, list(range(5)), slurm_config(tmp_path), stage)
     assert results == [describe_number(n) for n in range(5)]

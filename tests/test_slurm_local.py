@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from slurm.checkpointing import ResumableCall, resumable
-from slurm.distributed import cleanup_distributed, init_distributed
-from slurm.errors import ExecutorConfigError, ItemsFailedError, NoGpuError, SlurmUnreachableError
-from slurm.executor import ExecutorConfig, add_executor_args, executor_config_from, run_items
+from counteraudit.slurm.checkpointing import ResumableCall, resumable
+from counteraudit.slurm.distributed import cleanup_distributed, init_distributed
+from counteraudit.slurm.errors import ExecutorConfigError, ItemsFailedError, NoGpuError, SlurmUnreachableError
+from counteraudit.slurm.executor import ExecutorConfig, add_executor_args, executor_config_from, run_items
 
 
 def parse(*command_line: str) -> argparse.Namespace:

@@ -15,8 +15,8 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from slurm.cluster import require_slurm_cluster
-from slurm.executor import ExecutorConfig, run_items, submit_items
+from counteraudit.slurm.cluster import require_slurm_cluster
+from counteraudit.slurm.executor import ExecutorConfig, run_items, submit_items
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
 
@@ -115,9 +115,9 @@ def test_training_job_requeued_mid_run_resumes_from_its_checkpoint_to_the_same_w
     import torch
 
     from tests.conftest import TINY_WORLD, write_suite
-    from train.checkpoint import CHECKPOINT_NAME, WEIGHTS_NAME, model_dir
-    from train.stage import train_one
-    from train.suite import load_suite
+    from counteraudit.train.checkpoint import CHECKPOINT_NAME, WEIGHTS_NAME, model_dir
+    from counteraudit.train.stage import train_one
+    from counteraudit.train.suite import load_suite
 
     suite_path = write_suite(tmp_path / "requeuetiny.toml", references=2, epochs=REQUEUE_EPOCHS,
                              world={**TINY_WORLD, "num_train": 2560})  # fmt: skip

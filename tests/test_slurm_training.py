@@ -2,11 +2,11 @@
 import pytest
 import torch
 
-from slurm.executor import ExecutorConfig, run_items
+from counteraudit.slurm.executor import ExecutorConfig, run_items
 from tests.conftest import write_suite
-from train.checkpoint import WEIGHTS_NAME, model_dir
-from train.stage import train_one
-from train.suite import load_suite
+from counteraudit.train.checkpoint import WEIGHTS_NAME, model_dir
+from counteraudit.train.stage import train_one
+from counteraudit.train.suite import load_suite
 
 
 @pytest.mark.slurm

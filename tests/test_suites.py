@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from train.architectures import ARCHITECTURES, layer_name, resolve_layer, build_model
-from train.registry import Registry
-from train.suite import available_suites, load_suite
+from counteraudit.train.architectures import ARCHITECTURES, layer_name, resolve_layer, build_model
+from counteraudit.train.registry import Registry
+from counteraudit.train.suite import available_suites, load_suite
 from tests.conftest import write_suite
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,7 +148,7 @@ def test_paper_suite_local_dry_run_prints_the_plan_even_without_the_gpus_it_asks
     """A dry run only prints: on a machine without the GPU the suite asks for it shows the plan
     and, under it, the error a real run would give, instead of failing."""
     import torch
-    from train.train import get_args_parser, main
+    from counteraudit.train.train import get_args_parser, main
     monkeypatch.delenv("IMAGENET_ROOT", raising=False)
     args = get_args_parser().parse_args(["--suite", "paper", "--dry-run", "--runs-dir", str(tmp_path)])
     assert main(args) == []

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.checkpoint import CHECKPOINT_NAME, METRICS_NAME, WEIGHTS_NAME, model_dir
-from train.suite import load_suite
-from train.trainer import load_trained_model, train_model
-from train.worlds import build_world
+from counteraudit.train.checkpoint import CHECKPOINT_NAME, METRICS_NAME, WEIGHTS_NAME, model_dir
+from counteraudit.train.suite import load_suite
+from counteraudit.train.trainer import load_trained_model, train_model
+from counteraudit.train.worlds import build_world
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,8 +87,8 @@ def test_lr_warmup_across_an_epoch_boundary_resumes_to_the_same_bits(suite_and_w
 
 def test_killed_process_resumes_from_its_last_checkpoint(tiny_suite, runs, tmp_path):
     """A real interruption: the training process is killed after its first checkpoint."""
-    script = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
-              "from train.suite import load_suite; from train.trainer import train_model\n"
+    script = ("from counteraudit.train.suite import load_suite\n"
+              "from counteraudit.train.trainer import train_model\n"
               f"suite = load_suite({str(tiny_suite)!r})\n"
               f"train_model(suite.references[0], {str(tmp_path / 'killed')!r}, progress=False,"
               f" runs_root={str(runs)!r}, stop_after_epoch=1)\n"
@@ -131,7 +131,7 @@ def test_external_checkpoint_in_any_common_layout(suite_and_world, tmp_path, pre
 def test_external_checkpoint_with_wrong_class_count(suite_and_world, tmp_path):
     suite, world = suite_and_world
     from dataclasses import replace
-    from train.architectures import build_model
+    from counteraudit.train.architectures import build_model
     other = build_model("small_resnet", 7, world.mean, world.std)
     torch.save(other.backbone.state_dict(), tmp_path / "seven.pth")
     spec = replace(suite.references[0], checkpoint=str(tmp_path / "seven.pth"))

@@ -97,3 +97,105 @@ def derive_seed(*parts: Any) -> int:
     """A 63-bit seed from any parts (base seed, purpose, epoch, ...), stable across processes."""
     digest = hashlib.sha256(repr(parts).encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+# ---------------------------------------------------------------- the store
+# Models, implant records, image sets and visualizations are stored once, under
+# <runs root>/store/, in folders named by the key of what determines them; every suite that needs
+# one finds it there. A suite's own folder (<runs root>/<suite>/) holds its tables and report, and
+# links named for people (models/<name>-<key>, visualizations/<method>/<model>/<set>) that point
+# into the store.
+STORE = "store"
+
+
+def store_dir(runs_root: str | os.PathLike | None = None) -> Path:
+    """The one store of a runs root: <runs root>/store/."""
+    return runs_dir(runs_root) / STORE
+
+
+def link_into_store(link: str | os.PathLike, target: str | os.PathLike) -> Path:
+    """Make ``link`` a relative symlink to ``target`` (a store folder), atomically.
+
+    A real folder at ``link`` is what an older counteraudit wrote there (before the store): if
+    the store has no ``target`` yet, the folder is moved there (adopted: nothing is recomputed);
+    otherwise it duplicates ``target`` and is removed."""
+    import shutil
+    link, target = Path(link), Path(target)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    relative = os.path.relpath(target, link.parent)
+    if link.is_symlink():
+        if os.readlink(link) == relative:
+            return link
+    elif link.is_dir():
+        if target.exists():
+            shutil.rmtree(link)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(link, target)
+    tmp = link.parent / f".{link.name}.{os.getpid()}.link"
+    tmp.unlink(missing_ok=True)
+    os.symlink(relative, tmp)
+    os.replace(tmp, link)
+    return link
+
+
+# ---------------------------------------------------------------- content hashes
+# Every stored artifact's marker file records the SHA-256 of the data it marks as finished; a
+# file that does not match (truncated, overwritten, bit rot) is moved aside and recomputed.
+_DIGESTS: dict[tuple[str, int, int], str] = {}  # (path, size, mtime) -> digest: hash once
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    path = Path(path)
+    stat = path.stat()
+    memo = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if memo not in _DIGESTS:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        _DIGESTS[memo] = digest.hexdigest()
+    return _DIGESTS[memo]
+
+
+def set_aside(path: str | os.PathLike, problem: str, what: str = "stored artifact") -> Path | None:
+    """Move a corrupt file out of the way (``<name>.corrupt``, kept for a person to look at) and
+    say which file and why, so the caller recomputes it; nothing else is touched."""
+    import sys
+    path = Path(path)
+    if not path.exists():
+        return None
+    aside = path.with_name(path.name + ".corrupt")
+    os.replace(path, aside)
+    print(f"counteraudit: {what} {path} is corrupt ({problem}); moved aside to {aside.name} and "
+          "recomputing it", file=sys.stderr, flush=True)
+    return aside
+
+
+def intact(path: str | os.PathLike, expected_sha256: str | None, what: str = "stored artifact") -> bool:
+    """Whether ``path`` exists and matches its recorded digest (None: recorded by an older version,
+    taken as it is). A mismatch is set aside (``set_aside``) and reads as missing."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    if expected_sha256 is None:
+        return True
+    actual = file_sha256(path)
+    if actual == expected_sha256:
+        return True
+    set_aside(path, f"SHA-256 {actual[:12]}... where {expected_sha256[:12]}... was recorded; "
+                    f"{path.stat().st_size} bytes", what)
+    return False
+
+
+def read_marker(path: str | os.PathLike, what: str = "stored artifact") -> Any | None:
+    """A JSON marker file (metrics.json, params.json, index.json, ...), or None if it is missing or
+    unreadable (a corrupt one is set aside)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        return read_json(path)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        set_aside(path, f"not valid JSON: {error}", what)
+        return None

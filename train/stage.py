@@ -5,8 +5,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from train.checkpoint import is_trained, model_dir, read_metrics
-from train.suite import ModelSpec, Suite, available_suites, load_suite
+from counteraudit.train.artifacts import store_dir
+from counteraudit.train.checkpoint import is_trained, link_suite_models, model_dir, read_metrics
+from counteraudit.train.suite import ModelSpec, Suite, available_suites, load_suite
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -23,12 +24,14 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 # Errors a user causes (bad names, paths, parameters): shown as one line, not a traceback.
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from slurm.errors import ExecutorError
+    from counteraudit.slurm.errors import ExecutorError
     return (ValueError, LookupError, FileNotFoundError, ExecutorError)
 
 
-def run_cli(main, parser: argparse.ArgumentParser):
-    args = parser.parse_args()
+def run_cli(main, parser: argparse.ArgumentParser, args: argparse.Namespace | None = None):
+    """``main(args)`` with a user's mistake shown as one line and exit status 2 (``args`` None:
+    parsed from the command line by ``parser``)."""
+    args = parser.parse_args() if args is None else args
     try:
         return main(args)
     except _user_errors() as error:
@@ -52,11 +55,11 @@ def train_one(item: dict[str, Any]) -> dict[str, Any]:
     Optional item keys: device, progress, emulate_processes (train_model's)."""
     import torch.distributed as dist
 
-    from slurm.distributed import cleanup_distributed, init_distributed
-    from train.trainer import train_model
+    from counteraudit.slurm.distributed import cleanup_distributed, init_distributed
+    from counteraudit.train.trainer import train_model
     suite = load_suite(item["suite"])
     spec = suite.model(item["model"])
-    directory = model_dir(suite.root(item.get("runs_dir")), spec)
+    directory = model_dir(item.get("runs_dir"), spec)
     device = item.get("device")
     joined_here = not (dist.is_available() and dist.is_initialized())
     context = init_distributed()
@@ -74,7 +77,7 @@ def train_one(item: dict[str, Any]) -> dict[str, Any]:
 def executor_config(suite: Suite, args: argparse.Namespace, stage: str):
     """The stage's executor: command line over the suite's [slurm] table; Slurm logs default to
     <runs>/<suite>/slurm-logs/<stage>/."""
-    from slurm.executor import default_local_jobs, executor_config_from
+    from counteraudit.slurm.executor import default_local_jobs, executor_config_from
     config = executor_config_from(args, suite.tables.get("slurm"), stage_name=stage)
     if config.local_jobs is None:
         config = config.with_changes(local_jobs=default_local_jobs())
@@ -89,7 +92,7 @@ def training_cost(spec: ModelSpec) -> float:
         return 0.0  # loaded, not trained
     if spec.is_reference:
         return 1.0
-    from anomalies import FAMILIES
+    from counteraudit.anomalies import FAMILIES
     return FAMILIES.get(spec.family).relative_training_cost(spec.params)
 
 
@@ -104,7 +107,7 @@ def describe_training(suite: Suite, specs: list[ModelSpec], todo: list[ModelSpec
     """What a dry run of the training stage prints before the jobs: the models, the recipe, how
     each model's training is split over processes, and where its checkpoints go."""
     from dataclasses import asdict
-    from train.checkpoint import CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME
+    from counteraudit.train.checkpoint import CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME
     references = sum(spec.is_reference for spec in todo)
     root_note = (f" (root {suite.world['root']}; not read by a dry run)" if suite.world.get("root")
                  else "")
@@ -136,20 +139,22 @@ def describe_training(suite: Suite, specs: list[ModelSpec], todo: list[ModelSpec
                      f"{config.effective_tasks_per_node} task(s) = {processes} process(es), "
                      f"{devices}{split}")
     lines.append(f"  checkpoint every {CHECKPOINT_EVERY_EPOCHS} epoch(s): "
-                 f"{root}/models/<name>-<key>/{CHECKPOINT_NAME}; a requeued or rerun job resumes "
+                 f"{root}/models/<key>/{CHECKPOINT_NAME}; a requeued or rerun job resumes "
                  "from it")
     return "\n".join(lines)
 
 
 def train_models(suite: Suite, specs: list[ModelSpec], args: argparse.Namespace) -> list[dict]:
     """Train what is missing, through the local or Slurm executor; returns every model's metrics."""
-    from slurm.executor import run_items
-    root = suite.root(args.runs_dir)
+    from counteraudit.slurm.executor import run_items
+    root = store_dir(args.runs_dir)
     config = executor_config(suite, args, "train")
-    todo = [spec for spec in specs if not is_trained(model_dir(root, spec))]
+    if not config.dry_run:
+        link_suite_models(suite, specs, args.runs_dir)  # adopts an older layout's models first
+    todo = [spec for spec in specs if not is_trained(model_dir(args.runs_dir, spec))]
     todo.sort(key=lambda spec: -training_cost(spec))  # longest first: the least idle workers
     if todo and config.executor == "local" and not config.dry_run:
-        from train.worlds import build_world
+        from counteraudit.train.worlds import build_world
         build_world(suite.world, runs_root=args.runs_dir).prepare()  # once, not in every worker
     if config.dry_run:
         print(describe_training(suite, specs, todo, config, root), flush=True)
@@ -161,5 +166,6 @@ def train_models(suite: Suite, specs: list[ModelSpec], args: argparse.Namespace)
     run_items(train_one, items, config, "train", item_name=lambda item: item["model"])
     if config.dry_run:
         return []
-    return [read_metrics(model_dir(root, spec)) for spec in specs]
+    # the suite's own names: another suite may have trained (and named) a shared model
+    return [{**read_metrics(model_dir(args.runs_dir, spec)), "name": spec.name} for spec in specs]
 

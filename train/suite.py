@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from train.artifacts import derive_seed, runs_dir, stable_hash
+from counteraudit.train.artifacts import derive_seed, runs_dir, stable_hash
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 REFERENCE = "reference"
@@ -80,7 +80,7 @@ class ModelSpec:
 
     def identity(self) -> dict[str, Any]:
         """Everything that determines the weights (the name does not)."""
-        from train.architectures import ARCHITECTURES
+        from counteraudit.train.architectures import ARCHITECTURES
         return {"family": self.family, "seed": self.seed, "world": self.world,
                 "architecture": self.architecture,
                 "architecture_version": ARCHITECTURES.get(self.architecture).version,
@@ -177,8 +177,8 @@ def load_suite(name_or_path: str | Path) -> Suite:
 
 
 def _parse(table: dict[str, Any], path: Path) -> Suite:
-    from anomalies import FAMILIES  # late: anomalies imports train
-    from train.architectures import ARCHITECTURES
+    from counteraudit.anomalies import FAMILIES  # late: anomalies imports train
+    from counteraudit.train.architectures import ARCHITECTURES
 
     table = dict(table)
     name = table.pop("name", path.stem)

@@ -10,19 +10,18 @@ last epoch checkpoint.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 if __package__ in (None, ""):
-    # Run as a script: import the repository's packages, not the modules beside this file
-    # (this folder is named `train`, like the package).
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    # Run as a file: the code is imported as counteraudit.* (pip install -e .); this folder's
+    # modules (train.py, ...) must not shadow other packages of the same name.
+    sys.path.pop(0)
 
 import argparse
 import time
 
-from slurm.executor import add_executor_args
-from train.stage import add_common_args, run_cli, select_models
-from train.trainer import summarize_references
+from counteraudit.slurm.executor import add_executor_args
+from counteraudit.train.stage import add_common_args, run_cli, select_models
+from counteraudit.train.trainer import summarize_references
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -51,7 +50,7 @@ def train_and_check(suite, specs, args) -> list[dict]:
     """The training stage as every entry script runs it before its own work: train what is
     missing (through args' executor), print the summary, check the anomalies' implants. Returns
     the models' metrics ([] on a dry run)."""
-    from train.stage import train_models
+    from counteraudit.train.stage import train_models
     started = time.perf_counter()
     results = train_models(suite, specs, args)
     if not results:  # --dry-run
@@ -63,16 +62,16 @@ def train_and_check(suite, specs, args) -> list[dict]:
 
 def check_implants(suite, specs, args) -> list[dict]:
     """Verify the anomalies just trained (needs the references) and say loudly which failed."""
-    from anomalies.verify import format_implant_report, verify_implants
-    from train.checkpoint import is_trained, model_dir
+    from counteraudit.anomalies.verify import format_implant_report, verify_implants
+    from counteraudit.train.checkpoint import is_trained, model_dir
     anomalies = [s.name for s in specs if not s.is_reference]
     if not anomalies:
         return []
-    if not all(is_trained(model_dir(suite.root(args.runs_dir), r)) for r in suite.references):
+    if not all(is_trained(model_dir(args.runs_dir, r)) for r in suite.references):
         print("implant checks skipped: they compare with the references, which are not all trained "
               "yet (python train/train.py --suite " + suite.name + " --references-only)")
         return []
-    from train.stage import executor_config
+    from counteraudit.train.stage import executor_config
     config = executor_config(suite, args, "verify")
     if config.dry_run:
         return []

@@ -29,13 +29,13 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from train.architectures import Classifier, build_model
-from train.artifacts import atomic_torch_save, atomic_write_json, derive_seed
-from train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME, METRICS_NAME, SPEC_NAME,
+from counteraudit.train.architectures import Classifier, build_model
+from counteraudit.train.artifacts import atomic_torch_save, atomic_write_json, derive_seed, file_sha256
+from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME, METRICS_NAME, SPEC_NAME,
                               WEIGHTS_NAME, is_trained, load_backbone_weights, load_training_state,
-                              read_metrics, save_training_state)
-from train.suite import ModelSpec
-from train.worlds import World, build_world
+                              read_metrics, save_training_state, training_lock)
+from counteraudit.train.suite import ModelSpec
+from counteraudit.train.worlds import World, build_world
 
 
 def pick_device(requested: str | None = None) -> torch.device:
@@ -50,7 +50,7 @@ def pick_device(requested: str | None = None) -> torch.device:
 def build_family(spec: ModelSpec, world: World):
     if spec.is_reference:
         return None
-    from anomalies import FAMILIES
+    from counteraudit.anomalies import FAMILIES
     return FAMILIES.get(spec.family)(spec.params, world, spec.seed)
 
 
@@ -118,12 +118,18 @@ def train_model(spec: ModelSpec, directory: str | Path, world: World | None = No
     if type(emulate_processes) is not int or emulate_processes < 1:
         raise ValueError(f"emulate_processes={emulate_processes!r} must be a whole number >= 1")
     device = pick_device(str(device) if device is not None else None)
+    # One process trains a model at a time (two suites' runs may need it at once); the ranks of
+    # one distributed run train it together, so they take no lock (they would wait on each other).
+    lock = training_lock(directory) if _distributed()[1] == 1 else contextlib.nullcontext()
     threads = torch.get_num_threads()
     if device.type == "cpu":
         torch.set_num_threads(spec.recipe.cpu_threads)
     try:
-        return _train(spec, directory, world, device, progress, stop_after_epoch, runs_root,
-                      emulate_processes)
+        with lock:
+            if is_trained(directory):  # trained by the process this one waited for
+                return read_metrics(directory)
+            return _train(spec, directory, world, device, progress, stop_after_epoch, runs_root,
+                          emulate_processes)
     finally:
         torch.set_num_threads(threads)
 
@@ -284,7 +290,8 @@ def _finish(spec: ModelSpec, directory: Path, model: Classifier, world: World,
                "device": str(device), "torch": torch.__version__, "host": platform.node(), **extra}
     if rank == 0:
         # weights before metrics: metrics.json is what marks the model as trained
-        atomic_torch_save(directory / WEIGHTS_NAME, model.backbone.state_dict())
+        weights = atomic_torch_save(directory / WEIGHTS_NAME, model.backbone.state_dict())
+        metrics["weights_sha256"] = file_sha256(weights)
         atomic_write_json(directory / METRICS_NAME, metrics)
     return metrics
 

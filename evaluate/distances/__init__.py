@@ -12,8 +12,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from evaluate.distances.backbone_weights import MissingBackboneWeightsError
-from evaluate.distances.base import DISTANCES, Distance, Features
+from counteraudit.evaluate.distances.backbone_weights import MissingBackboneWeightsError
+from counteraudit.evaluate.distances.base import DISTANCES, Distance, Features
 
 DEFAULT_DISTANCE = "lpips-alex"  # the paper's main-text distance
 WEIGHT_FREE_FALLBACK = "l2"

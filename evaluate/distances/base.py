@@ -14,7 +14,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 import torch
 
-from train.registry import Registry
+from counteraudit.train.registry import Registry
 
 # Bounds the temporary (difference) tensors a distance allocates while combining features, so
 # 224x224 VGG features of many images never need one huge intermediate.

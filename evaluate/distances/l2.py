@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from evaluate.distances.base import DISTANCES, Features, WeightFreeDistance, check_images, chunk_length
+from counteraudit.evaluate.distances.base import DISTANCES, Features, WeightFreeDistance, check_images, chunk_length
 
 
 @DISTANCES.register()

@@ -1,8 +1,8 @@
 """LPIPS with VGG-16 features, a robustness check in the paper."""
 from __future__ import annotations
 
-from evaluate.distances.base import DISTANCES
-from evaluate.distances.lpips_features import LPIPSDistance
+from counteraudit.evaluate.distances.base import DISTANCES
+from counteraudit.evaluate.distances.lpips_features import LPIPSDistance
 
 
 @DISTANCES.register()

@@ -42,11 +42,11 @@ from lucent.optvis import param as lucent_param
 from torch import nn
 from torchvision.models.resnet import ResNet
 
-from explain.base import (BatchOutput, VisualizationMethod, architecture_default, model_device,
+from counteraudit.explain.base import (BatchOutput, VisualizationMethod, architecture_default, model_device,
                           register_method)
-from explain.caricature_transforms import StandardTransforms
-from explain.render import to_uint8
-from train.architectures import Classifier, resolve_layer
+from counteraudit.explain.caricature_transforms import StandardTransforms
+from counteraudit.explain.render import to_uint8
+from counteraudit.train.architectures import Classifier, resolve_layer
 
 # lucid's floor on the cosine in its cosine-weighted dot objectives.
 COSINE_FLOOR = 0.1

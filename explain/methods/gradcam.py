@@ -16,9 +16,9 @@ from pytorch_grad_cam import GradCAM as LibraryGradCAM
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 from torch import nn
 
-from explain.base import AttributionMethod, architecture_default, register_method
-from explain.render import cam_overlay
-from train.architectures import layer_name, resolve_layer
+from counteraudit.explain.base import AttributionMethod, architecture_default, register_method
+from counteraudit.explain.render import cam_overlay
+from counteraudit.train.architectures import layer_name, resolve_layer
 
 
 @register_method

@@ -5,7 +5,7 @@ import torch
 from captum.attr import GuidedBackprop as CaptumGuidedBackprop
 from torch import nn
 
-from explain.base import AttributionMethod, register_method
+from counteraudit.explain.base import AttributionMethod, register_method
 
 
 @register_method

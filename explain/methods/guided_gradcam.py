@@ -10,8 +10,8 @@ import torch
 from captum.attr import GuidedGradCam as CaptumGuidedGradCam
 from torch import nn
 
-from explain.base import AttributionMethod, architecture_default, register_method
-from train.architectures import layer_name, resolve_layer
+from counteraudit.explain.base import AttributionMethod, architecture_default, register_method
+from counteraudit.train.architectures import layer_name, resolve_layer
 
 
 @register_method

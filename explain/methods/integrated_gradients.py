@@ -10,8 +10,8 @@ import torch
 from captum.attr import IntegratedGradients as CaptumIntegratedGradients
 from torch import nn
 
-from explain.base import AttributionMethod, register_method
-from explain.params import execution_only
+from counteraudit.explain.base import AttributionMethod, register_method
+from counteraudit.explain.params import execution_only
 
 
 @register_method

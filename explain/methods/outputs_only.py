@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from explain.base import BatchOutput, VisualizationMethod, register_method
-from explain.render import probability_bars
+from counteraudit.explain.base import BatchOutput, VisualizationMethod, register_method
+from counteraudit.explain.render import probability_bars
 
 
 @register_method

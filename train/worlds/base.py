@@ -15,7 +15,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from train.registry import Registry
+from counteraudit.train.registry import Registry
 
 WORLDS: Registry[type] = Registry("world")
 

@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from train.artifacts import derive_seed
-from train.worlds.base import WORLDS, Batch, Split, World
+from counteraudit.train.artifacts import derive_seed
+from counteraudit.train.worlds.base import WORLDS, Batch, Split, World
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

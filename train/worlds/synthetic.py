@@ -29,9 +29,9 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from train.artifacts import (atomic_save_npz, atomic_write_json, derive_seed, read_json, runs_dir,
+from counteraudit.train.artifacts import (atomic_save_npz, atomic_write_json, derive_seed, read_json, runs_dir,
                              stable_hash)
-from train.worlds.base import WORLDS, Batch, Split, World
+from counteraudit.train.worlds.base import WORLDS, Batch, Split, World
 
 # Bump when rendering changes: it is part of the cache key, so old caches are never reused.
 GENERATOR_VERSION = 4
