@@ -154,7 +154,10 @@ def train_models(suite: Suite, specs: list[ModelSpec], args: argparse.Namespace)
     todo = [spec for spec in specs if not is_trained(model_dir(args.runs_dir, spec))]
     todo.sort(key=lambda spec: -training_cost(spec))  # longest first: the least idle workers
     if todo and config.executor == "local" and not config.dry_run:
+        from counteraudit.train.cpu_probe import check_cpu_precision
         from counteraudit.train.worlds import build_world
+        # says so, once, where the suite's fixed precision is much slower on this CPU
+        check_cpu_precision(suite, args.runs_dir, getattr(args, "device", None))
         build_world(suite.world, runs_root=args.runs_dir).prepare()  # once, not in every worker
     if config.dry_run:
         print(describe_training(suite, specs, todo, config, root), flush=True)
