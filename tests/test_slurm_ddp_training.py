@@ -56,7 +56,7 @@ def test_two_process_ddp_training_matches_one_process_accumulating_the_two_half_
     assert emulated_metrics["emulated_processes"] == 2
 
     def weights(runs: str) -> dict:
-        return torch.load(model_dir(suite.root(tmp_path / runs), spec) / WEIGHTS_NAME)
+        return torch.load(model_dir(tmp_path / runs, spec) / WEIGHTS_NAME)
 
     ddp, emulated, whole = weights("ddp"), weights("emulated"), weights("whole")
     backbone = build_model(spec.architecture, 10, (0.5,) * 3, (0.25,) * 3).backbone

@@ -137,9 +137,9 @@ def test_bad_training_requests_fail_clearly_and_lose_nothing_already_trained(tmp
     runs = tmp_path / "runs"
     root = suite.root(runs)
     finished, half = suite.references
-    train_model(finished, model_dir(root, finished), progress=False, runs_root=runs)
-    train_model(half, model_dir(root, half), progress=False, runs_root=runs, stop_after_epoch=1)
-    computed = _files_with_stamps(root / "models")
+    train_model(finished, model_dir(runs, finished), progress=False, runs_root=runs)
+    train_model(half, model_dir(runs, half), progress=False, runs_root=runs, stop_after_epoch=1)
+    computed = _files_with_stamps(runs / "store" / "models")
     jobs_before = subprocess.run(["squeue", "-h", "--states=all", "-o", "%i"], capture_output=True, text=True,
                                  check=True).stdout.split()  # fmt: skip
 
@@ -148,7 +148,7 @@ def test_bad_training_requests_fail_clearly_and_lose_nothing_already_trained(tmp
         return train_main(get_args_parser().parse_args(command_line))
 
     def assert_nothing_lost_or_submitted():
-        assert _files_with_stamps(root / "models") == computed
+        assert _files_with_stamps(runs / "store" / "models") == computed
         assert not (root / "slurm-logs").exists()
         jobs = subprocess.run(["squeue", "-h", "--states=all", "-o", "%i|%o"], capture_output=True, text=True,
                               check=True).stdout.split()  # fmt: skip
@@ -189,8 +189,8 @@ def test_bad_training_requests_fail_clearly_and_lose_nothing_already_trained(tmp
     # The good request: only the half-trained model runs, from its checkpoint.
     metrics = train("--executor", "slurm", "--partition", "debug", "--cpus-per-task", "1")
     assert [m["name"] for m in metrics] == [finished.name, half.name]
-    after = _files_with_stamps(root / "models")
-    finished_folder = model_dir(root, finished).name
+    after = _files_with_stamps(runs / "store" / "models")
+    finished_folder = model_dir(runs, finished).name
     finished_files = {name: stamp for name, stamp in computed.items() if name.startswith(finished_folder)}
     assert finished_files and all(after[name] == stamp for name, stamp in finished_files.items())
     [log] = (root / "slurm-logs" / "train").glob("*_0_log.out")  # one job: the half-trained model

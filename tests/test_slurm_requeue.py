@@ -124,7 +124,7 @@ def test_training_job_requeued_mid_run_resumes_from_its_checkpoint_to_the_same_w
     suite = load_suite(suite_path)
     spec = suite.references[0]
     item = {"suite": str(suite_path), "model": spec.name, "runs_dir": str(tmp_path / "slurm"), "progress": False}
-    directory = model_dir(suite.root(tmp_path / "slurm"), spec)
+    directory = model_dir(tmp_path / "slurm", spec)
     config = ExecutorConfig(executor="slurm", cpus_per_task=1, time_minutes=10, log_dir=tmp_path / "logs")
     stage = submit_items(train_one, [item], config, "train", item_name=lambda i: i["model"])
 
@@ -151,6 +151,6 @@ def test_training_job_requeued_mid_run_resumes_from_its_checkpoint_to_the_same_w
     assert [entry["epoch"] for entry in metrics["history"]] == list(range(1, REQUEUE_EPOCHS + 1))
 
     requeued = torch.load(directory / WEIGHTS_NAME)
-    uninterrupted = torch.load(model_dir(suite.root(tmp_path / "local"), spec) / WEIGHTS_NAME)
+    uninterrupted = torch.load(model_dir(tmp_path / "local", spec) / WEIGHTS_NAME)
     assert requeued.keys() == uninterrupted.keys()
     assert all(torch.equal(requeued[name], uninterrupted[name]) for name in requeued)

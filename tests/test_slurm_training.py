@@ -23,7 +23,7 @@ def test_training_job_array_gives_the_same_weights_as_local(tmp_path):
     for spec in suite.references:
         train_one({"suite": str(suite_path), "model": spec.name, "runs_dir": str(tmp_path / "local"),
                    "progress": False})
-        a = torch.load(model_dir(suite.root(tmp_path / "slurm"), spec) / WEIGHTS_NAME)
-        b = torch.load(model_dir(suite.root(tmp_path / "local"), spec) / WEIGHTS_NAME)
+        a = torch.load(model_dir(tmp_path / "slurm", spec) / WEIGHTS_NAME)
+        b = torch.load(model_dir(tmp_path / "local", spec) / WEIGHTS_NAME)
         assert all(torch.equal(a[k], b[k]) for k in a), f"{spec.name}: Slurm and local weights differ"
     assert list((tmp_path / "logs" / "train").glob("*.out"))

@@ -114,7 +114,7 @@ def test_rerun_does_no_work(suite_and_world, tmp_path):
 def test_external_checkpoint_in_any_common_layout(suite_and_world, tmp_path, prefix):
     suite, world = suite_and_world
     spec = suite.references[0]
-    trained = model_dir(suite.root(), spec)
+    trained = model_dir(None, spec)
     train_model(spec, trained, world=world, progress=False)
     weights = _weights(trained)
     path = tmp_path / "external.pth"
