@@ -1,6 +1,6 @@
 """Time anomaly scoring with cached features against one LPIPS call per pair (the original code's way).
 
-    python -m evaluate.benchmark --size 64 --size 224
+    python -m counteraudit.evaluate.benchmark --size 64 --size 224
 
 Setup: n references + k anomalous models, m rendered images each (random uint8 renders), LPIPS with
 a randomly initialised backbone (timings do not depend on the weights' values; no download needed).
