@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
-from counteraudit.anomalies.common import (accuracy, check_fraction, choose_fraction, predict, reference_mean,
-                              verification_indices)
+from counteraudit.anomalies.common import (accuracy, check_fraction, choose_fraction, predict,
+                                           reference_mean, verification_indices)
 
 PATTERNS = ("checker", "square", "cross", "noise", "stripes")
 POSITIONS = ("top_left", "top_right", "bottom_left", "bottom_right", "center")

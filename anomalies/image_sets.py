@@ -28,7 +28,8 @@ from PIL import Image
 
 from counteraudit.anomalies.base import FAMILIES
 from counteraudit.train.artifacts import (atomic_save_npz, atomic_write_bytes, atomic_write_json,
-                                         derive_seed, file_sha256, intact, read_marker, stable_hash)
+                                          derive_seed, file_sha256, intact, read_marker,
+                                          stable_hash)
 from counteraudit.train.suite import ModelSpec, Suite
 from counteraudit.train.worlds import World
 

@@ -10,8 +10,8 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
-from counteraudit.anomalies.common import (accuracy, check_fraction, choose_fraction, reference_mean,
-                              verification_indices)
+from counteraudit.anomalies.common import (accuracy, check_fraction, choose_fraction,
+                                           reference_mean, verification_indices)
 
 # The cue took when showing a wrong class costs the model at least this much accuracy.
 DROP_THRESHOLD = 0.10

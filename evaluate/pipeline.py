@@ -17,15 +17,16 @@ from typing import Any
 
 import pandas as pd
 
-from counteraudit.anomalies.image_sets import (DEFAULT_LOCALIZATION_IMAGES, DETECTION, abnormal_set_name,
-                                  localizable, normal_positions, set_sizes)
+from counteraudit.anomalies.image_sets import (DEFAULT_LOCALIZATION_IMAGES, DETECTION,
+                                               abnormal_set_name, localizable, normal_positions,
+                                               set_sizes)
 from counteraudit.evaluate.detection import NO_LAYER
 from counteraudit.evaluate.distances import build_distance, resolve_distance_name
 from counteraudit.evaluate.scores import anomaly_scores
 from counteraudit.explain.pipeline import add_chunk_images_arg, load_results, result_dir, suite_methods
 from counteraudit.explain.store import stored_key
 from counteraudit.train.artifacts import (atomic_write_json, atomic_write_text, file_sha256, intact,
-                                         read_marker, stable_hash)
+                                          read_marker, stable_hash)
 from counteraudit.train.suite import PAPER_REFERENCES, Suite
 
 SCORES = "scores"

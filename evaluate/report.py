@@ -64,8 +64,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> Path | None:
     from counteraudit.anomalies.image_sets import localizable
     from counteraudit.anomalies.verify import read_implant
-    from counteraudit.evaluate.pipeline import (detection_scores, detection_tables, localization_scores,
-                                   localization_tables, prepare, write_tables)
+    from counteraudit.evaluate.pipeline import (detection_scores, detection_tables,
+                                                localization_scores, localization_tables, prepare,
+                                                write_tables)
     from counteraudit.explain.pipeline import load_image_sets
     from counteraudit.train.artifacts import atomic_write_text
     if args.examples < 1 or args.image_side < 8:

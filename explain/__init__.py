@@ -8,8 +8,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from counteraudit.explain.base import (METHODS, AttributionMethod, BatchOutput, Explanation, ExplanationMethod,
-                          VisualizationMethod, build_method, register_method)
+from counteraudit.explain.base import (METHODS, AttributionMethod, BatchOutput, Explanation,
+                                       ExplanationMethod, VisualizationMethod, build_method,
+                                       register_method)
 from counteraudit.explain.explainable import explainable
 from counteraudit.explain.params import execution_only
 from counteraudit.explain.render import RENDERER_VERSION

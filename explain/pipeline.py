@@ -31,11 +31,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from counteraudit.anomalies.image_sets import (DETECTION, ImageSet, abnormal_set_name, build_image_sets,
-                                  localizable, set_sizes)
+from counteraudit.anomalies.image_sets import (DETECTION, ImageSet, abnormal_set_name,
+                                               build_image_sets, localizable, set_sizes)
 from counteraudit.explain.base import METHODS, Explanation, ExplanationMethod, build_method
-from counteraudit.explain.store import (gather_parts, is_stored, load_explanation, part_dir, part_key,
-                           result_key, save_explanation)
+from counteraudit.explain.store import (gather_parts, is_stored, load_explanation, part_dir,
+                                        part_key, result_key, save_explanation)
 from counteraudit.train.artifacts import link_into_store, stable_hash, store_dir
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.suite import ModelSpec, Suite, load_suite
@@ -222,11 +222,11 @@ def explain_one(item: dict[str, Any]) -> dict[str, int]:
             image_set, directory, key = work.target(set_name)
             if is_stored(directory, key):
                 counts["stored"] += 1
-            else:
-                explanation = work.method.run(work.model, image_set.tensor(), work.batch_size)
-                save_explanation(directory, explanation, work.spec.key, image_set.id)
-                gather_parts(directory, key, [])  # removes parts a chunked run may have left
-                counts["computed"] += 1
+                continue
+            explanation = work.method.run(work.model, image_set.tensor(), work.batch_size)
+            save_explanation(directory, explanation, work.spec.key, image_set.id)
+            gather_parts(directory, key, [])  # removes parts a chunked run may have left
+            counts["computed"] += 1
     return counts
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from counteraudit.explain.base import Explanation
 from counteraudit.train.artifacts import (atomic_save_npz, atomic_write_json, file_sha256, intact,
-                                         read_json, read_marker)
+                                          read_json, read_marker)
 
 ARRAYS_FILE = "explanation.npz"
 PARAMS_FILE = "params.json"

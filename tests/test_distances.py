@@ -6,8 +6,8 @@ import pytest
 import torch
 import torchvision
 
-from counteraudit.evaluate.distances import (DISTANCES, MissingBackboneWeightsError, available, build_distance,
-                                resolve_distance_name)
+from counteraudit.evaluate.distances import (DISTANCES, MissingBackboneWeightsError, available,
+                                             build_distance, resolve_distance_name)
 from counteraudit.evaluate.distances.backbone_weights import BACKBONES
 from counteraudit.train.registry import UnknownNameError
 

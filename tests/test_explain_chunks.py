@@ -19,8 +19,8 @@ import counteraudit.slurm.executor as slurm_executor
 from counteraudit.evaluate.distances import build_distance
 from counteraudit.evaluate.pipeline import SCORES, detection_scores, pipeline_parser
 from counteraudit.explain.base import build_method
-from counteraudit.explain.pipeline import (chunk_images, explain_suite, image_ranges, part_size, result_dir,
-                              sets_for)
+from counteraudit.explain.pipeline import (chunk_images, explain_suite, image_ranges, part_size,
+                                           result_dir, sets_for)
 from counteraudit.explain.run import get_args_parser
 from counteraudit.explain.store import ARRAYS_FILE, PARAMS_FILE, PARTS_DIR
 from counteraudit.slurm.errors import ItemsFailedError

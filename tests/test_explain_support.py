@@ -13,7 +13,7 @@ from counteraudit.explain.base import Explanation
 from counteraudit.explain.explainable import check_relus_used_once, explainable
 from counteraudit.explain.params import execution_only, parse_params, recorded_params
 from counteraudit.explain.render import (HOT, JET, RENDERER_VERSION, cam_overlay, probability_bars,
-                            saliency_heat, saliency_overlay)
+                                         saliency_heat, saliency_overlay)
 from counteraudit.explain.store import is_stored, load_explanation, result_key, save_explanation, stored_key
 from counteraudit.train.architectures import build_model
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from counteraudit.train.artifacts import (atomic_torch_save, intact, link_into_store, read_marker,
-                                         set_aside, store_dir)
+                                          set_aside, store_dir)
 from counteraudit.train.suite import ModelSpec, Suite
 
 CHECKPOINT_NAME = "checkpoint.pth"

@@ -31,9 +31,10 @@ from tqdm import tqdm
 
 from counteraudit.train.architectures import Classifier, build_model
 from counteraudit.train.artifacts import atomic_torch_save, atomic_write_json, derive_seed, file_sha256
-from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME, METRICS_NAME, SPEC_NAME,
-                              WEIGHTS_NAME, is_trained, load_backbone_weights, load_training_state,
-                              read_metrics, save_training_state, training_lock)
+from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME, METRICS_NAME,
+                                           SPEC_NAME, WEIGHTS_NAME, is_trained,
+                                           load_backbone_weights, load_training_state, read_metrics,
+                                           save_training_state, training_lock)
 from counteraudit.train.suite import ModelSpec
 from counteraudit.train.worlds import World, build_world
 

@@ -17,8 +17,10 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from counteraudit.evaluate.distances.backbone_weights import (BACKBONES, MissingBackboneWeightsError,
-                                                 find_weights_file, load_backbone_features)
+from counteraudit.evaluate.distances.backbone_weights import (BACKBONES,
+                                                              MissingBackboneWeightsError,
+                                                              find_weights_file,
+                                                              load_backbone_features)
 from counteraudit.evaluate.distances.base import Distance, Features, check_images, chunk_length
 
 # End index (exclusive) in torchvision's ``model.features`` of each slice lpips taps, copied from

@@ -42,8 +42,8 @@ from lucent.optvis import param as lucent_param
 from torch import nn
 from torchvision.models.resnet import ResNet
 
-from counteraudit.explain.base import (BatchOutput, VisualizationMethod, architecture_default, model_device,
-                          register_method)
+from counteraudit.explain.base import (BatchOutput, VisualizationMethod, architecture_default,
+                                       model_device, register_method)
 from counteraudit.explain.caricature_transforms import StandardTransforms
 from counteraudit.explain.render import to_uint8
 from counteraudit.train.architectures import Classifier, resolve_layer

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from counteraudit.train.artifacts import (atomic_save_npz, atomic_write_json, derive_seed, read_json, runs_dir,
-                             stable_hash)
+from counteraudit.train.artifacts import (atomic_save_npz, atomic_write_json, derive_seed,
+                                          read_json, runs_dir, stable_hash)
 from counteraudit.train.worlds.base import WORLDS, Batch, Split, World
 
 # Bump when rendering changes: it is part of the cache key, so old caches are never reused.
