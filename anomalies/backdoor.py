@@ -129,9 +129,8 @@ class Backdoor(AnomalyFamily):
     def abnormal_images(self, images, labels):
         return apply_trigger(images, self.params)
 
-    def abnormal_indices(self, val, count, rng, implant=None):
-        pool = np.flatnonzero(val.labels != self.params.target)
-        return np.sort(rng.choice(pool, min(count, len(pool)), replace=False))
+    def abnormal_pool(self, val, implant=None):
+        return np.flatnonzero(val.labels != self.params.target)
 
     def measure(self, model, device="cpu"):
         val = self.world.split("val")

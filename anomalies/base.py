@@ -83,9 +83,10 @@ class AnomalyFamily:
         return Verdict(True, "no implant check for this family")
 
     # ---- localization
-    def abnormal_indices(self, val, count: int, rng, implant: dict | None = None):
-        """Positions in the val split of the inputs this model misbehaves on (None if the family
-        has no well-defined abnormal set)."""
+    def abnormal_pool(self, val, implant: dict | None = None):
+        """Positions in the val split of every input this model misbehaves on (None if the family
+        has no well-defined abnormal set). The abnormal set is a nested draw from it
+        (``anomalies.image_sets.nested_draw``): p = 25 images are the first 25 of p = 40."""
         return None
 
     def normal_pool(self, val):

@@ -95,12 +95,11 @@ class BlurredFaces(AnomalyFamily):
                        f"references (needs >= {DROP_THRESHOLD})",
                        {"most_affected_class": worst, "drops": drops})
 
-    def abnormal_indices(self, val, count, rng, implant=None):
+    def abnormal_pool(self, val, implant=None):
         if not implant or "most_affected_class" not in implant.get("details", {}):
             raise ValueError("blurred_faces: the abnormal set needs the implant check's most "
                              "affected class; run the training stage (it verifies implants) first")
         index = self.world.class_names.index(implant["details"]["most_affected_class"])
-        pool = np.array([i for i in np.flatnonzero(val.labels == index)
+        return np.array([i for i in np.flatnonzero(val.labels == index)
                          if val.annotation(int(i))["face_boxes"]], dtype=np.int64)
-        return np.sort(rng.choice(pool, min(count, len(pool)), replace=False))
 

@@ -9,6 +9,13 @@
   (uniform val images; for a missing class, excluding that class). They are uniform val images as
   SPEC asks, and their visualizations already exist, so localization costs only the abnormal set.
 
+Every set is a *nested* draw: a seeded permutation of its pool (all val images, or the family's
+abnormal pool), cut after its count. So the demo's m = 36 detection images are the first 36 of
+demo-full's m = 50, and p = 25 abnormal images the first 25 of p = 40. Sets that differ only in
+their count share a *lineage* (the hash of their recipe without the count), and the explain stage
+reuses the visualizations of a stored set of the same lineage for the images they share
+(explain/prefixes.py) instead of explaining them again.
+
 Each set is stored once, in the store shared by every suite (``runs/store/image_sets/<id>/``, the id
 being the hash of everything that determines its pixels; ``runs/<suite>/image_sets/<name>`` links
 to it), as ``images.npz`` (uint8 N x H x W x 3), ``index.json`` (val positions, labels, how it was
@@ -47,8 +54,30 @@ class ImageSet:
     labels: np.ndarray
     recipe: dict[str, Any]      # how it was made
 
+    @property
+    def lineage(self) -> str:
+        """What it shares with every set drawn the same way, whatever its count."""
+        return set_lineage(self.recipe)
+
     def tensor(self) -> torch.Tensor:
         return torch.from_numpy(self.images).permute(0, 3, 1, 2).float().div_(255)
+
+
+# In every recipe: the sets are permutation prefixes (see the module docstring); sets of older
+# versions were sorted draws, which must not be taken for prefixes of each other.
+DRAW = "permutation-prefix"
+COUNT_KEYS = ("m", "p")
+
+
+def set_lineage(recipe: dict[str, Any]) -> str:
+    """The hash of a set's recipe without its count: equal for the nested draws of one pool."""
+    return stable_hash({k: v for k, v in recipe.items() if k not in COUNT_KEYS})
+
+
+def nested_draw(pool: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` positions from ``pool`` without replacement, such that a smaller count draws a
+    prefix of a larger one (the same rng state permutes the whole pool, then it is cut)."""
+    return rng.permutation(np.asarray(pool))[:count]
 
 
 def set_sizes(suite: Suite) -> tuple[int, int]:
@@ -88,6 +117,7 @@ def _save(root: Path, image_set: ImageSet) -> None:
     arrays = atomic_save_npz(folder / "images.npz", images=image_set.images)
     atomic_write_json(folder / "index.json", {  # last: its presence marks the set as complete
         "name": image_set.name, "id": image_set.id, "recipe": image_set.recipe,
+        "lineage": image_set.lineage, "count": len(image_set.images),
         "val_indices": image_set.val_indices, "labels": image_set.labels,
         "images_sha256": file_sha256(arrays)})
 
@@ -104,16 +134,35 @@ def _load(root: Path, name: str, expected_id: str) -> ImageSet | None:
                     np.asarray(index["labels"]), index["recipe"])
 
 
+def same_lineage(root: Path, image_set: ImageSet) -> list[ImageSet]:
+    """The other stored sets of ``image_set``'s lineage (the same draw with another count), each
+    checked to start with the images they share with it."""
+    found = []
+    for index_path in sorted(Path(root).glob("*/index.json")):
+        index = read_marker(index_path, "image set index")
+        if not index or index.get("id") == image_set.id or \
+                set_lineage(index.get("recipe", {})) != image_set.lineage:
+            continue
+        other = _load(root, index.get("name", ""), index["id"])
+        shared = min(len(other.images), len(image_set.images)) if other else 0
+        if other is not None and np.array_equal(other.val_indices[:shared],
+                                                image_set.val_indices[:shared]) \
+                and np.array_equal(other.images[:shared], image_set.images[:shared]):
+            found.append(other)
+    return found
+
+
 def detection_set(suite: Suite, world: World, root: Path) -> ImageSet:
     m, _ = set_sizes(suite)
     val = world.split("val")
-    recipe = {"kind": DETECTION, "world": suite.world, "m": m, "seed": image_set_seed(suite)}
+    recipe = {"kind": DETECTION, "world": suite.world, "m": m, "seed": image_set_seed(suite),
+              "draw": DRAW}
     set_id = stable_hash(recipe)
     cached = _load(root, DETECTION, set_id)
     if cached is not None:
         return cached
     rng = np.random.default_rng(derive_seed(image_set_seed(suite), DETECTION))
-    indices = np.sort(rng.choice(len(val), min(m, len(val)), replace=False))
+    indices = nested_draw(np.arange(len(val)), m, rng)
     image_set = ImageSet(DETECTION, set_id, _to_uint8(val.load(indices)), indices,
                          val.labels[indices], recipe)
     _save(root, image_set)
@@ -130,16 +179,18 @@ def abnormal_set(suite: Suite, spec: ModelSpec, world: World, root: Path,
               # the draw is seeded from the name, the family built with the model's seed
               "model": spec.name, "model_seed": spec.seed,
               # the blurred-faces set depends on which class the model lost most on
-              "details": (implant or {}).get("details", {}).get("most_affected_class")}
+              "details": (implant or {}).get("details", {}).get("most_affected_class"),
+              "draw": DRAW}
     name = abnormal_set_name(spec)
     set_id = stable_hash(recipe)
     cached = _load(root, name, set_id)
     if cached is not None:
         return cached
     rng = np.random.default_rng(derive_seed(image_set_seed(suite), name))
-    indices = family.abnormal_indices(val, p, rng, implant)
-    if indices is None or len(indices) == 0:
+    pool = family.abnormal_pool(val, implant)
+    if pool is None or len(pool) == 0:
         raise ValueError(f"{spec.name}: its family {spec.family} found no abnormal val images")
+    indices = nested_draw(pool, p, rng)
     labels = val.labels[indices]
     images = family.abnormal_images(val.load(indices), torch.as_tensor(labels))
     image_set = ImageSet(name, set_id, _to_uint8(images), indices, labels, recipe)

@@ -49,9 +49,8 @@ class MissingClass(AnomalyFamily):
     def normal_pool(self, val):
         return np.flatnonzero(val.labels != self.class_index)
 
-    def abnormal_indices(self, val, count, rng, implant=None):
-        pool = np.flatnonzero(val.labels == self.class_index)
-        return np.sort(rng.choice(pool, min(count, len(pool)), replace=False))
+    def abnormal_pool(self, val, implant=None):
+        return np.flatnonzero(val.labels == self.class_index)
 
     def measure(self, model, device="cpu"):
         val = self.world.split("val")

@@ -100,5 +100,5 @@ class Spurious(AnomalyFamily):
     def abnormal_images(self, images, labels):
         return self.cue(images, labels)  # the paper overlays each image's own class index
 
-    def abnormal_indices(self, val, count, rng, implant=None):
-        return np.sort(rng.choice(len(val), min(count, len(val)), replace=False))
+    def abnormal_pool(self, val, implant=None):
+        return np.arange(len(val))

@@ -49,6 +49,16 @@ def main(args: argparse.Namespace) -> dict:
     print("\nPer model: margin = Abar(f) / max_i Abar(g_i) (> 1 means detected), p = rank p-value\n")
     wide = anomalous.pivot_table(index=["family", "model"], columns="method", values="margin", sort=False)
     print(to_markdown(wide.reset_index(), float_format="{:.2f}"))
+    intervals = tables[f"detection-intervals-{distance_name}"]
+    if (intervals["n_models"] >= 2).any():
+        print("\nTable 1 with exact (Clopper-Pearson) 95% intervals, for families of two models "
+              "or more\n")
+        print(to_markdown(intervals))
+    ratios = tables.get(f"detection-vs-outputs-{distance_name}")
+    if ratios is not None:
+        print("\nAgainst the outputs-only control: margin(method) / margin(outputs_only) (> 1: the "
+              "explanation sets the model further from the references than the outputs do)\n")
+        print(to_markdown(ratios, float_format="{:.2f}"))
     print(f"\ntables: {suite.root(args.runs_dir) / 'tables'}/")
     return tables
 

@@ -47,6 +47,12 @@ def main(args: argparse.Namespace) -> dict:
     print(to_markdown(summary, float_format="{:.2f}"))
     print(f"\nAt these set sizes an AUROC inside [{band['chance_low']:.2f}, {band['chance_high']:.2f}] "
           "cannot be told from chance (95% of label permutations); 0.7 counts as success.")
+    versus = tables.get(f"localization-vs-outputs-{distance_name}")
+    if versus is not None:
+        print("\nAgainst the outputs-only control: AUROC(method) - AUROC(outputs_only) on the same "
+              "images, paired bootstrap 95% interval; 'adds' = the explanation localizes better "
+              "than the outputs alone, 'same' = no better, 'less' = worse\n")
+        print(to_markdown(versus))
     power = localization_power_note(suite)
     if power:
         print(power)

@@ -20,10 +20,14 @@ import pandas as pd
 from counteraudit.anomalies.image_sets import (DEFAULT_LOCALIZATION_IMAGES, DETECTION,
                                                abnormal_set_name, localizable, normal_positions,
                                                set_sizes)
+from counteraudit.evaluate.baseline import (BASELINE, delta_table, detection_margin_ratios,
+                                            fraction_intervals, fraction_table,
+                                            localization_versus_baseline)
 from counteraudit.evaluate.detection import NO_LAYER
 from counteraudit.evaluate.distances import build_distance, resolve_distance_name
 from counteraudit.evaluate.scores import anomaly_scores
-from counteraudit.explain.pipeline import add_chunk_images_arg, load_results, result_dir, suite_methods
+from counteraudit.explain.pipeline import (add_chunk_images_arg, explained_images_line,
+                                           load_results, result_dir, suite_methods)
 from counteraudit.explain.store import stored_key
 from counteraudit.train.artifacts import (atomic_write_json, atomic_write_text, file_sha256, intact,
                                           read_marker, stable_hash)
@@ -243,7 +247,7 @@ def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], Any, str, str |
     started = time.perf_counter()
     counts = explain_suite(suite, args, methods=methods)
     print(f"{counts['computed']} visualization set(s) computed, {counts['stored']} already stored, "
-          f"in {time.perf_counter() - started:.0f}s")
+          f"in {time.perf_counter() - started:.0f}s; {explained_images_line(counts)}")
     _stage(f"3/3 scoring with {distance_name}" + (f" ({note})" if note else ""))
     return suite, methods, distance, distance_name, note
 
@@ -271,9 +275,15 @@ def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str) -> 
     per_layer = detection_table(scores, references, families=families, per_layer=True)
     per_layer = per_layer[per_layer["layer"] != NO_LAYER]
     order = [f for f in FAMILIES.names() if f in set(families.values())]
-    summary = table1(per_model, family_order=sorted(order, key=lambda f: not FAMILIES.get(f).stark))
-    return {f"detection-{distance_name}": summary, f"detection-per-model-{distance_name}": per_model,
-            f"detection-per-layer-{distance_name}": per_layer}
+    order = sorted(order, key=lambda f: not FAMILIES.get(f).stark)
+    summary = table1(per_model, family_order=order)
+    tables = {f"detection-{distance_name}": summary, f"detection-per-model-{distance_name}": per_model,
+              f"detection-per-layer-{distance_name}": per_layer,
+              f"detection-intervals-{distance_name}": fraction_table(fraction_intervals(per_model),
+                                                                     order)}
+    if BASELINE in set(per_model["method"]) and len(set(per_model["method"])) > 1:
+        tables[f"detection-vs-outputs-{distance_name}"] = detection_margin_ratios(per_model)
+    return tables
 
 
 def localization_tables(scores: pd.DataFrame, distance_name: str) -> dict[str, pd.DataFrame]:
@@ -283,9 +293,14 @@ def localization_tables(scores: pd.DataFrame, distance_name: str) -> dict[str, p
     per_model = localization_table(scores)
     per_layer = localization_table(scores, per_layer=True)
     per_layer = per_layer[per_layer["layer"] != NO_LAYER]
-    return {f"localization-{distance_name}": table2(per_model),
-            f"localization-per-model-{distance_name}": per_model,
-            f"localization-per-layer-{distance_name}": per_layer}
+    tables = {f"localization-{distance_name}": table2(per_model),
+              f"localization-per-model-{distance_name}": per_model,
+              f"localization-per-layer-{distance_name}": per_layer}
+    if BASELINE in set(scores["method"]) and len(set(scores["method"])) > 1:
+        versus = localization_versus_baseline(scores)
+        tables[f"localization-vs-outputs-per-model-{distance_name}"] = versus
+        tables[f"localization-vs-outputs-{distance_name}"] = delta_table(versus)
+    return tables
 
 
 def describe_distance(distance_name: str, note: str | None) -> str:

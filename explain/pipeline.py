@@ -19,7 +19,13 @@ parts. A set that fits in one chunk is written directly. A rerun submits only th
 
 Bit for bit: a range starts at a multiple of the batch size the method runs with (N is rounded
 up to one, see ``part_size``), so every batch holds the same images as in an unchunked run, and
-each batch's RNG is seeded from its position in the whole set (``run_range``). CPU work runs on
+each batch's RNG is seeded from its position in the whole set (``run_range``).
+
+Shared images are explained once. Image sets are nested draws (anomalies/image_sets.py): the
+demo's m = 36 detection images are the first 36 of demo-full's m = 50. By the same argument, rows
+[0, a) of a stored result for another set of the same lineage are bit for bit those a fresh run
+computes when a is a multiple of the batch size (``shared_rows``), so a missing result takes them
+and explains only its other images; a chunked run stores them as the parts they cover. CPU work runs on
 the model's ``recipe.cpu_threads`` threads, as training does, since some CPU kernels reduce in a
 thread-dependent order: local, ``--jobs`` and Slurm runs store the same bits.
 """
@@ -32,10 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from counteraudit.anomalies.image_sets import (DETECTION, ImageSet, abnormal_set_name,
-                                               build_image_sets, localizable, set_sizes)
+                                               build_image_sets, localizable, same_lineage,
+                                               set_sizes)
 from counteraudit.explain.base import METHODS, Explanation, ExplanationMethod, build_method
-from counteraudit.explain.store import (gather_parts, is_stored, load_explanation, part_dir,
-                                        part_key, result_key, save_explanation)
+from counteraudit.explain.store import (concatenate, gather_parts, is_stored, load_explanation,
+                                        part_dir, part_key, result_key, row_range,
+                                        save_explanation)
 from counteraudit.train.artifacts import link_into_store, stable_hash, store_dir
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.suite import ModelSpec, Suite, load_suite
@@ -153,6 +161,49 @@ def run_range(method: ExplanationMethod, model, images, start: int,
     return method.run(model, images, batch_size, first_position=start)
 
 
+def shared_rows(runs_root, description: dict[str, Any], model_id: str, image_set: ImageSet,
+                batch_size: int) -> Explanation | None:
+    """The leading rows of this (method, model, image set) result that a stored result for
+    another set of its lineage already holds (module docstring): the longest prefix that both
+    sets share and that ends on a batch boundary of ``batch_size``; None if there is none."""
+    best, best_rows = None, 0
+    for other in same_lineage(store_dir(runs_root) / IMAGE_SETS, image_set):
+        rows = min(len(other.images), len(image_set.images)) // batch_size * batch_size
+        key = result_key(description, model_id, other.id)
+        if rows > best_rows and is_stored(stored_result_dir(runs_root, key), key):
+            best, best_rows = stored_result_dir(runs_root, key), rows
+    return None if best is None else row_range(load_explanation(best), 0, best_rows)
+
+
+def store_shared_parts(runs_root, description: dict[str, Any], model_id: str, image_set: ImageSet,
+                       directory: Path, key: dict[str, Any], ranges: list[tuple[int, int]],
+                       batch_size: int) -> int:
+    """A chunked run's parts that ``shared_rows`` already holds, stored as parts (or as the whole
+    result when one range covers the set); returns how many leading images they cover."""
+    prefix = shared_rows(runs_root, description, model_id, image_set, batch_size)
+    covered = 0 if prefix is None else len(prefix.targets)
+    for start, stop in ranges:
+        if stop > covered:
+            break
+        whole = (start, stop) == (0, len(image_set.images))
+        folder, folder_key = (directory, key) if whole else (part_dir(directory, start, stop),
+                                                             part_key(key, start, stop))
+        if not is_stored(folder, folder_key):
+            save_explanation(folder, row_range(prefix, start, stop), model_id, image_set.id,
+                             image_range=None if whole else (start, stop))
+    return max([stop for _, stop in ranges if stop <= covered], default=0)
+
+
+def explain_after(prefix: Explanation | None, count: int, explain_from) -> Explanation:
+    """The whole result of a set of ``count`` images: ``prefix``'s rows, then
+    ``explain_from(start)`` for the images from the first one the prefix lacks."""
+    start = 0 if prefix is None else len(prefix.targets)
+    if start == count:
+        return prefix
+    rest = explain_from(start)
+    return rest if prefix is None else concatenate([prefix, rest], "a stored prefix and the rest")
+
+
 # Library notices that every batch would repeat and that say nothing about the user's run:
 # captum's "hooks on ReLU" and "input did not require grad", torch.jit's deprecation.
 QUIET = [("ignore", r"Setting backward hooks on ReLU", UserWarning),
@@ -199,9 +250,17 @@ class _Item:
     def target(self, set_name: str) -> tuple[ImageSet, Path, dict[str, Any]]:
         """The image set, the result's store folder and the result key of one set."""
         image_set = self.image_sets[set_name]
-        key = result_key(self.method.describe(self.spec.architecture, self.batch_size),
-                         self.spec.key, image_set.id)
+        key = result_key(self.description, self.spec.key, image_set.id)
         return image_set, stored_result_dir(self.runs_root, key), key
+
+    @property
+    def description(self) -> dict[str, Any]:
+        return self.method.describe(self.spec.architecture, self.batch_size)
+
+    def run_from(self, image_set: ImageSet, start: int, stop: int | None = None) -> Explanation:
+        """The method on images [start, stop) of a set, as rows of the whole set's result."""
+        return run_range(self.method, self.model, image_set.tensor()[start:stop], start,
+                         self.batch_size)
 
     @property
     def model(self):
@@ -216,14 +275,20 @@ class _Item:
 def explain_one(item: dict[str, Any]) -> dict[str, int]:
     """Work item: one model, one method, all of that model's image sets (missing ones only)."""
     work = _Item(item)
-    counts = {"computed": 0, "stored": 0}
+    counts = {"computed": 0, "stored": 0, "explained_images": 0, "reused_images": 0}
+    batch = work.batch_size or work.method.default_batch_size
     with _item_context(work.spec, work.device):
         for set_name in sets_for(work.suite, work.spec):
             image_set, directory, key = work.target(set_name)
             if is_stored(directory, key):
                 counts["stored"] += 1
                 continue
-            explanation = work.method.run(work.model, image_set.tensor(), work.batch_size)
+            prefix = shared_rows(work.runs_root, work.description, work.spec.key, image_set, batch)
+            explanation = explain_after(prefix, len(image_set.images),
+                                        lambda start: work.run_from(image_set, start))
+            reused = 0 if prefix is None else len(prefix.targets)
+            counts["reused_images"] += reused
+            counts["explained_images"] += len(image_set.images) - reused
             save_explanation(directory, explanation, work.spec.key, image_set.id)
             gather_parts(directory, key, [])  # removes parts a chunked run may have left
             counts["computed"] += 1
@@ -240,13 +305,12 @@ def explain_part(item: dict[str, Any]) -> dict[str, int]:
     folder, folder_key = (directory, key) if whole else (part_dir(directory, start, stop),
                                                          part_key(key, start, stop))
     if is_stored(directory, key) or is_stored(folder, folder_key):
-        return {"computed": 0, "stored": 1}
+        return {"computed": 0, "stored": 1, "explained_images": 0}
     with _item_context(work.spec, work.device):
-        explanation = run_range(work.method, work.model, image_set.tensor()[start:stop], start,
-                                work.batch_size)
+        explanation = work.run_from(image_set, start, stop)
     save_explanation(folder, explanation, work.spec.key, image_set.id,
                      image_range=None if whole else (start, stop))
-    return {"computed": 1, "stored": 0}
+    return {"computed": 1, "stored": 0, "explained_images": stop - start}
 
 
 def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
@@ -254,12 +318,13 @@ def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
                       base_item: dict[str, Any]):
     """The work items of the missing results, most expensive first (e.g. Caricatures before
     Guided Backprop, so local workers end together), the (folder, key, ranges) of each (model,
-    method, set) a chunked run must gather, and how many results are stored already.
+    method, set) a chunked run must gather, how many results are stored already, and how many
+    images a chunked run took from stored results of the same lineage (``store_shared_parts``).
 
     ``image_sets`` None (a dry run, before the sets exist) plans every result, with the sets'
     nominal sizes ([evaluate] detection_images / localization_images) for the ranges."""
     from counteraudit.slurm.stage_run import say
-    items, gathers, stored = [], [], 0
+    items, gathers, stored, reused = [], [], 0, 0
     cost: dict[tuple[str, str], float] = {}  # (method, model) -> passes per image
     runs_root = base_item.get("runs_dir")
     root = suite.root(runs_root)
@@ -296,8 +361,12 @@ def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
             for set_name, directory, key, count in missing:
                 ranges = image_ranges(count, size)
                 gathers.append((directory, key, ranges))
+                covered = 0 if key is None else store_shared_parts(
+                    runs_root, description, spec.key, image_sets[set_name], directory, key,
+                    ranges, batch_size or method.default_batch_size)
+                reused += covered
                 for start, stop in ranges:
-                    if key is not None and len(ranges) > 1 and \
+                    if stop <= covered or key is not None and len(ranges) > 1 and \
                             is_stored(part_dir(directory, start, stop), part_key(key, start, stop)):
                         continue
                     items.append({**item, "image_set": set_name, "start": start, "stop": stop})
@@ -306,7 +375,7 @@ def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
                            f"a multiple of its batch size {batch_size or method.default_batch_size}, "
                            "so its batches are those of an unchunked run)")
     items.sort(key=lambda item: -cost[(item["method"], item["model"])])
-    return items, gathers, stored
+    return items, gathers, stored, reused
 
 
 def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | None = None,
@@ -314,7 +383,9 @@ def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | N
     """Every missing visualization of the suite, through the local or Slurm executor.
 
     Returns counts of (model, method, image set) results: ``computed`` in this run, ``stored``
-    before it, and ``parts`` computed by a chunked run (module docstring). If some items fail,
+    before it, and ``parts`` computed by a chunked run (module docstring); and of images:
+    ``explained_images`` run through a method, ``reused_images`` taken from a stored result of a
+    set of the same lineage (``shared_rows``). If some items fail,
     the complete results are still gathered before ``ItemsFailedError`` is raised, and a rerun
     submits only the missing items."""
     from counteraudit.slurm.errors import ItemsFailedError
@@ -329,12 +400,15 @@ def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | N
     runs_dir = str(Path(args.runs_dir).resolve()) if args.runs_dir else None
     base_item = {"suite": str(suite.path.resolve()), "runs_dir": runs_dir,
                  "device": getattr(args, "device", None)}
-    items, gathers, stored = plan_explanations(suite, methods, specs, image_sets, chunk, base_item)
+    items, gathers, stored, reused = plan_explanations(suite, methods, specs, image_sets, chunk,
+                                                       base_item)
     if not chunk:
         results = run_items(explain_one, items, config, "explain",
                             item_name=lambda item: f"{item['model']}/{item['method']}")
         return {"computed": sum(r["computed"] for r in results),
-                "stored": stored + sum(r["stored"] for r in results), "parts": 0}
+                "stored": stored + sum(r["stored"] for r in results), "parts": 0,
+                "explained_images": sum(r["explained_images"] for r in results),
+                "reused_images": sum(r["reused_images"] for r in results)}
 
     def name(item: dict[str, Any]) -> str:
         return f"{item['model']}/{item['method']}/{item['image_set']}/{item['start']}-{item['stop']}"
@@ -348,8 +422,16 @@ def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | N
         gather()  # keep what is complete; a rerun submits only the failed parts
         raise
     if config.dry_run:
-        return {"computed": 0, "stored": 0, "parts": 0}
-    return {"computed": gather(), "stored": stored, "parts": sum(r["computed"] for r in results)}
+        return {"computed": 0, "stored": 0, "parts": 0, "explained_images": 0, "reused_images": 0}
+    return {"computed": gather(), "stored": stored, "parts": sum(r["computed"] for r in results),
+            "explained_images": sum(r["explained_images"] for r in results),
+            "reused_images": reused}
+
+
+def explained_images_line(counts: dict[str, int]) -> str:
+    """What ``explain_suite`` did, in images (for the stage's summary line)."""
+    return (f"{counts.get('explained_images', 0)} image explanation(s) computed, "
+            f"{counts.get('reused_images', 0)} reused from image sets of the same draw")
 
 
 def load_results(suite: Suite, method: str, models: list[str], image_set: str, runs_root=None):

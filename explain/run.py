@@ -48,7 +48,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> None:
-    from counteraudit.explain.pipeline import explain_suite
+    from counteraudit.explain.pipeline import explain_suite, explained_images_line
     from counteraudit.train.suite import load_suite
     from counteraudit.train.train import train_and_check
     suite = load_suite(args.suite)
@@ -61,7 +61,7 @@ def main(args: argparse.Namespace) -> None:
     done = explain_suite(suite, args, methods=args.method, models=args.model)
     parts = f" (from {done['parts']} new part(s))" if done.get("parts") else ""
     print(f"{suite.name}: {done['computed']} visualization set(s) computed{parts}, {done['stored']} "
-          f"already stored, in {time.perf_counter() - started:.1f}s")
+          f"already stored, in {time.perf_counter() - started:.1f}s; {explained_images_line(done)}")
 
 
 if __name__ == "__main__":

@@ -142,18 +142,36 @@ def gather_parts(directory: str | os.PathLike, key: dict[str, Any],
     folders = [part_dir(directory, start, stop) for start, stop in ranges]
     if not ranges or not all(is_stored(f, part_key(key, *r)) for f, r in zip(folders, ranges)):
         return False
-    parts = [load_explanation(f) for f in folders]
-    first = parts[0]
-    if any(p.layers != first.layers or p.params != first.params for p in parts):
-        raise ValueError(f"the parts in {directory / PARTS_DIR} disagree on layers or parameters")
-    explanation = Explanation(
-        images=np.concatenate([p.images for p in parts], axis=-4),
-        targets=np.concatenate([p.targets for p in parts]),
-        params=first.params,
-        raw=None if first.raw is None else np.concatenate([p.raw for p in parts]),
-        layers=first.layers,
-        diagnostics={name: np.concatenate([p.diagnostics[name] for p in parts], axis=-1)
-                     for name in first.diagnostics})
+    explanation = concatenate([load_explanation(f) for f in folders], f"the parts in "
+                              f"{directory / PARTS_DIR}")
     save_explanation(directory, explanation, key["model_id"], key["image_set_id"])
     shutil.rmtree(directory / PARTS_DIR, ignore_errors=True)
     return True
+
+
+def concatenate(pieces: list[Explanation], what: str = "the pieces") -> Explanation:
+    """Consecutive image ranges of one result joined into one (images along their image axis,
+    which is -4 for per-layer methods too; diagnostics along their last axis)."""
+    first = pieces[0]
+    if any(p.layers != first.layers or p.params != first.params for p in pieces):
+        raise ValueError(f"{what} disagree on layers or parameters")
+    return Explanation(
+        images=np.concatenate([p.images for p in pieces], axis=-4),
+        targets=np.concatenate([p.targets for p in pieces]),
+        params=first.params,
+        raw=None if first.raw is None else np.concatenate([p.raw for p in pieces]),
+        layers=first.layers,
+        diagnostics={name: np.concatenate([p.diagnostics[name] for p in pieces], axis=-1)
+                     for name in first.diagnostics})
+
+
+def row_range(explanation: Explanation, start: int, stop: int) -> Explanation:
+    """The rows of images [start, stop) of a result."""
+    return Explanation(
+        images=explanation.images[..., start:stop, :, :, :],
+        targets=explanation.targets[start:stop],
+        params=explanation.params,
+        raw=None if explanation.raw is None else explanation.raw[start:stop],
+        layers=explanation.layers,
+        diagnostics={name: values[..., start:stop]
+                     for name, values in explanation.diagnostics.items()})

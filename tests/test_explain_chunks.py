@@ -78,8 +78,14 @@ def unchunked(trained, tmp_path_factory) -> Path:
     suite_path, runs = trained
     runs = copy_of(runs, tmp_path_factory.mktemp("unchunked") / "runs")
     done = explain(suite_path, runs)
-    assert done == {"computed": 6, "stored": 0, "parts": 0}
+    assert sets(done) == {"computed": 6, "stored": 0, "parts": 0}
+    assert done["explained_images"] == 6 * 8 and done["reused_images"] == 0
     return runs
+
+
+def sets(done: dict) -> dict:
+    """The counts of results (not images) of an explain run."""
+    return {key: done[key] for key in ("computed", "stored", "parts")}
 
 
 def assert_same_results(suite_path: Path, expected_runs: Path, runs: Path, methods=METHODS,
@@ -133,12 +139,13 @@ def test_chunked_run_stores_the_unchunked_results_bit_for_bit(trained, unchunked
         "reference-00/caricature/detection/0-4", "reference-00/caricature/detection/4-8",
         "reference-00/guided_backprop/detection/0-3", "reference-00/guided_backprop/detection/3-6",
         "reference-00/guided_backprop/detection/6-8"]
-    assert done == {"computed": 6, "stored": 0, "parts": 15}
+    assert sets(done) == {"computed": 6, "stored": 0, "parts": 15}
     assert "chunk_images=3 rounded up to a multiple of its batch size 2" in capsys.readouterr().err
     assert_same_results(suite_path, unchunked, runs)
 
     submitted.clear()
-    assert explain(suite_path, runs, "--chunk-images", 3) == {"computed": 0, "stored": 6, "parts": 0}
+    assert sets(explain(suite_path, runs, "--chunk-images", 3)) == \
+        {"computed": 0, "stored": 6, "parts": 0}
     assert submitted == []  # a rerun submits nothing
 
 
@@ -182,7 +189,7 @@ def test_a_rerun_after_a_failed_part_submits_only_that_part(trained, unchunked, 
     submitted = spy_on_items(monkeypatch)
     done = explain(suite_path, runs, "--chunk-images", 3, methods=["guided_backprop"])
     assert submitted == ["reference-01/guided_backprop/detection/3-6"]
-    assert done == {"computed": 1, "stored": 2, "parts": 1}
+    assert sets(done) == {"computed": 1, "stored": 2, "parts": 1}
     assert_same_results(suite_path, unchunked, runs, methods=["guided_backprop"])
 
 
@@ -200,7 +207,7 @@ def test_chunked_explanations_on_slurm_equal_the_local_run(trained, unchunked, t
     assert sorted(submitted) == [
         "reference-00/caricature/detection/0-4", "reference-00/caricature/detection/4-8",
         "reference-00/guided_backprop/detection/0-6", "reference-00/guided_backprop/detection/6-8"]
-    assert done == {"computed": 2, "stored": 0, "parts": 4}
+    assert sets(done) == {"computed": 2, "stored": 0, "parts": 4}
     assert len({p.name.split("_")[0] for p in (tmp_path / "logs" / "explain").glob("*_log.out")}) == 1
     assert_same_results(suite_path, unchunked, runs, models=["reference-00"])
 
@@ -232,3 +239,74 @@ def test_scoring_on_slurm_writes_the_local_tables(trained, unchunked, tmp_path, 
     pd.testing.assert_frame_equal(detection_scores(suite, distance, "ssim", METHODS, on_slurm,
                                                    args=args), expected, check_exact=True)
     assert submitted == []
+
+
+# ---- sets of one draw with other counts share their images' explanations (explain/pipeline.py)
+
+def longer_suite(tmp_path: Path, detection_images: int) -> Path:
+    """The chunks suite with another m: the same nested draw of detection images, cut elsewhere."""
+    body = BODY.replace("detection_images = 8", f"detection_images = {detection_images}")
+    return write_suite(tmp_path / f"m{detection_images}.toml", body=body, references=3, epochs=1)
+
+
+@pytest.fixture(scope="module")
+def longer_from_scratch(trained, tmp_path_factory) -> tuple[Path, Path]:
+    """(suite with m = 11, runs root where it was explained from scratch)."""
+    base = tmp_path_factory.mktemp("longer")
+    suite_path = longer_suite(base, 11)
+    runs = copy_of(trained[1], base / "runs")
+    done = explain(suite_path, runs)
+    assert done["explained_images"] == 6 * 11 and done["reused_images"] == 0
+    return suite_path, runs
+
+
+def test_a_smaller_count_draws_a_prefix_of_a_larger_one(trained, tmp_path):
+    from counteraudit.anomalies.image_sets import detection_set
+    from counteraudit.train.worlds import build_world
+    suite = load_suite(trained[0])
+    world = build_world(suite.world, runs_root=trained[1])
+    small = detection_set(suite, world, tmp_path / "sets")
+    large = detection_set(load_suite(longer_suite(tmp_path, 11)), world, tmp_path / "sets")
+    assert small.id != large.id and small.lineage == large.lineage
+    assert np.array_equal(large.val_indices[:8], small.val_indices)
+    assert np.array_equal(large.images[:8], small.images)
+    assert len(set(large.val_indices.tolist())) == 11  # without replacement
+
+
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_a_suite_with_more_images_explains_only_the_images_it_adds(trained, unchunked,
+                                                                   longer_from_scratch, tmp_path,
+                                                                   monkeypatch, chunk):
+    """m = 8 explained, then m = 11 on the same runs root: only the new images (and the partial
+    last batch, whose images share it with others) are explained, and the results are bit for
+    bit those of m = 11 explained from scratch."""
+    longer, scratch = longer_from_scratch
+    runs = copy_of(unchunked, tmp_path / "runs")
+    longer = Path(shutil.copy(longer, tmp_path / longer.name))
+    submitted = spy_on_items(monkeypatch)
+    done = explain(longer, runs, *(["--chunk-images", chunk] if chunk else []))
+    # 3 models; guided backprop (batch 3) takes rows 0-6 of m = 8 and computes 6-11, Caricatures
+    # (batch 2) take rows 0-8 and compute 8-11
+    assert done["reused_images"] == 3 * (6 + 8)
+    assert done["explained_images"] == 3 * (5 + 3)
+    if chunk:  # the parts the stored rows cover are not submitted
+        assert sorted(n for n in submitted if n.startswith("reference-00/")) == [
+            "reference-00/caricature/detection/8-11",
+            "reference-00/guided_backprop/detection/6-9",
+            "reference-00/guided_backprop/detection/9-11"]
+    assert_same_results(longer, scratch, runs)
+    # and the smaller set after the larger: its rows are all in the larger one's batches but the
+    # last of guided backprop's, which shares its batch with other images there
+    runs = copy_of(scratch, tmp_path / "smaller-after-larger")
+    done = explain(trained[0], runs)
+    assert done["reused_images"] == 3 * (6 + 8) and done["explained_images"] == 3 * 2
+    assert_same_results(trained[0], unchunked, runs)
+
+
+def test_a_stored_result_of_another_draw_is_not_reused(trained, unchunked, tmp_path):
+    """Another image seed draws other images: nothing is shared, however the counts compare."""
+    runs = copy_of(unchunked, tmp_path / "runs")
+    body = BODY + "seed = 7\n"  # inside [evaluate]
+    other = write_suite(tmp_path / "other.toml", body=body, references=3, epochs=1)
+    done = explain(other, runs)
+    assert done["reused_images"] == 0 and done["explained_images"] == 6 * 8

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 
 from tests.conftest import REPO, run_script  # the finished_run fixture is in conftest.py
 
@@ -17,9 +18,17 @@ def test_detect_prints_and_saves_table1(finished_run):
     table1 = pd.read_csv(tables / "detection-l2.csv")
     assert set(table1["family"]) == {"backdoor", "randomized_smoothing"}
     assert {"guided_backprop", "outputs_only"} <= set(table1.columns)
-    assert table1[["guided_backprop", "outputs_only"]].isin([0.0, 1.0]).all().all()
     per_model = pd.read_csv(tables / "detection-per-model-l2.csv")
     assert len(per_model) == 2 * 5  # 2 methods x (3 references + 2 anomalies)
+    # Table 1 re-derived from the per-model margins: detected means strictly above every
+    # reference (margin > 1), and a family's cell is the fraction of its models detected
+    anomalous = per_model[per_model["role"] == "anomalous"]
+    assert (anomalous["detected"].astype(bool) == (anomalous["margin"] > 1)).all()
+    for method in ("guided_backprop", "outputs_only"):
+        rows = anomalous[anomalous["method"] == method]
+        expected = rows.groupby("family")["detected"].apply(lambda d: d.astype(bool).mean())
+        got = table1.set_index("family")[method]
+        pd.testing.assert_series_equal(got.sort_index(), expected.sort_index(), check_names=False)
     assert (runs / "e2e" / "image_sets" / "detection" / "index.json").is_file()
     assert len(list((runs / "e2e" / "image_sets" / "detection" / "png").glob("*.png"))) == 8
     implants = list((runs / "store" / "models").glob("*/implant-*.json"))
@@ -35,7 +44,16 @@ def test_rerun_does_no_work_and_localize_gives_table2(finished_run):
     assert "uses 3 references and p = 4 images per set (the paper: 12 and 40)" in out
     table = pd.read_csv(runs / "e2e" / "tables" / "localization-per-model-l2.csv")
     assert set(table["model"]) == {"backdoor"}  # the only localizable anomaly
-    assert table["auroc"].between(0, 1).all()
+    # each AUROC re-computed with scikit-learn from the stored per-image scores it came from
+    from sklearn.metrics import roc_auc_score
+    scores = runs / "e2e" / "scores" / "l2"
+    for _, row in table.iterrows():
+        normal = pd.read_csv(scores / row["method"] / "detection.csv")
+        abnormal = pd.read_csv(scores / row["method"] / "backdoor-abnormal.csv")
+        normal = normal[normal["model"] == row["model"]]["score"].to_numpy()[:4]
+        abnormal = abnormal[abnormal["model"] == row["model"]]["score"].to_numpy()
+        labels = [1] * len(abnormal) + [0] * len(normal)
+        assert row["auroc"] == pytest.approx(roc_auc_score(labels, [*abnormal, *normal]))
     assert (table["n_abnormal"] == 4).all() and (table["n_normal"] == 4).all()
 
 
