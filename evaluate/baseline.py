@@ -180,3 +180,14 @@ def fraction_table(intervals: pd.DataFrame, family_order: Sequence[str] | None =
     wide.insert(0, "n_models", cells.groupby("family")["n_models"].max())
     wide.columns.name = None
     return wide.reset_index()
+
+
+def null_rate_table(rates: pd.DataFrame, *, level: float = DEFAULT_LEVEL) -> pd.DataFrame:
+    """``detection.null_rates`` with the false-positive rate's exact interval: per method,
+    "k/n = rate [low, high]" beside the rate exchangeability predicts."""
+    cells = []
+    for k, n, rate in zip(rates["n_detected"], rates["n_null"], rates["false_positive_rate"]):
+        interval = binomtest(int(k), int(n)).proportion_ci(confidence_level=level, method="exact")
+        cells.append(f"{int(k)}/{int(n)} = {rate:.2f} [{interval.low:.2f}, {interval.high:.2f}]")
+    return pd.DataFrame({"method": rates["method"], "false_positive_rate": cells,
+                         "expected_1/(n+1)": rates["expected_rate"].round(3)})

@@ -42,10 +42,18 @@ def main(args: argparse.Namespace) -> dict:
     tables = detection_tables(suite, scores, distance_name)
     summary, per_model = tables[f"detection-{distance_name}"], tables[f"detection-per-model-{distance_name}"]
     write_tables(suite, tables, args.runs_dir)
-    anomalous = per_model[per_model["role"] != "reference"]
+    anomalous = per_model[per_model["role"] == "anomalous"]
     print(f"\nTable 1 -- fraction of each family's models detected ({describe_distance(distance_name, note)};"
           f" {suite.name} suite, {len(references)} references)\n")
     print(to_markdown(summary))
+    nulls = tables.get(f"detection-null-{distance_name}")
+    if nulls is not None:
+        print(f"\nNull row: {len(suite.held_out)} held-out references (seeds trained like the "
+              f"references) scored as if anomalous; the fraction flagged is the rule's empirical "
+              f"false-positive rate (exact 95% interval), beside 1/(n+1) = "
+              f"{1 / (len(references) + 1):.3f}, the rate for a model exchangeable with the "
+              f"{len(references)} references\n")
+        print(to_markdown(nulls))
     print("\nPer model: margin = Abar(f) / max_i Abar(g_i) (> 1 means detected), p = rank p-value\n")
     wide = anomalous.pivot_table(index=["family", "model"], columns="method", values="margin", sort=False)
     print(to_markdown(wide.reset_index(), float_format="{:.2f}"))

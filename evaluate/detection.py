@@ -20,6 +20,8 @@ from counteraudit.evaluate.scores import FLAG_OK
 
 ROLE_REFERENCE = "reference"
 ROLE_ANOMALOUS = "anomalous"
+ROLE_NULL = "null"  # a held-out reference, scored as if anomalous ([references] held_out)
+NULL_FAMILY = "null (held-out references)"
 NO_LAYER = ""  # the layer value of single-layer methods
 UNLABELLED_FAMILY = "(no family)"
 
@@ -77,11 +79,14 @@ def detection_rule(abar: float, reference_abars: Sequence[float]) -> dict:
 
 def detection_table(scores: pd.DataFrame, references: Sequence[str], *,
                     families: Mapping[str, str] | None = None, by: Sequence[str] = ("method",),
-                    per_layer: bool = False) -> pd.DataFrame:
+                    per_layer: bool = False, null_models: Sequence[str] = ()) -> pd.DataFrame:
     """One row per (by..., [layer,] model): family, role, abar, max_reference_abar, margin, p_value,
-    detected, n_images, n_flagged. Reference rows carry their own Abar and no verdict (NaN)."""
+    detected, n_images, n_flagged. Reference rows carry their own Abar and no verdict (NaN).
+    ``null_models`` (held-out references) get the anomalous models' verdict, role ``null`` and
+    family ``NULL_FAMILY``: how often the rule flags a normal model."""
     by = list(by)
     references = list(references)
+    null_models = set(null_models)
     families = dict(families or {})
     abars = mean_scores(scores, by=by, per_layer=per_layer)
     group_keys = [*by, "layer"] if per_layer else by
@@ -98,19 +103,24 @@ def detection_table(scores: pd.DataFrame, references: Sequence[str], *,
             verdict = ({"max_reference_abar": np.nan, "margin": np.nan, "p_value": np.nan,
                         "detected": np.nan, "detection_flag": FLAG_OK} if is_reference
                        else detection_rule(record["abar"], reference_abars))
+            is_null = record["model"] in null_models
             rows.append({**record,
-                         "family": families.get(record["model"], ROLE_REFERENCE if is_reference
-                                                else UNLABELLED_FAMILY),
-                         "role": ROLE_REFERENCE if is_reference else ROLE_ANOMALOUS, **verdict})
+                         "family": NULL_FAMILY if is_null else families.get(
+                             record["model"], ROLE_REFERENCE if is_reference else UNLABELLED_FAMILY),
+                         "role": ROLE_REFERENCE if is_reference else ROLE_NULL if is_null
+                         else ROLE_ANOMALOUS, **verdict})
     columns = [*group_keys, "model", "family", "role", "abar", "max_reference_abar", "margin", "p_value",
                "detected", "n_images", "n_flagged", *(["n_layers"] if not per_layer else []), "detection_flag"]
     return pd.DataFrame(rows, columns=columns)
 
 
-def detection_fractions(detections: pd.DataFrame, *, by: Sequence[str] = ("method",)) -> pd.DataFrame:
-    """Long form of Table 1: (family, by..., [layer]) -> n_models, n_detected, fraction_detected."""
+def detection_fractions(detections: pd.DataFrame, *, by: Sequence[str] = ("method",),
+                        role: str = ROLE_ANOMALOUS) -> pd.DataFrame:
+    """Long form of Table 1: (family, by..., [layer]) -> n_models, n_detected, fraction_detected
+    (of the anomalous models; ``role=ROLE_NULL``: of the null models, the rule's false-positive
+    rate)."""
     keys = ["family", *by, *(["layer"] if "layer" in detections.columns else [])]
-    anomalous = detections[detections["role"] == ROLE_ANOMALOUS]
+    anomalous = detections[detections["role"] == role]
     return (anomalous.assign(detected=anomalous["detected"].astype(bool))
             .groupby(keys, sort=False, dropna=False)
             .agg(n_models=("model", "nunique"), n_detected=("detected", "sum"),
@@ -132,3 +142,13 @@ def table1(detections: pd.DataFrame, *, by: Sequence[str] = ("method",),
     if family_order is not None:
         wide = wide.reindex([f for f in family_order if f in wide.index])
     return wide.reset_index()
+
+
+def null_rates(detections: pd.DataFrame, n_references: int, *,
+               by: Sequence[str] = ("method",)) -> pd.DataFrame:
+    """Per method: n_null (held-out references scored), n_detected, false_positive_rate (the
+    fraction the rule flagged) and expected_rate = 1 / (n + 1), the chance that one model
+    exchangeable with the n references scores above all of them."""
+    rates = detection_fractions(detections, by=by, role=ROLE_NULL).rename(columns={
+        "n_models": "n_null", "fraction_detected": "false_positive_rate"})
+    return rates.drop(columns="family").assign(expected_rate=1 / (n_references + 1))

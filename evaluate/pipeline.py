@@ -22,7 +22,7 @@ from counteraudit.anomalies.image_sets import (DEFAULT_LOCALIZATION_IMAGES, DETE
                                                set_sizes)
 from counteraudit.evaluate.baseline import (BASELINE, delta_table, detection_margin_ratios,
                                             fraction_intervals, fraction_table,
-                                            localization_versus_baseline)
+                                            localization_versus_baseline, null_rate_table)
 from counteraudit.evaluate.detection import NO_LAYER
 from counteraudit.evaluate.distances import build_distance, resolve_distance_name
 from counteraudit.evaluate.scores import anomaly_scores
@@ -268,16 +268,26 @@ def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str) -> 
     """Table 1 (families in registry order, stark first), the per-model detection table and the
     per-layer rows of layered methods, keyed by the file names ``write_tables`` gives them."""
     from counteraudit.anomalies import FAMILIES
-    from counteraudit.evaluate.detection import detection_table, table1
+    from counteraudit.evaluate.detection import NULL_FAMILY, detection_table, null_rates, table1
     references = [s.name for s in suite.references]
     families = {s.name: s.family for s in suite.anomalies}
-    per_model = detection_table(scores, references, families=families)
-    per_layer = detection_table(scores, references, families=families, per_layer=True)
+    nulls = [s.name for s in suite.held_out]
+    per_model = detection_table(scores, references, families=families, null_models=nulls)
+    per_layer = detection_table(scores, references, families=families, per_layer=True,
+                                null_models=nulls)
     per_layer = per_layer[per_layer["layer"] != NO_LAYER]
     order = [f for f in FAMILIES.names() if f in set(families.values())]
     order = sorted(order, key=lambda f: not FAMILIES.get(f).stark)
     summary = table1(per_model, family_order=order)
-    tables = {f"detection-{distance_name}": summary, f"detection-per-model-{distance_name}": per_model,
+    tables = {}
+    if nulls:  # Table 1's last row: how often the rule flags a normal model
+        rates = null_rates(per_model, len(references))
+        tables[f"detection-null-{distance_name}"] = null_rate_table(rates)
+        row = {"family": NULL_FAMILY, "n_models": len(nulls),
+               **dict(zip(rates["method"], rates["false_positive_rate"]))}
+        summary = pd.concat([summary, pd.DataFrame([row])], ignore_index=True)
+    tables = {f"detection-{distance_name}": summary, **tables,
+              f"detection-per-model-{distance_name}": per_model,
               f"detection-per-layer-{distance_name}": per_layer,
               f"detection-intervals-{distance_name}": fraction_table(fraction_intervals(per_model),
                                                                      order)}

@@ -309,6 +309,23 @@ class Report:
                  '<p class="note">E detects f when Abar(f, E), the mean anomaly score over the detection '
                  "images, exceeds every reference's own leave-one-out Abar. Margin = Abar(f) / max_i Abar(g_i) "
                  "(above 1 means detected); p = rank p-value.</p>"]
+        intervals = self.tables.get(f"detection-intervals-{self.distance_name}")
+        if intervals is not None and (intervals["n_models"] >= 2).any():
+            parts.append(html_table(intervals, caption=(
+                f"Table 1 with exact (Clopper-Pearson) 95% intervals for families of two models or "
+                f"more ({where})")))
+        ratios = self.tables.get(f"detection-vs-outputs-{self.distance_name}")
+        if ratios is not None:
+            parts.append(html_table(ratios, float_format="{:.2f}", caption=(
+                f"Against the outputs-only control: margin(method) / margin(outputs_only) per "
+                f"anomalous model (above 1: the explanation sets the model further from the "
+                f"references than the outputs do; {where})")))
+        nulls = self.tables.get(f"detection-null-{self.distance_name}")
+        if nulls is not None:
+            parts.append(html_table(nulls, caption=(
+                f"Null row: held-out references scored as if anomalous; the fraction flagged is "
+                f"the rule's empirical false-positive rate (exact 95% interval), beside 1/(n+1) "
+                f"({where})")))
         anomalous = per_model[per_model["role"] != "reference"]
         if not anomalous.empty:
             wide = anomalous.pivot_table(index=["family", "model"], columns="method", values="margin",
@@ -352,6 +369,13 @@ class Report:
                  "0.7 counts as success. CI: seeded bootstrap, abnormal and normal images resampled "
                  f"separately. {escape(localization_power_note(self.suite) or '')}</p>",
                  html_table(detail, caption=f"Per-model localization ({self.distance_name})")]
+        versus = self.tables.get(f"localization-vs-outputs-{self.distance_name}")
+        if versus is not None:
+            parts.append(html_table(versus, caption=(
+                f"Against the outputs-only control: AUROC(method) - AUROC(outputs_only) on the "
+                f"same images, paired bootstrap 95% interval; adds = the explanation localizes "
+                f"better than the model's outputs alone, same = no better, less = worse "
+                f"({self.distance_name})")))
         if not per_layer.empty:
             parts.append("<details><summary>Per-layer localization table</summary>"
                          + html_table(per_layer, caption=f"Localization per layer ({self.distance_name})")
@@ -494,7 +518,14 @@ class Report:
             references = rows[rows["role"] == "reference"]
             strips = [StripRow("references", references["abar"].tolist(), REFERENCE_COLOR,
                                [f"{m}: Abar {a:.4g}" for m, a in zip(references["model"], references["abar"])])]
-            for record in rows[rows["role"] != "reference"].to_dict("records"):
+            nulls = rows[rows["role"] == "null"]
+            if not nulls.empty:  # the rule's null distribution: held-out references
+                flagged = int(nulls["detected"].map(is_detected).sum())
+                strips.append(StripRow(f"held-out references ({flagged}/{len(nulls)} flagged)",
+                                       nulls["abar"].tolist(), REFERENCE_COLOR,
+                                       [f"{m}: Abar {a:.4g}, margin {fmt(g)}" for m, a, g in
+                                        zip(nulls["model"], nulls["abar"], nulls["margin"])]))
+            for record in rows[rows["role"] == "anomalous"].to_dict("records"):
                 detected = is_detected(record["detected"])
                 strips.append(StripRow(record["model"], [record["abar"]],
                                        ANOMALOUS_COLOR if detected else MISSED_COLOR,

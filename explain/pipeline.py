@@ -68,10 +68,11 @@ def method_batch_size(suite: Suite, name: str) -> int | None:
 
 
 def sets_for(suite: Suite, spec: ModelSpec) -> list[str]:
-    """The image sets a model is explained on."""
+    """The image sets a model is explained on (a held-out reference: the detection set only)."""
     names = [DETECTION]
+    references = {s.name for s in suite.references}
     for anomaly in localizable(suite):
-        if spec.is_reference or anomaly.name == spec.name:
+        if spec.name in references or anomaly.name == spec.name:
             names.append(abnormal_set_name(anomaly))
     return names
 

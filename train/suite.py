@@ -20,6 +20,7 @@ from counteraudit.train.artifacts import derive_seed, runs_dir, stable_hash
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 REFERENCE = "reference"
+HELD_OUT = "held-out"  # name prefix of the null models ([references] held_out)
 PAPER_REFERENCES = 12  # SPEC: n = 12 reference models
 
 
@@ -105,10 +106,14 @@ class Suite:
     references: list[ModelSpec]
     anomalies: list[ModelSpec]
     tables: dict[str, Any]          # the other tables ([explain], [evaluate], [slurm], ...)
+    # Null models: more seeds trained exactly like the references and scored as if anomalous
+    # against them ([references] held_out = k), so a method's detection rule shows how often it
+    # flags a normal model. Same keys as references of those seeds: shared through the store.
+    held_out: list[ModelSpec] = field(default_factory=list)
 
     @property
     def models(self) -> list[ModelSpec]:
-        return self.references + self.anomalies
+        return self.references + self.held_out + self.anomalies
 
     def model(self, name: str) -> ModelSpec:
         for spec in self.models:
@@ -187,8 +192,13 @@ def _parse(table: dict[str, Any], path: Path) -> Suite:
     ARCHITECTURES.get(architecture)  # unknown names list the valid ones
     recipe = Recipe.from_dict(table.pop("recipe", {}))
     ref_table = table.pop("references", {})
-    _check_keys(ref_table, None, "references", valid={"count", "seed_start"})
+    _check_keys(ref_table, None, "references", valid={"count", "seed_start", "held_out"})
     count, seed_start = int(ref_table.get("count", 5)), int(ref_table.get("seed_start", 0))
+    held_out = ref_table.get("held_out", 0)
+    if isinstance(held_out, bool) or not isinstance(held_out, int) or held_out < 0:
+        raise ValueError(f"references.held_out={held_out!r} must be a whole number >= 0: how many "
+                         "more seeds to train like the references and score as null models "
+                         "(8 or more make the false-positive rate worth reading; 0: none)")
     if count < 2:
         raise ValueError(f"references.count={count}: the anomaly score needs at least 2 references "
                          "(3 or more for leave-one-out scoring of references; the paper uses "
@@ -196,6 +206,9 @@ def _parse(table: dict[str, Any], path: Path) -> Suite:
     common = {"world": world, "architecture": architecture, "recipe": recipe}
     references = [ModelSpec(name=f"reference-{i:02d}", family=REFERENCE, seed=seed_start + i, **common)
                   for i in range(count)]
+    # the seeds after the references', so a suite with more references shares these models
+    nulls = [ModelSpec(name=f"{HELD_OUT}-{i:02d}", family=REFERENCE, seed=seed_start + count + i,
+                       **common) for i in range(held_out)]
     anomalies = []
     for entry in table.pop("anomalies", []):
         entry = dict(entry)
@@ -210,12 +223,12 @@ def _parse(table: dict[str, Any], path: Path) -> Suite:
                                    seed=int(entry.get("seed", default_anomaly_seed(entry["name"]))),
                                    checkpoint=entry.get("checkpoint"),
                                    **{**common, "recipe": entry_recipe}))
-    names = [s.name for s in references + anomalies]
+    names = [s.name for s in references + nulls + anomalies]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValueError(f"model names must be unique; repeated: {duplicates}")
     return Suite(name=name, path=path, world=world, architecture=architecture, recipe=recipe,
-                 references=references, anomalies=anomalies, tables=table)
+                 references=references, anomalies=anomalies, tables=table, held_out=nulls)
 
 
 def default_anomaly_seed(name: str) -> int:
