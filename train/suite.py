@@ -183,6 +183,10 @@ def _parse(table: dict[str, Any], path: Path) -> Suite:
     table = dict(table)
     name = table.pop("name", path.stem)
     world = table.pop("world", {"name": "synthetic"})
+    from counteraudit.train.worlds import WORLDS
+    # The world's options checked now, reading no data: a bad one fails before any job starts.
+    WORLDS.get(world.get("name", "synthetic")).check_config(
+        {k: v for k, v in world.items() if k != "name"})
     architecture = table.pop("architecture", {}).get("name", "small_resnet")
     ARCHITECTURES.get(architecture)  # unknown names list the valid ones
     recipe = Recipe.from_dict(table.pop("recipe", {}))

@@ -10,6 +10,10 @@
   (``decode_jpeg(list, device="cuda")``) and crops and flips it there. Where CUDA is absent it
   says so once and uses ``tensor``.
 
+torchvision 0.29 marks torchvision.io's decoders deprecated in favour of TorchCodec (a
+DeprecationWarning, which Python shows only under test runners); they are what the benchmark in
+the README measured, and a TorchCodec path would be one more entry here.
+
 Every path draws the crop box and the flip from the same seeded RNG with the same calls in the
 same order, so a given (seed, epoch, image) gets the same box and flip whichever path decodes it;
 the pixels then differ only by the decoders' and resamplers' rounding (tests/test_decoding.py
