@@ -110,3 +110,16 @@ def test_an_unknown_decode_path_is_named(imagefolder, tmp_path):
     with pytest.raises(ValueError, match="decode = 'turbo' is not a decoding path; valid: pil, "
                                          "tensor, nvjpeg"):
         load_suite(suite)
+
+
+def test_decode_benchmark_times_each_path_on_generated_and_given_jpegs(jpegs, tmp_path, capsys):
+    from counteraudit.train.benchmark_decode import get_args_parser, main
+    rates = main(get_args_parser().parse_args(["--images", "3", "--rounds", "1", "--crop", "32"]))
+    assert set(rates) == {"pil", "tensor"} | ({"nvjpeg"} if torch.cuda.is_available() else set())
+    assert all(rate > 0 for rate in rates.values())
+    assert "images/s per core" in capsys.readouterr().out
+    rates = main(get_args_parser().parse_args(["--jpegs", str(jpegs[0].parent), "--rounds", "1"]))
+    assert "4 JPEGs (from" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no .jpg/.jpeg files under it"):
+        main(get_args_parser().parse_args(["--jpegs", str(tmp_path / "empty")]))
