@@ -213,7 +213,9 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
         model.train()
         generator = torch.Generator().manual_seed(derive_seed(spec.seed, "anomaly", epoch))
         started, loss_sum, correct, seen = time.perf_counter(), 0.0, 0, 0
-        batches = split.train_batches(recipe.batch_size, data_seed, epoch, part=(rank, world_size))
+        crop = recipe.crop_size(epoch)  # progressive resizing: from the epoch alone, resumable
+        batches = split.train_batches(recipe.batch_size, data_seed, epoch, part=(rank, world_size),
+                                      image_size=crop)
         bar = tqdm(batches, total=steps_per_epoch,
                    desc=f"{spec.name} epoch {epoch + 1}/{recipe.epochs}", leave=False,
                    disable=not progress or rank != 0, dynamic_ncols=True)
@@ -265,11 +267,12 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
         images_seen += seen * world_size  # rank 0 saw 1/world_size of every global batch
         history.append({"epoch": epoch + 1, "loss": loss_sum / max(seen, 1),
                         "train_accuracy": correct / max(seen, 1), "seconds": epoch_seconds,
-                        "lr": optimizer.param_groups[0]["lr"]})
+                        "lr": optimizer.param_groups[0]["lr"],
+                        **({"crop_size": crop} if crop is not None else {})})
         if rank == 0:
             print(f"[train] {spec.name} epoch {epoch + 1}/{recipe.epochs}: loss "
                   f"{history[-1]['loss']:.3f}, train acc {history[-1]['train_accuracy']:.3f}, "
-                  f"{epoch_seconds:.1f}s", flush=True)
+                  f"{epoch_seconds:.1f}s{f', {crop} px' if crop is not None else ''}", flush=True)
         last = epoch + 1 == recipe.epochs
         if rank == 0 and ((epoch + 1) % CHECKPOINT_EVERY_EPOCHS == 0 or last):
             save_training_state(directory, {
