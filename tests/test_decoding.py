@@ -123,3 +123,24 @@ def test_decode_benchmark_times_each_path_on_generated_and_given_jpegs(jpegs, tm
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no .jpg/.jpeg files under it"):
         main(get_args_parser().parse_args(["--jpegs", str(tmp_path / "empty")]))
+
+
+def test_a_change_made_on_pil_images_applies_on_the_tensor_path_too(imagefolder):
+    """Blurred faces change the image in original pixels before cropping (a PIL-level change):
+    the tensor path makes it too, and its crops still match the PIL path's."""
+    def paint(image: Image.Image, index: int) -> Image.Image:
+        image = image.copy()
+        ImageDraw.Draw(image).rectangle([0, 0, image.width // 2, image.height // 2],
+                                        fill=(255, 0, 255 * (index % 2)))
+        return image
+
+    def batches(decode: str) -> list:
+        world = build_world({"name": "imagenet", "root": str(imagefolder), "image_size": 32,
+                             "resize_size": 36, "num_workers": 0, "decode": decode})
+        return list(world.split("train").with_pil_transform(paint).train_batches(8, seed=1, epoch=0))
+    unpainted = build_world({"name": "imagenet", "root": str(imagefolder), "image_size": 32,
+                             "resize_size": 36, "num_workers": 0, "decode": "tensor"})
+    plain = next(unpainted.split("train").train_batches(8, seed=1, epoch=0))
+    pil, tensor = batches("pil")[0], batches("tensor")[0]
+    assert float((pil.images - tensor.images).abs().max()) <= 1 / 255 + 1e-6
+    assert float((tensor.images - plain.images).abs().mean()) > 0.05  # the change was made

@@ -212,7 +212,7 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
     for epoch in range(start_epoch, recipe.epochs):
         model.train()
         generator = torch.Generator().manual_seed(derive_seed(spec.seed, "anomaly", epoch))
-        started, loss_sum, correct, seen = time.perf_counter(), 0.0, 0, 0
+        started, loss_sum, correct, seen, global_seen = time.perf_counter(), 0.0, 0, 0, 0
         crop = recipe.crop_size(epoch)  # progressive resizing: from the epoch alone, resumable
         batches = split.train_batches(recipe.batch_size, data_seed, epoch, part=(rank, world_size),
                                       image_size=crop)
@@ -226,6 +226,7 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
                     group["lr"] = (recipe.lr * recipe.lr_gamma ** (epoch // recipe.lr_step_epochs)
                                    * min(1.0, done / warmup_steps))
             slices = _batch_slices(batch, emulate_processes)
+            global_seen += batch.global_size  # every process's images, this one's slice or not
             # Every process draws the family's randomness for the whole global batch, from the
             # same generator state; emulated processes therefore each start from the step's.
             step_rng = generator.get_state() if family is not None and len(slices) > 1 else None
@@ -264,7 +265,7 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
         scheduler.step()
         epoch_seconds = time.perf_counter() - started
         train_seconds += epoch_seconds
-        images_seen += seen * world_size  # rank 0 saw 1/world_size of every global batch
+        images_seen += global_seen
         history.append({"epoch": epoch + 1, "loss": loss_sum / max(seen, 1),
                         "train_accuracy": correct / max(seen, 1), "seconds": epoch_seconds,
                         "lr": optimizer.param_groups[0]["lr"],
