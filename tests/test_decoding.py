@@ -12,6 +12,8 @@ from PIL import Image, ImageDraw
 from counteraudit.train.suite import load_suite
 from counteraudit.train.worlds import build_world, decoding
 
+pytestmark = pytest.mark.timeout(120)  # a loader worker that dies leaves the loader waiting
+
 SIZES = [(500, 375), (375, 500), (333, 500), (120, 90)]
 
 
@@ -144,3 +146,21 @@ def test_a_change_made_on_pil_images_applies_on_the_tensor_path_too(imagefolder)
     pil, tensor = batches("pil")[0], batches("tensor")[0]
     assert float((pil.images - tensor.images).abs().max()) <= 1 / 255 + 1e-6
     assert float((tensor.images - plain.images).abs().mean()) > 0.05  # the change was made
+
+
+def test_the_nvjpeg_loader_plumbing_matches_the_tensor_path(imagefolder, monkeypatch):
+    """The nvjpeg path's loader (bytes and crop plans from the workers, one batched decode in the
+    main process), run with the batch decoded on the CPU since no GPU is here: the same batches
+    as the tensor path. (On a GPU only the device differs.)"""
+    def batches(decode: str, workers: int) -> list:
+        world = build_world({"name": "imagenet", "root": str(imagefolder), "image_size": 32,
+                             "resize_size": 36, "num_workers": workers, "decode": decode})
+        return list(world.split("train").train_batches(3, seed=4, epoch=1, part=(1, 2)))
+    tensor = batches("tensor", 0)
+    monkeypatch.setattr(decoding, "effective_decode", lambda decode, pil_transform: decode)
+    monkeypatch.setattr(decoding, "batch_device", lambda: torch.device("cpu"))
+    nvjpeg = batches("nvjpeg", 2)
+    assert len(tensor) == len(nvjpeg) == 2
+    for a, b in zip(tensor, nvjpeg):
+        assert torch.equal(a.indices, b.indices) and (a.offset, a.global_size) == (b.offset, b.global_size)
+        assert float((a.images - b.images).abs().max()) <= 1e-6

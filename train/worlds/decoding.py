@@ -59,6 +59,11 @@ def effective_decode(decode: str, pil_transform: Callable | None) -> str:
     return "tensor" if pil_transform is not None else "nvjpeg"
 
 
+def batch_device() -> torch.device:
+    """Where the nvjpeg path decodes: this process's GPU (a DDP process's own)."""
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 # ---------------------------------------------------------------- crop draws
 def pil_crop(image: Image.Image, size: int) -> torch.Tensor:
     """PIL path: random-resized crop and flip from the global torch RNG, float CHW in [0, 1]."""
@@ -91,9 +96,12 @@ def read_rgb(path: str) -> torch.Tensor:
     return decode_image(read_file(path), mode=ImageReadMode.RGB)
 
 
-def read_bytes(path: str) -> torch.Tensor:
-    from torchvision.io import read_file
-    return read_file(path)
+def read_bytes(path: str) -> bytes:
+    """A file's bytes, as plain bytes: a loader worker sends them to the main process by value
+    (torchvision.io.read_file's tensors cannot be shared across processes: their storage has no
+    file descriptor to pass, and the worker dies with EBADF)."""
+    with open(path, "rb") as handle:
+        return handle.read()
 
 
 def image_size_from_header(path: str) -> tuple[int, int]:
@@ -111,7 +119,7 @@ def from_pil(image: Image.Image) -> torch.Tensor:
     return F.pil_to_tensor(image.convert("RGB"))
 
 
-def decode_batch(files: list[torch.Tensor], plans: list[tuple[int, int, int, int, bool]],
+def decode_batch(files: list[bytes], plans: list[tuple[int, int, int, int, bool]],
                  size: int, device: torch.device | str) -> torch.Tensor:
     """nvjpeg path: the batch's file bytes decoded together on ``device`` (one nvjpeg call on
     CUDA), each cropped to its planned box, resized to ``size`` and flipped there; float NCHW in
@@ -119,7 +127,8 @@ def decode_batch(files: list[torch.Tensor], plans: list[tuple[int, int, int, int
     from torchvision.io import ImageReadMode, decode_image, decode_jpeg
     from torchvision.transforms.v2 import functional as F
     device = torch.device(device)
-    jpeg = [i for i, data in enumerate(files) if bytes(data[:2].tolist()) == _JPEG_MAGIC]
+    jpeg = [i for i, data in enumerate(files) if data[:2] == _JPEG_MAGIC]
+    files = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in files]
     decoded: list[Any] = [None] * len(files)
     if jpeg:
         images = decode_jpeg([files[i] for i in jpeg], mode=ImageReadMode.RGB, device=device)

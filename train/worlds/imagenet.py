@@ -167,7 +167,7 @@ class ImageFolderSplit(Split):
         for (first, size, _), loaded in zip(rows, loader):
             if decode == "nvjpeg":
                 files, plans, labels, indices = loaded
-                images = decoding.decode_batch(files, plans, crop, torch.device("cuda"))
+                images = decoding.decode_batch(files, plans, crop, decoding.batch_device())
             else:
                 images, labels, indices = loaded
             yield Batch(images, labels, indices, offset=first, global_size=size)
