@@ -28,7 +28,7 @@ from counteraudit.train.worlds.base import part_bounds
 
 pytestmark = pytest.mark.timeout(300)
 
-CLASSES, PER_CLASS, BATCH, EPOCHS = 3, 15, 15, 2   # 3 steps an epoch; slices of 8 and 7 images
+CLASSES, PER_CLASS, BATCH, EPOCHS = 3, 15, 15, 1   # 3 steps an epoch; slices of 8 and 7 images
 MODELS = ("backdoor", "adversarial")
 
 
@@ -200,11 +200,11 @@ def test_every_family_changes_a_slice_as_it_changes_those_rows_of_the_whole_batc
     process's does. (The model is in eval mode so PGD treats images independently; in training
     BatchNorm makes each slice's attack its own, as on its own process.)"""
     cls = FAMILIES.get(name)
-    params = {"adversarial": {"eps": 0.03, "steps": 2}, "backdoor": {"nu": 0.4},
+    params = {"adversarial": {"eps": 0.03, "steps": 1}, "backdoor": {"nu": 0.4},
               "spurious": {"delta": 0.5}}.get(name, {})
     family = cls(cls.validate_params(params), synthetic, seed=0)
     split = family.training_split(synthetic.split("train"))
-    batch = next(split.train_batches(16, seed=0, epoch=0))
+    batch = next(split.train_batches(10, seed=0, epoch=0))
     torch.manual_seed(0)
     model = build_model("small_resnet", synthetic.num_classes, synthetic.mean, synthetic.std).eval()
     generator = torch.Generator().manual_seed(5)
