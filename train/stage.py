@@ -138,8 +138,8 @@ def describe_training(suite: Suite, specs: list[ModelSpec], todo: list[ModelSpec
                    else "CPUs only")
         batch = suite.recipe.batch_size
         low, high = batch // processes, -(-batch // processes)
-        split = (f"; DistributedDataParallel, each process trains on 1/{processes} of every batch "
-                 f"(batch {batch}: {low if low == high else f'{low}-{high}'} images)"
+        split = (f"; DistributedDataParallel, each process loads and trains on 1/{processes} of "
+                 f"every batch (batch {batch}: {low if low == high else f'{low}-{high}'} images)"
                  if processes > 1 else "")
         lines.append(f"  per model: 1 Slurm job of {config.nodes} node(s) x "
                      f"{config.effective_tasks_per_node} task(s) = {processes} process(es), "
