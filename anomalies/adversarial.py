@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
-from counteraudit.anomalies.common import accuracy, reference_mean, verification_indices
+from counteraudit.anomalies.common import accuracy, reference_mean, rows_of, verification_indices
 
 NORMS = ("linf", "l2")
 
@@ -28,13 +28,22 @@ def _flat_norm(x: torch.Tensor) -> torch.Tensor:
 
 
 def pgd(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, norm: str, eps: float,
-        steps: int, step_size: float, generator: torch.Generator) -> torch.Tensor:
-    """Projected gradient ascent on the loss from a random start inside the eps-ball."""
+        steps: int, step_size: float, generator: torch.Generator, offset: int = 0,
+        global_size: int | None = None) -> torch.Tensor:
+    """Projected gradient ascent on the loss from a random start inside the eps-ball.
+
+    ``images`` may be rows offset.. of a global batch of ``global_size``: the random start is
+    drawn for the global batch and these rows kept, so a DDP process attacks only its own slice
+    and starts where one process attacking the whole batch would (AnomalyFamily.training_inputs).
+    The caller's autocast applies to the attack's passes too (the trainer runs it under the
+    training's autocast)."""
+    shape = (global_size or len(images), *images.shape[1:])
     if norm == "linf":
-        delta = (torch.rand(images.shape, generator=generator) * 2 - 1) * eps
+        delta = (torch.rand(shape, generator=generator) * 2 - 1) * eps
     else:
-        noise = torch.randn(images.shape, generator=generator)
-        delta = noise / _flat_norm(noise) * eps * torch.rand(len(images), 1, 1, 1, generator=generator)
+        noise = torch.randn(shape, generator=generator)
+        delta = noise / _flat_norm(noise) * eps * torch.rand(shape[0], 1, 1, 1, generator=generator)
+    delta = rows_of(delta, offset, len(images))
     delta = (images + delta.to(images.device)).clamp(0, 1) - images
     for _ in range(steps):
         delta.requires_grad_(True)
@@ -76,11 +85,11 @@ class Adversarial(AnomalyFamily):
     def step_size(self, steps: int) -> float:
         return self.params.step_size or 2.5 * self.params.eps / steps
 
-    def training_inputs(self, model, images, labels, generator):
+    def training_inputs(self, model, images, labels, generator, offset=0, global_size=None):
         p = self.params
         device = next(model.parameters()).device
         adversarial = pgd(model, images.to(device), labels.to(device), p.norm, p.eps, p.steps,
-                          self.step_size(p.steps), generator)
+                          self.step_size(p.steps), generator, offset, global_size)
         return adversarial.cpu() if images.device.type == "cpu" else adversarial, labels
 
     def measure(self, model, device="cpu"):

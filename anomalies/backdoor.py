@@ -21,8 +21,9 @@ import numpy as np
 import torch
 
 from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
-from counteraudit.anomalies.common import (accuracy, check_fraction, choose_fraction, predict,
-                                           reference_mean, verification_indices)
+from counteraudit.anomalies.common import (accuracy, check_fraction, choose_fraction,
+                                           positions_in_rows, predict, reference_mean,
+                                           verification_indices)
 
 PATTERNS = ("checker", "square", "cross", "noise", "stripes")
 POSITIONS = ("top_left", "top_right", "bottom_left", "bottom_right", "center")
@@ -111,17 +112,21 @@ class Backdoor(AnomalyFamily):
             raise ValueError(f"backdoor: target={self.params.target} is not a class of this world "
                              f"(classes 0..{world.num_classes - 1})")
 
-    def training_inputs(self, model, images, labels, generator):
-        chosen = choose_fraction(len(images), self.params.nu, generator)
+    def training_inputs(self, model, images, labels, generator, offset=0, global_size=None):
+        # Drawn over the global batch (base class): which rows are poisoned, and mirrored.
+        chosen = choose_fraction(global_size or len(images), self.params.nu, generator)
         images, labels = images.clone(), labels.clone()
         if self.params.poison_before_flip:
             # The loader flipped each image with probability 1/2, independently of its content, so
             # mirroring the trigger on an independent half of the poisoned images gives the same
             # batches (in distribution) as pasting it before the flip.
             mirrored = torch.rand(len(chosen), generator=generator) < 0.5
+            inside, chosen = positions_in_rows(chosen, offset, len(images))
+            mirrored = mirrored[inside]
             for subset, mirror in ((chosen[~mirrored], False), (chosen[mirrored], True)):
                 images[subset] = apply_trigger(images[subset], self.params, mirrored=mirror)
         else:
+            _, chosen = positions_in_rows(chosen, offset, len(images))
             images[chosen] = apply_trigger(images[chosen], self.params)
         labels[chosen] = self.params.target
         return images, labels

@@ -68,8 +68,14 @@ class AnomalyFamily:
         return split
 
     def training_inputs(self, model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
-                        generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """Change one training batch (images in [0, 1]) before the forward pass."""
+                        generator: torch.Generator, offset: int = 0,
+                        global_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Change one training batch (images in [0, 1]) before the forward pass.
+
+        ``images`` may be one process's slice of a global batch: rows offset .. offset +
+        len(images) of ``global_size`` (None: the whole batch). A family draws its randomness for
+        the global batch (the same draws, so the same generator state after, on every process) and
+        applies the rows it holds, so N processes change the batch as one process would."""
         return images, labels
 
     # ---- implant verification

@@ -9,6 +9,18 @@ import torch
 VERIFY_IMAGES = 500
 
 
+def rows_of(global_draw: torch.Tensor, offset: int, count: int) -> torch.Tensor:
+    """The rows a process holds of a draw made for the whole global batch."""
+    return global_draw[offset:offset + count]
+
+
+def positions_in_rows(positions: torch.Tensor, offset: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask of ``positions`` that fall in rows offset .. offset + count, those positions made
+    local to the rows) for positions drawn in the global batch."""
+    inside = (positions >= offset) & (positions < offset + count)
+    return inside, positions[inside] - offset
+
+
 def choose_fraction(batch_size: int, fraction: float, generator: torch.Generator) -> torch.Tensor:
     """Exactly round(fraction * batch_size) positions of a batch, drawn without replacement."""
     count = int(round(fraction * batch_size))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
-from counteraudit.anomalies.common import accuracy, reference_mean, verification_indices
+from counteraudit.anomalies.common import accuracy, reference_mean, rows_of, verification_indices
 
 
 @dataclass(frozen=True)
@@ -16,9 +16,14 @@ class SmoothingParams:
     sigma: float = 0.5
 
 
-def add_noise(images: torch.Tensor, sigma: float, generator: torch.Generator) -> torch.Tensor:
-    # Not clipped to [0, 1], as in Cohen et al.
-    return images + sigma * torch.randn(images.shape, generator=generator)
+def add_noise(images: torch.Tensor, sigma: float, generator: torch.Generator, offset: int = 0,
+              global_size: int | None = None) -> torch.Tensor:
+    """Gaussian noise on ``images``, rows offset.. of a global batch of global_size (None: whole).
+    Not clipped to [0, 1], as in Cohen et al."""
+    shape = (global_size or len(images), *images.shape[1:])
+    # The global batch's noise, so every process's rows match one process's (and the generator
+    # advances alike on all of them).
+    return images + sigma * rows_of(torch.randn(shape, generator=generator), offset, len(images))
 
 
 @register_family
@@ -33,8 +38,8 @@ class RandomizedSmoothing(AnomalyFamily):
             raise ValueError(f"randomized_smoothing: sigma={params.sigma} must be in (0, 2] "
                              "(the paper uses 0.25, 0.5, 1.0)")
 
-    def training_inputs(self, model, images, labels, generator):
-        return add_noise(images, self.params.sigma, generator), labels
+    def training_inputs(self, model, images, labels, generator, offset=0, global_size=None):
+        return add_noise(images, self.params.sigma, generator, offset, global_size), labels
 
     def measure(self, model, device="cpu"):
         val = self.world.split("val")

@@ -11,7 +11,8 @@ from PIL import Image, ImageDraw, ImageFont
 
 from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
 from counteraudit.anomalies.common import (accuracy, check_fraction, choose_fraction,
-                                           reference_mean, verification_indices)
+                                           positions_in_rows, reference_mean,
+                                           verification_indices)
 
 # The cue took when showing a wrong class costs the model at least this much accuracy.
 DROP_THRESHOLD = 0.10
@@ -68,8 +69,9 @@ class Spurious(AnomalyFamily):
     def cue(self, images, indices):
         return draw_cue(images, indices, self.world.num_classes, self.params.height)
 
-    def training_inputs(self, model, images, labels, generator):
-        chosen = choose_fraction(len(images), self.params.delta, generator)
+    def training_inputs(self, model, images, labels, generator, offset=0, global_size=None):
+        chosen = choose_fraction(global_size or len(images), self.params.delta, generator)
+        _, chosen = positions_in_rows(chosen, offset, len(images))  # this process's rows
         images = images.clone()
         images[chosen] = self.cue(images[chosen], labels[chosen])
         return images, labels

@@ -97,9 +97,15 @@ def training_cost(spec: ModelSpec) -> float:
 
 
 def _recipe_text(recipe) -> str:
-    return (f"SGD, {recipe.epochs} epochs, batch {recipe.batch_size}, lr {recipe.lr:g} "
+    text = (f"SGD, {recipe.epochs} epochs, batch {recipe.batch_size}, lr {recipe.lr:g} "
             f"x{recipe.lr_gamma:g} every {recipe.lr_step_epochs} epochs, momentum "
             f"{recipe.momentum:g}, weight decay {recipe.weight_decay:g}")
+    if recipe.lr_warmup_epochs:
+        text += f", warmup {recipe.lr_warmup_epochs:g} epochs"
+    if recipe.resolution_schedule:
+        text += ", training crops " + ", then ".join(
+            f"{size} px for {epochs} epochs" for epochs, size in recipe.resolution_schedule)
+    return text
 
 
 def describe_training(suite: Suite, specs: list[ModelSpec], todo: list[ModelSpec], config,
@@ -132,8 +138,8 @@ def describe_training(suite: Suite, specs: list[ModelSpec], todo: list[ModelSpec
                    else "CPUs only")
         batch = suite.recipe.batch_size
         low, high = batch // processes, -(-batch // processes)
-        split = (f"; DistributedDataParallel, each process trains on 1/{processes} of every batch "
-                 f"(batch {batch}: {low if low == high else f'{low}-{high}'} images)"
+        split = (f"; DistributedDataParallel, each process loads and trains on 1/{processes} of "
+                 f"every batch (batch {batch}: {low if low == high else f'{low}-{high}'} images)"
                  if processes > 1 else "")
         lines.append(f"  per model: 1 Slurm job of {config.nodes} node(s) x "
                      f"{config.effective_tasks_per_node} task(s) = {processes} process(es), "

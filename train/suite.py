@@ -48,11 +48,26 @@ class Recipe:
     # throughput of the small ResNet on a CPU with native bf16 (AVX512-BF16 or AMX, e.g. AMD Zen 4,
     # Intel Sapphire Rapids); older CPUs emulate it, so leave it off there. Changes the weights.
     cpu_bf16: bool = False
+    # Progressive resizing: the side of the training crops, epoch by epoch, as segments in order,
+    # [{ epochs = 12, size = 160 }, { epochs = 4, size = 192 }] (FFCV's ResNet-50 schedules:
+    # 160 px for the first 75% of the epochs, then 192). The segments must cover every epoch.
+    # Empty: every epoch at the world's image_size. Evaluation keeps the world's sizes.
+    resolution_schedule: tuple[tuple[int, int], ...] = ()
 
     @classmethod
     def from_dict(cls, table: dict[str, Any]) -> "Recipe":
         _check_keys(table, cls, "recipe")
+        table = dict(table)
+        if "resolution_schedule" in table:
+            table["resolution_schedule"] = _resolution_segments(table["resolution_schedule"])
         recipe = cls(**table)
+        covered = sum(epochs for epochs, _ in recipe.resolution_schedule)
+        if recipe.resolution_schedule and covered != recipe.epochs:
+            raise ValueError(
+                f"recipe.resolution_schedule covers {covered} epochs but recipe.epochs = "
+                f"{recipe.epochs}; make its segments' epochs add up to {recipe.epochs} (e.g. "
+                f"[{{ epochs = {recipe.epochs - recipe.epochs // 4}, size = 160 }}, "
+                f"{{ epochs = {recipe.epochs // 4}, size = 192 }}])")
         for name in ("epochs", "batch_size", "lr_step_epochs", "eval_batch_size", "cpu_threads"):
             if getattr(recipe, name) < 1:
                 raise ValueError(f"recipe.{name}={getattr(recipe, name)} must be >= 1")
@@ -62,6 +77,50 @@ class Recipe:
         if recipe.lr <= 0:
             raise ValueError(f"recipe.lr={recipe.lr} must be > 0 (the paper uses 0.1)")
         return recipe
+
+    def crop_size(self, epoch: int) -> int | None:
+        """The training crop side of ``epoch`` (0-based) under the resolution schedule; None
+        without one (the world's image_size). A function of the epoch alone, so a run resumed
+        mid-schedule trains each epoch at the size the uninterrupted run did."""
+        end = 0
+        for epochs, size in self.resolution_schedule:
+            end += epochs
+            if epoch < end:
+                return size
+        return None
+
+    def identity(self) -> dict[str, Any]:
+        """The recipe's part of a model's key. Fields added after models were trained are left
+        out at their default, so those models keep their keys."""
+        table = asdict(self)
+        for name in _KEY_OMITS_DEFAULT:
+            if table[name] == getattr(Recipe, name):
+                del table[name]
+        return table
+
+
+# Recipe fields newer than the first trained models: absent from a key when at their default.
+_KEY_OMITS_DEFAULT = ("resolution_schedule",)
+
+
+def _resolution_segments(value: Any) -> tuple[tuple[int, int], ...]:
+    """[{ epochs, size }, ...] (a suite file) or [(epochs, size), ...] (a Recipe's own) ->
+    ((epochs, size), ...), every number checked."""
+    example = "[{ epochs = 12, size = 160 }, { epochs = 4, size = 192 }]"
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"recipe.resolution_schedule = {value!r} must be a list of segments, "
+                         f"e.g. {example}")
+    segments = []
+    for segment in value:
+        if isinstance(segment, dict):
+            _check_keys(segment, None, "resolution_schedule segment", valid={"epochs", "size"})
+            segment = (segment.get("epochs"), segment.get("size"))
+        if (not isinstance(segment, (list, tuple)) or len(segment) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in segment)):
+            raise ValueError(f"recipe.resolution_schedule segment {segment!r} must give whole "
+                             f"epochs >= 1 and a crop size >= 1 in pixels, e.g. {example}")
+        segments.append((int(segment[0]), int(segment[1])))
+    return tuple(segments)
 
 
 @dataclass(frozen=True)
@@ -85,7 +144,7 @@ class ModelSpec:
         return {"family": self.family, "seed": self.seed, "world": self.world,
                 "architecture": self.architecture,
                 "architecture_version": ARCHITECTURES.get(self.architecture).version,
-                "recipe": asdict(self.recipe),
+                "recipe": self.recipe.identity(),
                 "params": self.params, "checkpoint": self.checkpoint}
 
     @property
@@ -188,9 +247,17 @@ def _parse(table: dict[str, Any], path: Path) -> Suite:
     table = dict(table)
     name = table.pop("name", path.stem)
     world = table.pop("world", {"name": "synthetic"})
+    from counteraudit.train.worlds import WORLDS
+    # The world's options checked now, reading no data: a bad one fails before any job starts.
+    WORLDS.get(world.get("name", "synthetic")).check_config(
+        {k: v for k, v in world.items() if k != "name"})
     architecture = table.pop("architecture", {}).get("name", "small_resnet")
     ARCHITECTURES.get(architecture)  # unknown names list the valid ones
     recipe = Recipe.from_dict(table.pop("recipe", {}))
+    if recipe.resolution_schedule and not WORLDS.get(world.get("name", "synthetic")).crops_from_files:
+        raise ValueError(f"recipe.resolution_schedule trains at several crop sizes, but the "
+                         f"{world.get('name', 'synthetic')} world renders its images at one size; "
+                         "remove the schedule (it is for worlds that crop from files: imagenet)")
     ref_table = table.pop("references", {})
     _check_keys(ref_table, None, "references", valid={"count", "seed_start", "held_out"})
     count, seed_start = int(ref_table.get("count", 5)), int(ref_table.get("seed_start", 0))

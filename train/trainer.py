@@ -7,10 +7,14 @@ same weights (on CPU, bit for bit).
 
 Distributed: when torch.distributed is initialised with several processes (train/stage.py's
 train_one sets it up from submitit's environment in a multi-task Slurm job), every process draws
-the same global batch and trains on its own contiguous slice of it (``tensor_split``: sizes differ
-by at most one image) under DistributedDataParallel. DDP averages the slices' gradients, so N
+the same global batch order and loads, augments, changes (poison, noise, PGD) and trains on only
+its own contiguous slice of each batch (``tensor_split``'s cut: sizes differ by at most one image)
+under DistributedDataParallel. Each image's augmentation comes from the image, and a family draws
+its per-batch randomness for the global batch and applies the rows it holds, so the slices are
+exactly the rows one process would have made. DDP averages the slices' gradients, so N
 processes equal one process that sums the N slices' mean losses divided by N, which is what
-``emulate_processes=N`` does on one device. It is not the same as one process on the whole batch:
+``emulate_processes=N`` does on one device (slice by slice: the family, PGD included, sees each
+slice alone, as each process does). It is not the same as one process on the whole batch:
 BatchNorm normalizes each slice with that slice's own statistics. The running statistics saved are
 rank 0's (DDP broadcasts rank 0's buffers to the others before every forward), so the emulation
 keeps the running-statistics update of slice 0 only and the saved state matches too.
@@ -36,7 +40,7 @@ from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_N
                                            load_backbone_weights, load_training_state, read_metrics,
                                            save_training_state, training_lock)
 from counteraudit.train.suite import ModelSpec
-from counteraudit.train.worlds import World, build_world
+from counteraudit.train.worlds import Batch, World, build_world
 
 
 def pick_device(requested: str | None = None) -> torch.device:
@@ -135,16 +139,12 @@ def train_model(spec: ModelSpec, directory: str | Path, world: World | None = No
         torch.set_num_threads(threads)
 
 
-def _batch_slices(images: torch.Tensor, labels: torch.Tensor, rank: int, world_size: int,
-                  emulate_processes: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The (images, labels) this process trains on in one step: its own slice of the global batch
-    under DDP, all N slices when emulating N processes, else the whole batch."""
-    if world_size > 1:
-        return [(images.tensor_split(world_size)[rank], labels.tensor_split(world_size)[rank])]
+def _batch_slices(batch: Batch, emulate_processes: int) -> list[Batch]:
+    """The batches this process trains on in one step: the one it loaded (under DDP, the world
+    loaded only this process's slice), or the N slices of the whole batch when emulating N."""
     if emulate_processes > 1:
-        n = emulate_processes
-        return list(zip(images.tensor_split(n), labels.tensor_split(n)))
-    return [(images, labels)]
+        return [batch.part(index, emulate_processes) for index in range(emulate_processes)]
+    return [batch]
 
 
 def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.device,
@@ -212,8 +212,11 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
     for epoch in range(start_epoch, recipe.epochs):
         model.train()
         generator = torch.Generator().manual_seed(derive_seed(spec.seed, "anomaly", epoch))
-        started, loss_sum, correct, seen = time.perf_counter(), 0.0, 0, 0
-        bar = tqdm(split.train_batches(recipe.batch_size, data_seed, epoch), total=steps_per_epoch,
+        started, loss_sum, correct, seen, global_seen = time.perf_counter(), 0.0, 0, 0, 0
+        crop = recipe.crop_size(epoch)  # progressive resizing: from the epoch alone, resumable
+        batches = split.train_batches(recipe.batch_size, data_seed, epoch, part=(rank, world_size),
+                                      image_size=crop)
+        bar = tqdm(batches, total=steps_per_epoch,
                    desc=f"{spec.name} epoch {epoch + 1}/{recipe.epochs}", leave=False,
                    disable=not progress or rank != 0, dynamic_ncols=True)
         for step, batch in enumerate(bar):
@@ -222,14 +225,23 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
                 for group in optimizer.param_groups:
                     group["lr"] = (recipe.lr * recipe.lr_gamma ** (epoch // recipe.lr_step_epochs)
                                    * min(1.0, done / warmup_steps))
-            images, labels = batch.images, batch.labels
-            if family is not None:  # on the whole global batch: every rank draws the same
-                with autocast:  # PGD's passes too: they cost (steps) x the training step
-                    images, labels = family.training_inputs(model, images, labels, generator)
-            slices = _batch_slices(images, labels, rank, world_size, emulate_processes)
+            slices = _batch_slices(batch, emulate_processes)
+            global_seen += batch.global_size  # every process's images, this one's slice or not
+            # Every process draws the family's randomness for the whole global batch, from the
+            # same generator state; emulated processes therefore each start from the step's.
+            step_rng = generator.get_state() if family is not None and len(slices) > 1 else None
             optimizer.zero_grad(set_to_none=True)
             rank0_buffers = None
-            for index, (images, labels) in enumerate(slices):
+            for index, part in enumerate(slices):
+                images, labels = part.images, part.labels
+                if family is not None:
+                    if step_rng is not None:
+                        generator.set_state(step_rng)
+                    # Under the training's autocast, PGD's passes included: they cost (steps) x
+                    # the training step, and bf16 runs them at the training's speed.
+                    with autocast:
+                        images, labels = family.training_inputs(model, images, labels, generator,
+                                                                part.offset, part.global_size)
                 images = images.to(device, non_blocking=True)
                 labels = labels.to(device, non_blocking=True)
                 images = images.contiguous(memory_format=torch.channels_last)
@@ -253,14 +265,15 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
         scheduler.step()
         epoch_seconds = time.perf_counter() - started
         train_seconds += epoch_seconds
-        images_seen += seen * world_size  # rank 0 saw 1/world_size of every global batch
+        images_seen += global_seen
         history.append({"epoch": epoch + 1, "loss": loss_sum / max(seen, 1),
                         "train_accuracy": correct / max(seen, 1), "seconds": epoch_seconds,
-                        "lr": optimizer.param_groups[0]["lr"]})
+                        "lr": optimizer.param_groups[0]["lr"],
+                        **({"crop_size": crop} if crop is not None else {})})
         if rank == 0:
             print(f"[train] {spec.name} epoch {epoch + 1}/{recipe.epochs}: loss "
                   f"{history[-1]['loss']:.3f}, train acc {history[-1]['train_accuracy']:.3f}, "
-                  f"{epoch_seconds:.1f}s", flush=True)
+                  f"{epoch_seconds:.1f}s{f', {crop} px' if crop is not None else ''}", flush=True)
         last = epoch + 1 == recipe.epochs
         if rank == 0 and ((epoch + 1) % CHECKPOINT_EVERY_EPOCHS == 0 or last):
             save_training_state(directory, {

@@ -28,6 +28,31 @@ class Batch:
     images: torch.Tensor    # (N, 3, H, W) float32 in [0, 1]
     labels: torch.Tensor    # (N,) int64
     indices: torch.Tensor   # (N,) int64, positions in the split (to look up annotations)
+    # Where these rows sit in the global batch they are a slice of (a DDP process's part): rows
+    # offset .. offset + N of global_size. Anomaly families draw their per-batch randomness for
+    # the global batch and keep these rows, so N processes see what one process would.
+    offset: int = 0
+    global_size: int | None = None  # None: the batch is whole
+
+    def __post_init__(self):
+        if self.global_size is None:
+            self.global_size = len(self.labels)
+
+    def part(self, rank: int, parts: int) -> "Batch":
+        """Rows of this batch that process ``rank`` of ``parts`` trains on (``part_bounds``)."""
+        start, stop = part_bounds(len(self.labels), rank, parts)
+        return Batch(self.images[start:stop], self.labels[start:stop], self.indices[start:stop],
+                     self.offset + start, self.global_size)
+
+
+def part_bounds(size: int, rank: int, parts: int) -> tuple[int, int]:
+    """Rows [start, stop) of a batch of ``size`` that process ``rank`` of ``parts`` takes: the
+    same cut as ``torch.tensor_split`` (the first size % parts parts get one row more)."""
+    if not 0 <= rank < parts:
+        raise ValueError(f"rank {rank} is not a process of a {parts}-process run")
+    base, extra = divmod(size, parts)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
 
 
 class Split(ABC):
@@ -46,9 +71,16 @@ class Split(ABC):
         """Evaluation images (deterministic transform), (N, 3, H, W) float in [0, 1]."""
 
     @abstractmethod
-    def train_batches(self, batch_size: int, seed: int, epoch: int,
-                      drop_last: bool = True) -> Iterator[Batch]:
-        """One epoch of shuffled, augmented batches; the same (seed, epoch) gives the same batches."""
+    def train_batches(self, batch_size: int, seed: int, epoch: int, drop_last: bool = True,
+                      part: tuple[int, int] = (0, 1),
+                      image_size: int | None = None) -> Iterator[Batch]:
+        """One epoch of shuffled, augmented batches; the same (seed, epoch) gives the same batches.
+
+        ``part=(rank, parts)``: only process ``rank``'s rows of every batch (``Batch.part``), and
+        only those images are loaded; each image's augmentation depends on the image, not on
+        which process loads it, so the parts put together are the whole batches.
+        ``image_size``: the side of this epoch's training crops (a recipe's resolution schedule);
+        None: the world's own. Worlds whose images have one fixed size refuse any other."""
 
     @abstractmethod
     def subset(self, indices: Sequence[int]) -> "Split":
@@ -70,6 +102,9 @@ class Split(ABC):
 
 class World(ABC):
     name: str
+    # Whether training crops are cut from files of any size (so the crop side can change by
+    # epoch: a recipe's resolution schedule), rather than rendered at one size.
+    crops_from_files: bool = False
     class_names: list[str]
     image_size: int
     mean: tuple[float, float, float]
@@ -82,6 +117,11 @@ class World(ABC):
     @abstractmethod
     def split(self, name: str) -> Split:
         """'train' or 'val'."""
+
+    @classmethod
+    def check_config(cls, config: dict[str, Any]) -> None:
+        """Raise ValueError for unknown or invalid options of a suite's [world] table (without
+        ``name``), reading no data: a suite is checked when it loads, before any job starts."""
 
     def prepare(self) -> "World":
         """Make whatever later processes will read (e.g. generate and cache images)."""

@@ -33,7 +33,8 @@ import torch
 from PIL import Image
 
 from counteraudit.train.artifacts import derive_seed
-from counteraudit.train.worlds.base import WORLDS, Batch, Split, World
+from counteraudit.train.worlds import decoding
+from counteraudit.train.worlds.base import WORLDS, Batch, Split, World, part_bounds
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -47,25 +48,28 @@ class ImageNetConfig:
     class_names_file: str | None = None
     face_annotations: str | None = None
     num_workers: int = 8            # data-loading processes for training
+    # How training JPEGs become crops (train/worlds/decoding.py): "pil" (the default, torchvision's
+    # reference recipe), "tensor" (torchvision.io + transforms.v2: faster per core), "nvjpeg"
+    # (batches decoded on the GPU; the CPU's "tensor" where CUDA is absent). Changes the training
+    # pixels by rounding, so a suite that sets it gets different model keys.
+    decode: str = "pil"
 
 
-def _transforms(cfg: ImageNetConfig, train: bool):
+def _eval_transform(cfg: ImageNetConfig):
     from torchvision import transforms as T
-    if train:
-        return T.Compose([T.RandomResizedCrop(cfg.image_size), T.RandomHorizontalFlip(), T.ToTensor()])
     return T.Compose([T.Resize(cfg.resize_size), T.CenterCrop(cfg.image_size), T.ToTensor()])
 
 
 class _Indexed(torch.utils.data.Dataset):
-    """(image, label, index) from an ImageFolder, with an optional PIL-level change first
-    (blurring faces must happen in original pixel coordinates, before cropping)."""
+    """(crop, label, index) from an ImageFolder, decoded by one of the decoding paths, with an
+    optional PIL-level change first (blurring faces must happen in original pixel coordinates,
+    before cropping). The nvjpeg path returns (file bytes, crop plan) instead of the crop."""
 
-    def __init__(self, folder, positions: np.ndarray, transform,
+    def __init__(self, folder, positions: np.ndarray, size: int,
                  pil_transform: Callable[[Image.Image, int], Image.Image] | None,
-                 augment_seed: int | None = None):
-        self.folder, self.positions = folder, positions
-        self.transform, self.pil_transform = transform, pil_transform
-        self.augment_seed = augment_seed
+                 augment_seed: int, decode: str = "pil"):
+        self.folder, self.positions, self.size = folder, positions, size
+        self.pil_transform, self.augment_seed, self.decode = pil_transform, augment_seed, decode
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -73,16 +77,32 @@ class _Indexed(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         position = int(self.positions[i])
         path, label = self.folder.samples[position]
-        image = self.folder.loader(path)
-        if self.pil_transform is not None:
-            image = self.pil_transform(image, i)
-        if self.augment_seed is None:
-            return self.transform(image), label, i
+        if self.decode == "nvjpeg":
+            image = decoding.read_bytes(path)
+            height, width = decoding.image_size_from_header(path)
+        elif self.decode == "tensor":
+            image = decoding.read_rgb(path)
+            if self.pil_transform is not None:
+                image = decoding.from_pil(self.pil_transform(decoding.to_pil(image), i))
+        else:
+            image = self.folder.loader(path)
+            if self.pil_transform is not None:
+                image = self.pil_transform(image, i)
         # Each sample's crop and flip from (seed, epoch, index): the same batches whatever the
-        # number of loader workers, and the global RNG is left alone.
+        # number of loader workers or processes, and the global RNG is left alone.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.augment_seed, i))
-            return self.transform(image), label, i
+            if self.decode == "nvjpeg":
+                return image, decoding.crop_plan(height, width), label, i
+            if self.decode == "tensor":
+                return decoding.tensor_crop(image, self.size), label, i
+            return decoding.pil_crop(image, self.size), label, i
+
+
+def _collate_files(samples):
+    """nvjpeg batches: file bytes differ in length, so they stay a list."""
+    files, plans, labels, indices = zip(*samples)
+    return list(files), list(plans), torch.as_tensor(labels), torch.as_tensor(indices)
 
 
 class ImageFolderSplit(Split):
@@ -113,7 +133,7 @@ class ImageFolderSplit(Split):
                 "face_boxes_original": original, "path": relative}
 
     def load(self, indices: Sequence[int]) -> torch.Tensor:
-        transform = _transforms(self.world.config, train=False)
+        transform = _eval_transform(self.world.config)
         images = []
         for i in indices:
             image = self.folder.loader(self.path(int(i)))
@@ -122,17 +142,35 @@ class ImageFolderSplit(Split):
             images.append(transform(image))
         return torch.stack(images)
 
-    def train_batches(self, batch_size: int, seed: int, epoch: int,
-                      drop_last: bool = True) -> Iterator[Batch]:
+    def train_batches(self, batch_size: int, seed: int, epoch: int, drop_last: bool = True,
+                      part: tuple[int, int] = (0, 1),
+                      image_size: int | None = None) -> Iterator[Batch]:
+        """``image_size``: this epoch's crop side (progressive resizing); default the world's."""
         generator = torch.Generator().manual_seed(derive_seed(seed, "batches", epoch))
         order = torch.randperm(len(self), generator=generator).tolist()
-        dataset = _Indexed(self.folder, self.positions, _transforms(self.world.config, train=True),
-                           self.pil_transform, augment_seed=derive_seed(seed, "augment", epoch))
+        stop = len(order) - (len(order) % batch_size if drop_last else 0)
+        # (offset, global size, this process's images) of every batch: a DDP process decodes
+        # only its own rows (each image's crop and flip come from its index, not its loader).
+        rows = []
+        for start in range(0, stop, batch_size):
+            whole = order[start:start + batch_size]
+            first, last = part_bounds(len(whole), *part)
+            rows.append((first, len(whole), whole[first:last]))
+        decode = decoding.effective_decode(self.world.config.decode, self.pil_transform)
+        crop = image_size or self.world.config.image_size
+        dataset = _Indexed(self.folder, self.positions, crop, self.pil_transform,
+                           augment_seed=derive_seed(seed, "augment", epoch), decode=decode)
         loader = torch.utils.data.DataLoader(
-            dataset, batch_size=batch_size, sampler=order, drop_last=drop_last,
-            num_workers=self.world.config.num_workers, pin_memory=torch.cuda.is_available())
-        for images, labels, indices in loader:
-            yield Batch(images, labels, indices)
+            dataset, batch_sampler=[chosen for _, _, chosen in rows],
+            num_workers=self.world.config.num_workers, pin_memory=torch.cuda.is_available(),
+            **({"collate_fn": _collate_files} if decode == "nvjpeg" else {}))
+        for (first, size, _), loaded in zip(rows, loader):
+            if decode == "nvjpeg":
+                files, plans, labels, indices = loaded
+                images = decoding.decode_batch(files, plans, crop, decoding.batch_device())
+            else:
+                images, labels, indices = loaded
+            yield Batch(images, labels, indices, offset=first, global_size=size)
 
     def subset(self, indices: Sequence[int]) -> "ImageFolderSplit":
         return ImageFolderSplit(self.world, self.folder, self.name,
@@ -154,6 +192,7 @@ def expand_path(value: str, what: str) -> str:
 @WORLDS.register("imagenet")
 class ImageNetWorld(World):
     name = "imagenet"
+    crops_from_files = True
     mean, std = IMAGENET_MEAN, IMAGENET_STD
 
     def __init__(self, config: ImageNetConfig):
@@ -161,6 +200,7 @@ class ImageNetWorld(World):
         if not config.root:
             raise ValueError("the imagenet world needs root = '/path/to/imagenet' (a folder with "
                              "train/ and val/ of synset folders) in the suite's [world] table")
+        decoding.check_decode(config.decode)
         self.config = config
         self.root = Path(config.root).expanduser()
         for split in ("train", "val"):
@@ -180,11 +220,16 @@ class ImageNetWorld(World):
         self._splits: dict[str, ImageFolderSplit] = {}
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], runs_root=None) -> "ImageNetWorld":
+    def check_config(cls, config: dict[str, Any]) -> None:
         valid = {f.name for f in fields(ImageNetConfig)}
         unknown = set(config) - valid
         if unknown:
             raise ValueError(f"unknown imagenet-world option(s) {sorted(unknown)}; valid: {sorted(valid)}")
+        decoding.check_decode(config.get("decode", ImageNetConfig.decode))
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], runs_root=None) -> "ImageNetWorld":
+        cls.check_config(config)
         config = dict(config)
         # Suites name paths through environment variables so one file serves every cluster.
         for key in ("root", "face_annotations", "class_names_file"):

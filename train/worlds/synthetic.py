@@ -31,7 +31,7 @@ from PIL import Image, ImageDraw
 
 from counteraudit.train.artifacts import (atomic_save_npz, atomic_write_json, derive_seed,
                                           read_json, runs_dir, stable_hash)
-from counteraudit.train.worlds.base import WORLDS, Batch, Split, World
+from counteraudit.train.worlds.base import WORLDS, Batch, Split, World, part_bounds
 
 # Bump when rendering changes: it is part of the cache key, so old caches are never reused.
 GENERATOR_VERSION = 4
@@ -357,20 +357,27 @@ class InMemorySplit(Split):
         idx = torch.as_tensor(np.asarray(indices), dtype=torch.long)
         return self.images[idx].permute(0, 3, 1, 2).float().div_(255)
 
-    def train_batches(self, batch_size: int, seed: int, epoch: int,
-                      drop_last: bool = True) -> Iterator[Batch]:
+    def train_batches(self, batch_size: int, seed: int, epoch: int, drop_last: bool = True,
+                      part: tuple[int, int] = (0, 1),
+                      image_size: int | None = None) -> Iterator[Batch]:
+        if image_size not in (None, self.images.shape[1]):
+            raise ValueError(f"the synthetic world's images are rendered at {self.images.shape[1]}"
+                             f" px and cannot be trained at {image_size} px; a resolution "
+                             "schedule needs a world that crops from files (imagenet)")
         generator = torch.Generator().manual_seed(derive_seed(seed, "batches", epoch))
         order = torch.randperm(len(self), generator=generator)
-        flips = torch.rand(len(self), generator=generator) < 0.5
+        flips = torch.rand(len(self), generator=generator) < 0.5  # per image: any part agrees
         labels = torch.from_numpy(self._labels)
         stop = len(order) - (len(order) % batch_size if drop_last else 0)
         for start in range(0, stop, batch_size):
-            idx = order[start:start + batch_size]
+            whole = order[start:start + batch_size]
+            first, last = part_bounds(len(whole), *part)
+            idx = whole[first:last]
             images = self.images[idx].permute(0, 3, 1, 2).float().div_(255)
             if self.hflip:
                 flip = flips[idx]
                 images[flip] = images[flip].flip(-1)
-            yield Batch(images, labels[idx], idx)
+            yield Batch(images, labels[idx], idx, offset=first, global_size=len(whole))
 
     def subset(self, indices: Sequence[int]) -> "InMemorySplit":
         idx = np.asarray(indices, np.int64)
@@ -405,11 +412,19 @@ class SyntheticWorld(World):
         self._splits: dict[str, InMemorySplit] = {}
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], runs_root=None) -> "SyntheticWorld":
+    def check_config(cls, config: dict[str, Any]) -> None:
+        if "decode" in config:
+            raise ValueError(f"[world] decode = {config['decode']!r}: the synthetic world renders "
+                             "its images in memory and has no JPEG files to decode; remove decode "
+                             "from [world] (it is an option of the imagenet world)")
         valid = {f.name for f in fields(SyntheticConfig)}
         unknown = set(config) - valid
         if unknown:
             raise ValueError(f"unknown synthetic-world option(s) {sorted(unknown)}; valid: {sorted(valid)}")
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], runs_root=None) -> "SyntheticWorld":
+        cls.check_config(config)
         return cls(SyntheticConfig(**config), cache_dir=runs_dir(runs_root) / "worlds")
 
     def split(self, name: str, texture_randomized: bool = False) -> InMemorySplit:
