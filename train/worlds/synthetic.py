@@ -437,6 +437,42 @@ class SyntheticWorld(World):
                   f"{time.perf_counter() - started:.1f}s -> {arrays}", flush=True)
         return InMemorySplit(images, labels, annotations, hflip=name == "train")
 
+    # ---- factors and conditional generation (train/worlds/synthetic_factors.py)
+    def factors(self) -> dict[str, list[str]]:
+        from counteraudit.train.worlds.synthetic_factors import factor_grid
+        return factor_grid(CLASS_NAMES, TEXTURES, BACKGROUNDS, self.config.clutter_max)
+
+    def image_factors(self, split: Split, index: int) -> dict[str, str]:
+        from counteraudit.train.worlds.synthetic_factors import factor_values
+        return factor_values(split.annotation(index)["attributes"], self.image_size)
+
+    def factor_pool(self):
+        """The pool of attribute draws conditional generation picks from (made once, cached)."""
+        from counteraudit.train.worlds import synthetic_factors
+        from counteraudit.train.worlds.synthetic_factors import FactorPool
+        if getattr(self, "_factor_pool", None) is None:
+            self._factor_pool = FactorPool.shared(self.config, self.factors(), self.cache_dir,
+                                                  synthetic_factors.POOL_PER_CLASS)
+        return self._factor_pool
+
+    has_generator = True
+
+    def feasible(self, conditions: dict[str, str]) -> bool:
+        from counteraudit.train.worlds.synthetic_factors import check_conditions
+        conditions = check_conditions(conditions, self.factors())
+        return bool(self.factor_pool().feasible_classes(conditions))
+
+    def generate(self, conditions: dict[str, str], n: int, seed: int) -> InMemorySplit:
+        """n images satisfying ``conditions``, cached under the world's cache folder; the
+        annotations also hold each image's ``factors``."""
+        from counteraudit.train.worlds.synthetic_factors import cached_generation, check_conditions
+        conditions = check_conditions(conditions, self.factors())
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n={n!r} images: ask for a whole number >= 1")
+        images, labels, annotations = cached_generation(self.config, self.factor_pool,
+                                                        self.cache_dir, conditions, n, int(seed))
+        return InMemorySplit(images, labels, annotations, hflip=False)
+
     def prepare(self) -> "SyntheticWorld":
         for name in SPLIT_IDS:
             self.split(name)
