@@ -105,6 +105,11 @@ class World(ABC):
         """Whether some image of the world can satisfy the conditions (default: any can)."""
         return True
 
+    def constraint_groups(self) -> list[list[str]]:
+        """Groups of factors whose joint values ``feasible`` restricts beyond their pairs (a
+        covering array checks these groups as well as every pair)."""
+        return []
+
     def generate(self, conditions: dict[str, str], n: int, seed: int) -> Split:
         """n images whose factors satisfy ``conditions`` ({factor: value}), the other factors
         drawn from the world's own distribution; deterministic in (conditions, n, seed)."""

@@ -440,7 +440,9 @@ class SyntheticWorld(World):
     # ---- factors and conditional generation (train/worlds/synthetic_factors.py)
     def factors(self) -> dict[str, list[str]]:
         from counteraudit.train.worlds.synthetic_factors import factor_grid
-        return factor_grid(CLASS_NAMES, TEXTURES, BACKGROUNDS, self.config.clutter_max)
+        if getattr(self, "_factors", None) is None:
+            self._factors = factor_grid(CLASS_NAMES, TEXTURES, BACKGROUNDS, self.config.clutter_max)
+        return {factor: list(values) for factor, values in self._factors.items()}
 
     def image_factors(self, split: Split, index: int) -> dict[str, str]:
         from counteraudit.train.worlds.synthetic_factors import factor_values
@@ -459,8 +461,14 @@ class SyntheticWorld(World):
 
     def feasible(self, conditions: dict[str, str]) -> bool:
         from counteraudit.train.worlds.synthetic_factors import check_conditions
-        conditions = check_conditions(conditions, self.factors())
-        return bool(self.factor_pool().feasible_classes(conditions))
+        self.factors()
+        if not all(f in self._factors and v in self._factors[f] for f, v in conditions.items()):
+            conditions = check_conditions(conditions, self._factors)  # the error lists valid ones
+        return self.factor_pool().feasible(conditions)
+
+    def constraint_groups(self) -> list[list[str]]:
+        from counteraudit.train.worlds.synthetic_factors import PARTS
+        return [["class", *names] for names, _ in PARTS.values()]
 
     def generate(self, conditions: dict[str, str], n: int, seed: int) -> InMemorySplit:
         """n images satisfying ``conditions``, cached under the world's cache folder; the

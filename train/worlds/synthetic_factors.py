@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import colorsys
 import copy
+import itertools
 import math
 import multiprocessing
 import os
@@ -217,6 +218,35 @@ class FactorPool:
             if len(self.matches(label, part, conditions)) == 0:
                 return part
         return None
+
+    def support(self) -> list[dict[str, set[tuple]]]:
+        """Per class and part, every partial assignment some pool draw's part satisfies (as
+        sorted (factor, value) tuples): a feasibility test in a few set look-ups."""
+        if getattr(self, "_support", None) is None:
+            support = []
+            for label in range(len(self.grid["class"])):
+                parts = {}
+                for part, (names, _) in PARTS.items():
+                    columns = [self.names.index(f) for f in names]
+                    seen = set()
+                    for codes in {tuple(r) for r in self.codes[label][:, columns].tolist()}:
+                        values = [(f, self.grid[f][c]) for f, c in zip(names, codes)]
+                        for size in range(len(values) + 1):
+                            seen.update(itertools.combinations(values, size))
+                    parts[part] = seen
+                support.append(parts)
+            self._support = support
+        return self._support
+
+    def feasible(self, conditions: Mapping[str, str]) -> bool:
+        """Whether some class has, for every part, a pool draw satisfying the conditions."""
+        support = self.support()
+        labels = ([self.grid["class"].index(conditions["class"])] if "class" in conditions
+                  else range(len(self.grid["class"])))
+        projections = {part: tuple((f, conditions[f]) for f in names if f in conditions)
+                       for part, (names, _) in PARTS.items()}
+        return any(all(projections[part] in support[label][part] for part in PARTS)
+                   for label in labels)
 
     def feasible_classes(self, conditions: dict[str, str]) -> list[int]:
         labels = ([self.grid["class"].index(conditions["class"])] if "class" in conditions
