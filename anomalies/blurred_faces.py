@@ -104,3 +104,10 @@ class BlurredFaces(AnomalyFamily):
                          if val.annotation(int(i))["face_boxes"]], dtype=np.int64)
         return np.sort(rng.choice(pool, min(count, len(pool)), replace=False))
 
+    def planted_slice(self, implant=None):
+        """The implant check's most affected class, with a face (SPEC: blurred faces -> class =
+        most affected, face present)."""
+        if not implant or "most_affected_class" not in implant.get("details", {}):
+            raise ValueError("blurred_faces: the planted slice needs the implant check's most "
+                             "affected class; run the training stage (it verifies implants) first")
+        return {"class": implant["details"]["most_affected_class"], "face": "present"}

@@ -102,3 +102,8 @@ class Spurious(AnomalyFamily):
 
     def abnormal_indices(self, val, count, rng, implant=None):
         return np.sort(rng.choice(len(val), min(count, len(val)), replace=False))
+
+    def planted_slice(self, implant=None):
+        """The cue is a drawn class index, no factor of the world: not expressible."""
+        from counteraudit.anomalies.base import NOT_EXPRESSIBLE
+        return NOT_EXPRESSIBLE
