@@ -94,6 +94,9 @@ class Auditor(ABC):
     # The objective whose top finding is the model-level statistic (Table 3) and whose ranking
     # places the planted slice (Table 4).
     objective: ClassVar[str]
+    # Small parameters with which tests/test_auditors.py runs every registered auditor in
+    # seconds on a tiny world (the generic tests: same bits, budget, resume).
+    test_params: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, params: Mapping[str, Any] | Any | None = None):
         self.params = parse_params(self.Params, params, self.name)

@@ -3,8 +3,9 @@
 For each factor value v: error ratio = (1 - accuracy on the images with v) / (1 - overall
 accuracy), how many times more often the model errs where v holds than overall. Accuracies come
 from the ``imagenet_x`` package's own ``compute_factor_accuracies`` (one-hot factor columns, one
-row per image), and on ImageNet's 16 factors the ratio from its ``error_ratio``; on other worlds'
-factors the same formula, which the package fixes to its 16 column names.
+row per image); the ratio is the package's ``error_ratio`` formula, which fixes its columns to
+ImageNet-X's 16 names, applied to this world's (factor=value) columns (tests/test_auditors.py
+checks that the two agree on ImageNet-X's factors).
 
 Interval (95%): the Wilson interval of the subgroup's error rate (statsmodels'
 ``proportion_confint``) divided by the overall error rate, which rests on every image used and is
@@ -40,14 +41,13 @@ def one_hot(values: list[dict[str, str]], grid: dict[str, list[str]]) -> pd.Data
 
 def error_ratios(correct: np.ndarray, indicators: pd.DataFrame) -> pd.DataFrame:
     """Per indicator column: n_images, errors, accuracy and error_ratio, via imagenet_x."""
-    from imagenet_x import FACTORS, compute_factor_accuracies, error_ratio
+    from imagenet_x import compute_factor_accuracies
     columns = list(indicators.columns)
     frame = indicators.assign(model="model", is_correct=np.asarray(correct, bool))
     accuracies = compute_factor_accuracies(frame, columns, "is_correct")
-    if columns == list(FACTORS):
-        ratios = error_ratio(accuracies)
-    else:  # imagenet_x.error_ratio's own formula, on this world's columns
-        ratios = (1 - accuracies[columns]).divide(1 - accuracies["average"], axis=0)
+    # imagenet_x.error_ratio's formula; the package fixes its columns to ImageNet-X's 16 names,
+    # and tests/test_auditors.py checks the two agree on those.
+    ratios = (1 - accuracies[columns]).divide(1 - accuracies["average"], axis=0)
     n = indicators.sum(axis=0).to_numpy()
     wrong = ~np.asarray(correct, bool)
     errors = indicators[wrong].sum(axis=0).to_numpy()

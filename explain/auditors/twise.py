@@ -102,6 +102,7 @@ class Twise(Auditor):
     name = "twise"
     Params = TwiseParams
     objective = SYSTEMATIC_ERROR
+    test_params = {"factors": ("class", "face", "size"), "images_per_subgroup": 4}
 
     def check(self) -> None:
         p = self.params
