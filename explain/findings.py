@@ -13,6 +13,7 @@ missing.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,10 @@ def discover_suite(suite: Suite, args: argparse.Namespace, auditors: list[str] |
     names = suite_auditors(suite, auditors)
     specs = [suite.model(m) for m in models] if models else suite.models
     world = build_world(suite.world, runs_root=args.runs_dir)
+    started = time.perf_counter()
     plan = planned(suite, world, names)  # in this process: covering arrays are built once
+    print(f"[discover] {', '.join(f'{a.name} (budget {b} images)' for a, b, _ in plan)}; "
+          f"planned in {time.perf_counter() - started:.1f}s", flush=True)
     runs_dir = str(Path(args.runs_dir).resolve()) if args.runs_dir else None
     items, stored = [], 0
     for spec in specs:
