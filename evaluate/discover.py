@@ -45,10 +45,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict:
-    from counteraudit.anomalies import FAMILIES
-    from counteraudit.anomalies.base import NOT_EXPRESSIBLE
-    from counteraudit.anomalies.verify import read_implant
-    from counteraudit.evaluate.discovery import detection_frame, recovery_frame, table3, top_findings
+    from counteraudit.evaluate.discovery import discovery_tables
     from counteraudit.evaluate.pipeline import write_tables
     from counteraudit.evaluate.tables import to_markdown
     from counteraudit.explain.findings import discover_suite, load_suite_findings
@@ -68,19 +65,8 @@ def main(args: argparse.Namespace) -> dict:
     world = build_world(suite.world, runs_root=args.runs_dir)
     results = load_suite_findings(suite, args.runs_dir, args.auditor, world)
     references = [s.name for s in suite.references]
-    families = {s.name: s.family for s in suite.anomalies}
-    slices = {}
-    for spec in suite.anomalies:
-        family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)
-        slices[spec.name] = family.planted_slice(read_implant(suite, spec, args.runs_dir))
-    detections = detection_frame(results, references, families)
-    order = sorted([f for f in FAMILIES.names() if f in set(families.values())],
-                   key=lambda f: not FAMILIES.get(f).stark)
-    tables = {"discovery-detection": table3(detections, order),
-              "discovery-detection-per-model": detections,
-              "discovery-recovery": recovery_frame(results, references, slices, families,
-                                                   world.factors(), NOT_EXPRESSIBLE),
-              "discovery-top-findings": top_findings(results)}
+    tables = discovery_tables(suite, results, world, args.runs_dir)
+    detections = tables["discovery-detection-per-model"]
     write_tables(suite, tables, args.runs_dir)
     print(f"\nTable 3 -- fraction of each family's models detected by each auditor (its top "
           f"finding above every reference's; {suite.name} suite, {len(references)} references)\n")

@@ -135,3 +135,26 @@ def top_findings(results: dict[tuple[str, str], AuditResult], count: int = 5) ->
                          "subgroup": finding.label(), "statistic": finding.statistic,
                          "low": finding.low, "high": finding.high, "n_images": finding.n_images})
     return pd.DataFrame(rows)
+
+
+def discovery_tables(suite, results: dict[tuple[str, str], AuditResult], world,
+                     runs_root=None) -> dict[str, pd.DataFrame]:
+    """Table 3, the per-model detections, Table 4 and the top findings, keyed by file name."""
+    from counteraudit.anomalies import FAMILIES
+    from counteraudit.anomalies.base import NOT_EXPRESSIBLE
+    from counteraudit.anomalies.verify import read_implant
+    references = [s.name for s in suite.references]
+    families = {s.name: s.family for s in suite.anomalies}
+    slices = {}
+    for spec in suite.anomalies:
+        family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)
+        slices[spec.name] = family.planted_slice(read_implant(suite, spec, runs_root))
+    detections = detection_frame(results, references, families)
+    order = sorted([f for f in FAMILIES.names() if f in set(families.values())],
+                   key=lambda f: not FAMILIES.get(f).stark)
+    return {"discovery-detection": table3(detections, order),
+            "discovery-detection-per-model": detections,
+            "discovery-recovery": recovery_frame(results, references, slices, families,
+                                                 world.factors(), NOT_EXPRESSIBLE),
+            "discovery-top-findings": top_findings(results)}
+

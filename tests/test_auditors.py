@@ -279,3 +279,26 @@ def test_discover_prints_tables_3_and_4(trained):
     recovery = pd.read_csv(tables / "discovery-recovery.csv")
     assert set(recovery["auditor"]) == set(AUDITORS.names())
     assert (recovery["planted_slice"] == "class=star").all()
+
+
+def test_report_section_shows_top_subgroups_with_examples_that_satisfy_them(trained):
+    from counteraudit.evaluate.report import html_table, stored_discovery
+    from counteraudit.evaluate.report_discovery import (EXAMPLES_PER_SUBGROUP, TOP_SUBGROUPS,
+                                                        discovery_section, example_images)
+    from counteraudit.train.suite import load_suite
+    suite_path, runs = trained
+    suite = load_suite(suite_path)
+    results, tables, world = stored_discovery(suite, runs)  # discover ran in the tests above
+    shown = []
+    html = discovery_section(results, tables, world,
+                             lambda image, alt, caption: shown.append(image) or f"<img alt='{alt}'>",
+                             html_table)
+    assert "Table 3" in html and "Table 4" in html
+    assert len(shown) == len(results) * TOP_SUBGROUPS * EXAMPLES_PER_SUBGROUP
+    for (auditor, model), result in results.items():
+        top = [f for f in result.findings if f.objective == AUDITORS.get(auditor).objective][0]
+        assert top.label() in html.replace("&amp;", "&")
+    images = world.generate({"class": "star", "face": "present"}, EXAMPLES_PER_SUBGROUP, 0)
+    assert (example_images(world, {"class": "star", "face": "present"},
+                           EXAMPLES_PER_SUBGROUP) == images.images.numpy()).all()
+
