@@ -75,7 +75,8 @@ def main(args: argparse.Namespace) -> dict:
     print("\nPer model: statistic = top finding's strength, margin = statistic / max over "
           "references, p = rank p-value\n")
     print(to_markdown(anomalous[["auditor", "family", "model", "statistic", "margin", "p_value",
-                                 "detected", "top_finding"]], float_format="{:.3f}"))
+                                 "detected", "top_finding"]].reset_index(drop=True),
+                      float_format="{:.3f}"))
     print("\nTable 4 -- rank of the planted slice in each anomalous model's findings (1 = top), "
           "its ranks for the references, and precision@k\n")
     print(to_markdown(tables["discovery-recovery"], float_format="{:.2f}"))

@@ -122,7 +122,11 @@ def recovery_frame(results: dict[tuple[str, str], AuditResult], references: list
             for k in PRECISION_AT:
                 row[f"precision@{k}"] = precision_at(result, objective, planted, k)
             rows.append(row)
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    for column in ("rank", "best_reference_rank", "n_findings"):  # whole numbers, NaN allowed
+        if column in frame:
+            frame[column] = frame[column].astype("Int64")
+    return frame
 
 
 def top_findings(results: dict[tuple[str, str], AuditResult], count: int = 5) -> pd.DataFrame:
