@@ -231,12 +231,17 @@ error_ratio = 120
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tiny suite (2 references, a missing class) trained for one epoch."""
-    from conftest import run_script, write_suite
+    from conftest import write_suite
+    from counteraudit.train import train
     base = tmp_path_factory.mktemp("discover")
     suite = write_suite(base / "disc.toml", body=DISCOVER_BODY, references=2, epochs=1)
     runs = base / "runs"
-    run_script("train/train.py", "--suite", suite, "--runs-dir", runs, "--no-progress")
-    return suite, runs
+    # in this process (--jobs 1): no interpreter to start, torch to import, per model
+    train.main(train.get_args_parser().parse_args(["--suite", str(suite), "--runs-dir", str(runs),
+                                                    "--no-progress", "--jobs", "1"]))
+    with pytest.MonkeyPatch.context() as patch:  # a small pool: the stage runs in this process
+        patch.setattr(synthetic_factors, "POOL_PER_CLASS", 300)
+        yield suite, runs
 
 
 def test_a_killed_run_resumes_and_computes_only_what_is_missing(trained):
@@ -266,11 +271,12 @@ def test_a_killed_run_resumes_and_computes_only_what_is_missing(trained):
     assert discover_suite(suite, args)["computed"] == 1
 
 
-def test_discover_prints_tables_3_and_4(trained):
-    from conftest import run_script
+def test_discover_prints_tables_3_and_4(trained, capsys):
+    from counteraudit.evaluate import discover
     suite, runs = trained
-    out = run_script("evaluate/discover.py", "--suite", suite, "--runs-dir", runs, "--no-progress",
-                     "--jobs", "1")
+    discover.main(discover.get_args_parser().parse_args(
+        ["--suite", str(suite), "--runs-dir", str(runs), "--no-progress", "--jobs", "1"]))
+    out = capsys.readouterr().out
     assert "Table 3" in out and "Table 4" in out and "class=star" in out
     tables = runs / "disc" / "tables"
     for stem in ("discovery-detection", "discovery-recovery", "discovery-detection-per-model"):

@@ -459,6 +459,12 @@ class SyntheticWorld(World):
 
     has_generator = True
 
+    @property
+    def factors_version(self) -> str:
+        """What the factors' feasibility depends on besides the config (cache keys use it)."""
+        from counteraudit.train.worlds import synthetic_factors
+        return f"{synthetic_factors.FACTORS_VERSION}-{synthetic_factors.POOL_PER_CLASS}"
+
     def feasible(self, conditions: dict[str, str]) -> bool:
         from counteraudit.train.worlds.synthetic_factors import check_conditions
         self.factors()
