@@ -90,7 +90,12 @@ def discover_seed(suite: Suite) -> int:
 def auditor_budget(suite: Suite, auditor, world) -> int:
     """[discover.budget] <name> in the suite, else the auditor's default for the world."""
     budget = suite.tables.get("discover", {}).get("budget", {}).get(auditor.name)
-    return int(budget) if budget is not None else auditor.default_budget(world)
+    if budget is None:
+        return auditor.default_budget(world, discover_seed(suite))
+    if isinstance(budget, bool) or not isinstance(budget, int):
+        raise ValueError(f"[discover.budget] {auditor.name} = {budget!r} must be a whole number "
+                         f"of images (at least {auditor.minimum_budget(world)})")
+    return budget
 
 
 def usable(auditor, world) -> bool:

@@ -116,8 +116,8 @@ class Auditor(ABC):
         """The fewest images that give one finding."""
         return 1
 
-    def default_budget(self, world) -> int:
-        """The budget a suite gets without ``[discover] budget``."""
+    def default_budget(self, world, seed: int = 0) -> int:
+        """The budget a suite gets without ``[discover.budget]`` (for its discover seed)."""
         return self.minimum_budget(world)
 
     @abstractmethod

@@ -72,7 +72,7 @@ class ErrorRatio(Auditor):
     def minimum_budget(self, world) -> int:
         return self.params.min_images
 
-    def default_budget(self, world) -> int:
+    def default_budget(self, world, seed: int = 0) -> int:
         return len(self.annotated(world))
 
     def annotated(self, world) -> np.ndarray:

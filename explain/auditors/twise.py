@@ -154,8 +154,9 @@ class Twise(Auditor):
             return self.params.images_per_subgroup * len(self.subgroups(world, 0))
         return self.params.images_per_subgroup
 
-    def default_budget(self, world) -> int:
-        return self.params.images_per_subgroup * len(self.subgroups(world, 0))
+    def default_budget(self, world, seed: int = 0) -> int:
+        """Every row of the covering array (its size depends on the seed, covertable's salt)."""
+        return self.params.images_per_subgroup * len(self.subgroups(world, seed))
 
     def find(self, model, world, budget, seed):
         n_s = self.params.images_per_subgroup
