@@ -56,10 +56,10 @@ def main(args: argparse.Namespace) -> dict:
         raise ValueError(f"--quick runs the 'quick' suite; drop --suite {args.suite} or --quick")
     suite = load_suite("quick" if args.quick else args.suite)
     train_and_check(suite, suite.models, args)
+    started = time.perf_counter()
+    counts = discover_suite(suite, args, auditors=args.auditor)  # a dry run prints its plan
     if getattr(args, "dry_run", False):
         return {}
-    started = time.perf_counter()
-    counts = discover_suite(suite, args, auditors=args.auditor)
     print(f"\n{counts['computed']} auditor result(s) computed, {counts['stored']} already stored, "
           f"in {time.perf_counter() - started:.0f}s")
     world = build_world(suite.world, runs_root=args.runs_dir)

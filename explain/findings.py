@@ -169,6 +169,8 @@ def discover_suite(suite: Suite, args: argparse.Namespace, auditors: list[str] |
     config = executor_config(suite, args, "discover")
     results = run_items(discover_one, items, config, "discover",
                         item_name=lambda item: f"{item['model']}/{'+'.join(item['auditors'])}")
+    if config.dry_run:
+        return {"computed": 0, "stored": stored}
     return {"computed": sum(r["computed"] for r in results), "stored": stored}
 
 
