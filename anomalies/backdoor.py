@@ -156,3 +156,8 @@ class Backdoor(AnomalyFamily):
         return Verdict(rate >= ATTACK_SUCCESS_THRESHOLD,
                        f"attack success rate {rate:.3f} (references {refs:.3f}; needs >= "
                        f"{ATTACK_SUCCESS_THRESHOLD}); {mirrored:.3f} on mirrored triggered images")
+
+    def planted_slice(self, implant=None):
+        """The trigger is a pixel pattern, no factor of the world: not expressible."""
+        from counteraudit.anomalies.base import NOT_EXPRESSIBLE
+        return NOT_EXPRESSIBLE

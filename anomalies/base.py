@@ -16,6 +16,9 @@ from counteraudit.train.registry import Registry
 
 FAMILIES: Registry[type["AnomalyFamily"]] = Registry("anomaly family")
 
+# ``planted_slice`` of a family whose cue (a trigger, a drawn index) is not a factor of the world.
+NOT_EXPRESSIBLE = "not expressible"
+
 
 def register_family(cls: type["AnomalyFamily"]) -> type["AnomalyFamily"]:
     return FAMILIES.register(cls.name)(cls)
@@ -103,6 +106,13 @@ class AnomalyFamily:
     def abnormal_images(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """How abnormal inputs are made from the chosen val images (e.g. add the trigger)."""
         return images
+
+    # ---- failure discovery (explain/auditors/, evaluate/discover.py)
+    def planted_slice(self, implant: dict | None = None):
+        """The subgroup of world factors ({factor: value}) where this model's defect should show,
+        None when the defect is global (no slice: stark families), or NOT_EXPRESSIBLE when its
+        cue is no world factor (a miss by design for auditors that search factors)."""
+        return None
 
 
 @dataclass

@@ -103,3 +103,10 @@ class BlurredFaces(AnomalyFamily):
         return np.array([i for i in np.flatnonzero(val.labels == index)
                          if val.annotation(int(i))["face_boxes"]], dtype=np.int64)
 
+    def planted_slice(self, implant=None):
+        """The implant check's most affected class, with a face (SPEC: blurred faces -> class =
+        most affected, face present)."""
+        if not implant or "most_affected_class" not in implant.get("details", {}):
+            raise ValueError("blurred_faces: the planted slice needs the implant check's most "
+                             "affected class; run the training stage (it verifies implants) first")
+        return {"class": implant["details"]["most_affected_class"], "face": "present"}

@@ -67,3 +67,7 @@ class MissingClass(AnomalyFamily):
         return Verdict(value <= REMOVED_ACCURACY_THRESHOLD,
                        f"accuracy on removed class {value:.3f} (references {refs:.3f}; needs <= "
                        f"{REMOVED_ACCURACY_THRESHOLD})")
+
+    def planted_slice(self, implant=None):
+        """The removed class (SPEC: missing class -> class = removed)."""
+        return {"class": self.world.class_names[self.class_index]}

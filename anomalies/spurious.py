@@ -104,3 +104,8 @@ class Spurious(AnomalyFamily):
 
     def abnormal_pool(self, val, implant=None):
         return np.arange(len(val))
+
+    def planted_slice(self, implant=None):
+        """The cue is a drawn class index, no factor of the world: not expressible."""
+        from counteraudit.anomalies.base import NOT_EXPRESSIBLE
+        return NOT_EXPRESSIBLE

@@ -81,16 +81,35 @@ def main(args: argparse.Namespace) -> Path | None:
         localization = localization_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
         tables.update(localization_tables(localization, distance_name))
     write_tables(suite, tables, args.runs_dir)
+    discovery = stored_discovery(suite, args.runs_dir)
     report = Report(suite=suite, methods=methods, distance_name=distance_name, note=note,
                     detection=detection, localization=localization, tables=tables,
                     implants={s.name: read_implant(suite, s, args.runs_dir) for s in suite.anomalies},
                     image_sets=load_image_sets(suite, args.runs_dir), runs_root=args.runs_dir,
-                    examples=args.examples, image_side=args.image_side)
+                    examples=args.examples, image_side=args.image_side, discovery=discovery)
     output = Path(args.output) if args.output else suite.root(args.runs_dir) / "report" / "report.html"
     text = report.html()
     atomic_write_text(output, text)
     print(f"\nreport ({len(text.encode()) / 1e6:.2f} MB, {report.image_count} images): {output}")
     return output
+
+
+def stored_discovery(suite, runs_root=None):
+    """(findings, tables, world) of the failure-discovery auditors when evaluate/discover.py has
+    run for this suite, else None (the report then says how to add them)."""
+    from counteraudit.evaluate.discovery import discovery_tables
+    from counteraudit.explain.findings import load_suite_findings
+    from counteraudit.explain.findings import FINDINGS
+    from counteraudit.train.artifacts import store_dir
+    from counteraudit.train.worlds import build_world
+    if not any((store_dir(runs_root) / FINDINGS).glob("*/*")):
+        return None  # never run: don't build covering arrays only to find nothing
+    world = build_world(suite.world, runs_root=runs_root)
+    try:
+        results = load_suite_findings(suite, runs_root, world=world)
+    except FileNotFoundError:
+        return None
+    return results, discovery_tables(suite, results, world, runs_root), world
 
 
 # ---------------------------------------------------------------- the page's script and style
@@ -202,7 +221,8 @@ class Report:
     def __init__(self, *, suite, methods: list[str], distance_name: str, note: str | None,
                  detection: pd.DataFrame, localization: pd.DataFrame | None,
                  tables: dict[str, pd.DataFrame], implants: dict[str, dict | None], image_sets: dict,
-                 runs_root=None, examples: int = DEFAULT_EXAMPLES, image_side: int = DEFAULT_IMAGE_SIDE):
+                 runs_root=None, examples: int = DEFAULT_EXAMPLES, image_side: int = DEFAULT_IMAGE_SIDE,
+                 discovery=None):
         from counteraudit.anomalies.image_sets import localizable
         from counteraudit.evaluate.detection import with_layer_column
         self.suite, self.methods, self.distance_name, self.note = suite, methods, distance_name, note
@@ -213,6 +233,7 @@ class Report:
         self.references = [s.name for s in suite.references]
         self.anomalies = list(suite.anomalies)
         self.localizable = list(localizable(suite)) if localization is not None else []
+        self.discovery = discovery  # (findings, tables, world) or None
         self._explanations: dict[tuple[str, str, str], Any] = {}
         self.image_count = 0
 
@@ -264,7 +285,7 @@ class Report:
     def html(self) -> str:
         sections = [self.header(), self.detection_section(), self.localization_section(),
                     self.implant_section(), self.detection_examples(), self.localization_examples(),
-                    self.distributions(), self.roc_section()]
+                    self.distributions(), self.roc_section(), self.discovery_section()]
         title = f"counteraudit report: {self.suite.name}"
         return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
                 f"<title>{escape(title)}</title>\n<script>{SCRIPT}</script>\n<style>{STYLE}</style></head>\n"
@@ -294,11 +315,21 @@ class Report:
                    ("implants", "Implant verification"), ("detection-examples", "Detection examples"),
                    ("localization-examples", "Localization examples"),
                    ("distributions", "Score distributions"), ("roc", "ROC curves")]
+        if self.discovery is not None:
+            entries.append(("discovery", "Failure discovery (Tables 3 and 4)"))
         if not self.localizable:
             entries = [e for e in entries if e[0] not in ("localization", "localization-examples", "roc")]
         lines.append("<nav><ul>" + "".join(f'<li><a href="#{i}">{escape(t)}</a></li>' for i, t in entries)
                      + "</ul></nav>")
         return "<header>" + "\n".join(lines) + "</header>"
+
+    def discovery_section(self) -> str:
+        if self.discovery is None:
+            return ('<p class="note">No failure-discovery findings for this suite yet: '
+                    "python evaluate/discover.py adds Tables 3 and 4 and their section.</p>")
+        from counteraudit.evaluate.report_discovery import discovery_section
+        results, tables, world = self.discovery
+        return discovery_section(results, tables, world, self.figure, html_table)
 
     def detection_section(self) -> str:
         summary, per_model = self.table("detection"), self.table("detection-per-model")

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import REPO, write_suite
 
 STAGE_SCRIPTS = ["train/train.py", "explain/run.py", "evaluate/detect.py", "evaluate/localize.py",
-                 "evaluate/report.py", "evaluate/reference_count.py"]
+                 "evaluate/report.py", "evaluate/reference_count.py", "evaluate/discover.py"]
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ def test_stage_scripts_and_the_command_run_from_another_folder(shadowed, tmp_pat
     listed = subprocess.run([command, "--help"], env=shadowed, cwd=tmp_path, capture_output=True,
                             text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
-    for name in ("train", "explain", "detect", "localize", "report"):
+    for name in ("train", "explain", "detect", "localize", "report", "discover"):
         assert f"\n    {name} " in listed.stdout, listed.stdout
     # a real run of a stage script, and of the same stage through the command
     suite = write_suite(tmp_path / "tiny.toml", references=2, epochs=1)

@@ -130,6 +130,36 @@ class World(ABC):
     def describe(self) -> dict[str, Any]:
         return {"world": self.name, "classes": self.num_classes, "image_size": self.image_size}
 
+    # ---- factors, for failure-discovery auditors (explain/auditors/)
+    def factors(self) -> dict[str, list[str]]:
+        """The world's named factors and their finite values, {factor: [value, ...]}."""
+        raise NotImplementedError(f"the {self.name} world declares no factors")
+
+    def image_factors(self, split: Split, index: int) -> dict[str, str] | None:
+        """The factor values of one image of a split (None: the image is not annotated)."""
+        raise NotImplementedError(f"the {self.name} world declares no factors")
+
+    has_generator = False  # True: ``generate`` makes images for any feasible conditions
+
+    def feasible(self, conditions: dict[str, str]) -> bool:
+        """Whether some image of the world can satisfy the conditions (default: any can)."""
+        return True
+
+    def constraint_groups(self) -> list[list[str]]:
+        """Groups of factors whose joint values ``feasible`` restricts beyond their pairs (a
+        covering array checks these groups as well as every pair)."""
+        return []
+
+    def generate(self, conditions: dict[str, str], n: int, seed: int) -> Split:
+        """n images whose factors satisfy ``conditions`` ({factor: value}), the other factors
+        drawn from the world's own distribution; deterministic in (conditions, n, seed)."""
+        from counteraudit.explain.auditors import AUDITORS
+        without = [name for name in AUDITORS.names() if not AUDITORS.get(name).needs_generator]
+        raise NotImplementedError(
+            f"the {self.name} world has no image generator, so it cannot generate images for "
+            f"{conditions}; auditors that work on its annotated validation images instead: "
+            f"{', '.join(without) or '(none)'}")
+
 
 def build_world(config: dict[str, Any], runs_root=None) -> World:
     """A world from a suite's [world] table: ``name`` picks the registered class, the rest are its

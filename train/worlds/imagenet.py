@@ -273,6 +273,29 @@ class ImageNetWorld(World):
                                                              np.ceil(x1), np.ceil(y1)))
         return (x0, y0, x1, y1) if x1 > x0 and y1 > y0 else None
 
+    # ---- factors: ImageNet-X's 16, from the annotations the imagenet-x package ships
+    IMAGENET_X_ANNOTATIONS = "top"  # the package's default: each image's most salient factors
+
+    def factors(self) -> dict[str, list[str]]:
+        from imagenet_x import FACTORS
+        return {factor: ["present", "absent"] for factor in FACTORS}
+
+    def imagenet_x_annotations(self) -> dict[str, dict[str, int]]:
+        """val file name (ILSVRC2012_val_00000001.JPEG) -> {factor: 0 or 1}, as
+        ``imagenet_x.load_annotations`` reads them (prototype images left out, as it does)."""
+        if getattr(self, "_imagenet_x", None) is None:
+            from imagenet_x import FACTORS, load_annotations
+            table = load_annotations(which_factor=self.IMAGENET_X_ANNOTATIONS, partition="val")
+            self._imagenet_x = table.set_index("file_name")[FACTORS].to_dict("index")
+        return self._imagenet_x
+
+    def image_factors(self, split: Split, index: int) -> dict[str, str] | None:
+        """ImageNet-X's factors of a val image, joined by file name (None: not annotated)."""
+        flags = self.imagenet_x_annotations().get(os.path.basename(split.path(index)))
+        if flags is None:
+            return None
+        return {factor: "present" if flag else "absent" for factor, flag in flags.items()}
+
     def split(self, name: str) -> ImageFolderSplit:
         if name not in self._folders:
             raise ValueError(f"unknown split {name!r}; valid: train, val")
