@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
+from counteraudit.anomalies.base import NOT_EXPRESSIBLE, AnomalyFamily, Verdict, register_family
 from counteraudit.anomalies.common import (accuracy, check_fraction, choose_fraction,
                                            positions_in_rows, predict, reference_mean,
                                            verification_indices)
@@ -159,5 +159,4 @@ class Backdoor(AnomalyFamily):
 
     def planted_slice(self, implant=None):
         """The trigger is a pixel pattern, no factor of the world: not expressible."""
-        from counteraudit.anomalies.base import NOT_EXPRESSIBLE
         return NOT_EXPRESSIBLE

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
+from counteraudit.anomalies.base import NOT_EXPRESSIBLE, AnomalyFamily, Verdict, register_family
 from counteraudit.anomalies.common import (accuracy, check_fraction, choose_fraction,
                                            positions_in_rows, reference_mean,
                                            verification_indices)
@@ -107,5 +107,4 @@ class Spurious(AnomalyFamily):
 
     def planted_slice(self, implant=None):
         """The cue is a drawn class index, no factor of the world: not expressible."""
-        from counteraudit.anomalies.base import NOT_EXPRESSIBLE
         return NOT_EXPRESSIBLE
