@@ -140,9 +140,9 @@ def test_error_ratio_agrees_with_the_imagenet_x_package():
 
 
 def test_error_ratio_runs_on_imagenet_x_annotated_val_images(tmp_path):
-    from test_world_factors import imagenet_x_folder  # noqa: F401  (the fixture's helpers)
-    from imagenet_x import FACTORS, load_annotations
-    from test_world_factors import imagenet_x_sample
+    from imagenet_x import FACTORS
+
+    from tests.test_world_factors import imagenet_x_sample
     from PIL import Image
     from counteraudit.train.worlds import build_world
     rows = imagenet_x_sample(8)

@@ -23,7 +23,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -314,26 +314,32 @@ def _generate_chunk(args: tuple[SyntheticConfig, str, int, int, bool]):
 def generate(cfg: SyntheticConfig, split: str, texture_randomized: bool = False,
              workers: int | None = None) -> tuple[np.ndarray, np.ndarray, list[dict]]:
     n = cfg.num_train if split == "train" else cfg.num_val
-    workers = max(1, min(workers or os.cpu_count() or 1, 16))
     chunk = 250
     jobs = [(cfg, split, s, min(n, s + chunk), texture_randomized) for s in range(0, n, chunk)]
-    if workers == 1 or len(jobs) == 1:
-        parts = [_generate_chunk(job) for job in jobs]
-    else:
-        # fork: workers inherit the imported modules, no re-import cost; results do not depend on it.
-        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        pool = multiprocessing.get_context(method).Pool(workers)
-        try:
-            parts = pool.map(_generate_chunk, jobs)
-        finally:
-            # close + join, not terminate: inside a submitit job the workers inherit a handler
-            # that ignores SIGTERM, and a terminated pool would wait for them forever.
-            pool.close()
-            pool.join()
+    parts = map_in_processes(_generate_chunk, jobs, workers)
     images = np.concatenate([p[0] for p in parts])
     annotations = [a for p in parts for a in p[1]]
     labels = np.array([a["class"] for a in annotations], np.int64)
     return images, labels, annotations
+
+
+def map_in_processes(function: Callable, jobs: list, workers: int | None = None) -> list:
+    """``[function(job) for job in jobs]`` on up to ``workers`` processes (default: one per core,
+    at most 16); in this process when one worker or one job. Results come back in job order and
+    do not depend on the number of workers (each job seeds its own draws)."""
+    workers = max(1, min(workers or os.cpu_count() or 1, 16))
+    if workers == 1 or len(jobs) <= 1:
+        return [function(job) for job in jobs]
+    # fork: workers inherit the imported modules, no re-import cost; results do not depend on it.
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    pool = multiprocessing.get_context(method).Pool(workers)
+    try:
+        return pool.map(function, jobs)
+    finally:
+        # close + join, not terminate: inside a submitit job the workers inherit a handler that
+        # ignores SIGTERM, and a terminated pool would wait for them forever.
+        pool.close()
+        pool.join()
 
 
 class InMemorySplit(Split):

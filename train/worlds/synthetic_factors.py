@@ -33,8 +33,6 @@ import colorsys
 import copy
 import itertools
 import math
-import multiprocessing
-import os
 import pickle
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -43,6 +41,7 @@ import numpy as np
 
 from counteraudit.train.artifacts import (atomic_save_npz, atomic_write_bytes, atomic_write_json, derive_seed,
                                           read_json, stable_hash)
+from counteraudit.train.worlds.synthetic import map_in_processes
 
 # Bump when the factor definitions, the pool or the composition change: part of every cache key.
 FACTORS_VERSION = 1
@@ -180,17 +179,7 @@ class FactorPool:
         classes, chunk = len(self.grid["class"]), 1000
         jobs = [(self.cfg, self.grid, label, s, min(self.per_class, s + chunk))
                 for label in range(classes) for s in range(0, self.per_class, chunk)]
-        workers = max(1, min(os.cpu_count() or 1, 16))
-        if workers == 1:
-            parts = [_pool_chunk(job) for job in jobs]
-        else:
-            method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-            pool = multiprocessing.get_context(method).Pool(workers)
-            try:
-                parts = pool.map(_pool_chunk, jobs)
-            finally:
-                pool.close()
-                pool.join()
+        parts = map_in_processes(_pool_chunk, jobs)
         codes = np.concatenate([p[0] for p in parts]).reshape(classes, self.per_class, -1)
         flat = [d for p in parts for d in p[1]]
         draws = [flat[c * self.per_class:(c + 1) * self.per_class] for c in range(classes)]
@@ -311,17 +300,7 @@ def generate_images(cfg, pool: FactorPool, conditions: dict[str, str], n: int, s
     chunk = 250
     where = (pool.grid, pool.cache_dir, pool.per_class)  # workers find the pool, not a copy of it
     jobs = [(cfg, where, conditions, stream, s, min(n, s + chunk)) for s in range(0, n, chunk)]
-    workers = max(1, min(workers or os.cpu_count() or 1, 16))
-    if workers == 1 or n < PARALLEL_FROM:
-        parts = [_generate_chunk(job) for job in jobs]
-    else:
-        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        worker_pool = multiprocessing.get_context(method).Pool(workers)
-        try:
-            parts = worker_pool.map(_generate_chunk, jobs)
-        finally:
-            worker_pool.close()
-            worker_pool.join()
+    parts = map_in_processes(_generate_chunk, jobs, 1 if n < PARALLEL_FROM else workers)
     images = np.concatenate([p[0] for p in parts])
     annotations = [a for p in parts for a in p[1]]
     labels = np.array([a["class"] for a in annotations], np.int64)
