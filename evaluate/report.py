@@ -82,11 +82,13 @@ def main(args: argparse.Namespace) -> Path | None:
         tables.update(localization_tables(localization, distance_name))
     write_tables(suite, tables, args.runs_dir)
     discovery = stored_discovery(suite, args.runs_dir)
+    from counteraudit.evaluate.report_sensitivity import stored_sensitivity
     report = Report(suite=suite, methods=methods, distance_name=distance_name, note=note,
                     detection=detection, localization=localization, tables=tables,
                     implants={s.name: read_implant(suite, s, args.runs_dir) for s in suite.anomalies},
                     image_sets=load_image_sets(suite, args.runs_dir), runs_root=args.runs_dir,
-                    examples=args.examples, image_side=args.image_side, discovery=discovery)
+                    examples=args.examples, image_side=args.image_side, discovery=discovery,
+                    sensitivity=stored_sensitivity(suite, distance_name, args.runs_dir))
     output = Path(args.output) if args.output else suite.root(args.runs_dir) / "report" / "report.html"
     text = report.html()
     atomic_write_text(output, text)
@@ -222,7 +224,7 @@ class Report:
                  detection: pd.DataFrame, localization: pd.DataFrame | None,
                  tables: dict[str, pd.DataFrame], implants: dict[str, dict | None], image_sets: dict,
                  runs_root=None, examples: int = DEFAULT_EXAMPLES, image_side: int = DEFAULT_IMAGE_SIDE,
-                 discovery=None):
+                 discovery=None, sensitivity: dict[str, pd.DataFrame] | None = None):
         from counteraudit.anomalies.image_sets import localizable
         from counteraudit.evaluate.detection import with_layer_column
         self.suite, self.methods, self.distance_name, self.note = suite, methods, distance_name, note
@@ -234,6 +236,7 @@ class Report:
         self.anomalies = list(suite.anomalies)
         self.localizable = list(localizable(suite)) if localization is not None else []
         self.discovery = discovery  # (findings, tables, world) or None
+        self.sensitivity = sensitivity  # evaluate/sensitivity.py's tables, or None
         self._explanations: dict[tuple[str, str, str], Any] = {}
         self.image_count = 0
 
@@ -285,7 +288,8 @@ class Report:
     def html(self) -> str:
         sections = [self.header(), self.detection_section(), self.localization_section(),
                     self.implant_section(), self.detection_examples(), self.localization_examples(),
-                    self.distributions(), self.roc_section(), self.discovery_section()]
+                    self.distributions(), self.roc_section(), self.sensitivity_section(),
+                    self.discovery_section()]
         title = f"counteraudit report: {self.suite.name}"
         return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
                 f"<title>{escape(title)}</title>\n<script>{SCRIPT}</script>\n<style>{STYLE}</style></head>\n"
@@ -315,6 +319,7 @@ class Report:
                    ("implants", "Implant verification"), ("detection-examples", "Detection examples"),
                    ("localization-examples", "Localization examples"),
                    ("distributions", "Score distributions"), ("roc", "ROC curves")]
+        entries.append(("sensitivity", "Sensitivity to protocol choices"))
         if self.discovery is not None:
             entries.append(("discovery", "Failure discovery (Tables 3 and 4)"))
         if not self.localizable:
@@ -322,6 +327,10 @@ class Report:
         lines.append("<nav><ul>" + "".join(f'<li><a href="#{i}">{escape(t)}</a></li>' for i, t in entries)
                      + "</ul></nav>")
         return "<header>" + "\n".join(lines) + "</header>"
+
+    def sensitivity_section(self) -> str:
+        from counteraudit.evaluate.report_sensitivity import sensitivity_section
+        return sensitivity_section(self.sensitivity, html_table)
 
     def discovery_section(self) -> str:
         if self.discovery is None:

@@ -309,3 +309,38 @@ def _check_keys(table: dict[str, Any], cls: type | None, what: str, valid: set[s
     unknown = set(table) - valid
     if unknown:
         raise ValueError(f"unknown {what} option(s) {sorted(unknown)}; valid: {sorted(valid)}")
+
+
+def toml_text(table: dict[str, Any], prefix: str = "") -> str:
+    """A suite table as TOML: scalars and arrays first, then each nested table under its header
+    (enough for the files ``write_derived_suite`` writes; strings are JSON-quoted, which TOML
+    reads the same)."""
+    import json
+    scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+    lines = [f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in scalars.items()]
+    for key, value in table.items():
+        if isinstance(value, dict):
+            header = f"{prefix}.{json.dumps(str(key))}" if prefix else json.dumps(str(key))
+            lines += ["", f"[{header}]", toml_text(value, header)]
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    import json
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, (int, float, str)):
+        return json.dumps(value)
+    raise TypeError(f"cannot write {value!r} ({type(value).__name__}) to a suite file")
+
+
+def write_derived_suite(base: Suite, name: str, overrides: dict[str, Any], path: Path) -> Suite:
+    """A suite file at ``path`` that extends ``base``'s file with ``overrides`` (tables merge key
+    by key), loaded. A file, not an object in memory, so every work item (a Slurm job included)
+    loads the same suite from its path."""
+    from counteraudit.train.artifacts import atomic_write_text
+    text = toml_text({"extends": str(base.path.resolve()), "name": name, **overrides})
+    atomic_write_text(path, f"# derived from {base.path.name}: written by counteraudit\n{text}\n")
+    return load_suite(path)

@@ -1,0 +1,62 @@
+"""The protocol choices evaluate/sensitivity.py varies: one registry entry per choice.
+
+A choice is one method parameter and the values it can take (e.g. Integrated Gradients' baseline:
+``normalized_zero``, the original's, or ``black``). Applied to a suite, it sets that parameter on
+every method of the suite that has it (or on the methods it names), so a choice never needs to
+know which methods a suite runs. The suite's own value is read from its parsed parameters; every
+other value is an alternative protocol, explained and scored beside it.
+
+Adding a choice is one ``register_choice(ProtocolChoice(...))`` call here; its test is generated
+from this registry (tests/test_sensitivity.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from counteraudit.train.registry import Registry
+
+MIXED = "mixed"  # the suite sets the parameter differently on different methods
+
+
+@dataclass(frozen=True)
+class ProtocolChoice:
+    name: str
+    parameter: str                  # a field of the methods' Params dataclasses
+    options: tuple[Any, ...]        # the values it is compared under
+    description: str
+    methods: tuple[str, ...] | None = None  # None: every method of the suite with the parameter
+
+    def applicable(self, methods: list[str]) -> list[str]:
+        """The suite's methods this choice sets (those whose parameters have the field)."""
+        from counteraudit.explain.base import METHODS
+        names = [m for m in methods if self.methods is None or m in self.methods]
+        return [m for m in names
+                if self.parameter in {f.name for f in dataclasses.fields(METHODS.get(m).Params)}]
+
+    def current(self, suite, methods: list[str]) -> Any:
+        """The suite's own value of the parameter (``MIXED`` if its methods disagree; None if no
+        method of the suite has it)."""
+        from counteraudit.explain.base import build_method
+        from counteraudit.explain.pipeline import method_params
+        values = {_hashable(getattr(build_method(m, method_params(suite, m)).params, self.parameter))
+                  for m in self.applicable(methods)}
+        if not values:
+            return None
+        return values.pop() if len(values) == 1 else MIXED
+
+    def patch(self, methods: list[str], value: Any) -> dict[str, Any]:
+        """The suite-file tables that set ``value`` on the applicable methods."""
+        return {"methods": {m: {self.parameter: value} for m in self.applicable(methods)}}
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+PROTOCOL_CHOICES: Registry[ProtocolChoice] = Registry("protocol choice")
+
+
+def register_choice(choice: ProtocolChoice) -> ProtocolChoice:
+    return PROTOCOL_CHOICES.register(choice.name)(choice)

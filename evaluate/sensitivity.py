@@ -1,0 +1,209 @@
+"""Do the benchmark's conclusions survive the protocol's choices? (beyond the paper)
+
+    python evaluate/sensitivity.py                    # the demo, every protocol choice
+    python evaluate/sensitivity.py --quick            # the small 'quick' suite
+    python evaluate/sensitivity.py --suite demo --choice ig_baseline --choice renderer
+
+A finished suite is explained and scored once more under each alternative of each protocol choice
+(evaluate/protocol_choices.py: the saliency renderer, Integrated Gradients' baseline, the gradient
+space, Caricature noise, the explained class), one choice changed at a time. Each alternative is a
+suite file derived from the suite's own (runs/<suite>/sensitivity/<choice>-<value>.toml), so the
+store shares everything a choice does not touch: the models, the image sets, and the
+visualizations of every method the choice leaves alone; only the methods whose parameters change
+are explained again, and a rerun computes nothing.
+
+Printed, and saved under runs/<suite>/tables/ as sensitivity-detection-<distance> and
+sensitivity-localization-<distance>: Table 1's margins and Table 2's AUROCs under the suite's own
+protocol and under each alternative, side by side, with a "!" where a verdict changes:
+detection (Abar above every reference's), localization (AUROC above the chance band of label
+permutations), and whether the method localizes better than the outputs-only control (the paired
+bootstrap's adds / same / less).
+"""
+from __future__ import annotations
+
+import sys
+
+if __package__ in (None, ""):
+    # Run as a file: the code is imported as counteraudit.* (pip install -e .); this folder's
+    # modules (train.py, ...) must not shadow other packages of the same name.
+    sys.path.pop(0)
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from counteraudit.train.stage import run_cli
+
+SENSITIVITY = "sensitivity"
+CHANGED = "!"  # marks a cell whose verdict differs from the suite's own protocol
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    from counteraudit.evaluate.pipeline import pipeline_parser
+    from counteraudit.evaluate.protocol_choices import PROTOCOL_CHOICES
+    parser = pipeline_parser("counteraudit sensitivity", add_help)
+    parser.add_argument("--choice", action="append", default=None, metavar="NAME",
+                        help=f"only this protocol choice (repeatable; {', '.join(PROTOCOL_CHOICES)}); "
+                             "default: every choice that applies to the suite's methods. Each "
+                             "alternative re-explains only the methods it changes")
+    return parser
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One alternative protocol: a choice, its value, and the suite that runs it."""
+    choice: str
+    value: Any
+    suite: Any               # train.suite.Suite, derived from the base suite's file
+    methods: list[str]       # the suite's methods whose results this value changes
+
+
+def plan_variants(suite, methods: list[str], choice_names: list[str] | None,
+                  runs_root=None) -> tuple[list[Variant], list[str]]:
+    """The alternatives to run (their suite files written), and a line for each choice skipped."""
+    from counteraudit.evaluate.protocol_choices import PROTOCOL_CHOICES
+    from counteraudit.explain.base import build_method
+    from counteraudit.explain.pipeline import method_batch_size, method_params
+    from counteraudit.train.suite import write_derived_suite
+    names = choice_names or PROTOCOL_CHOICES.names()
+    chosen = [PROTOCOL_CHOICES.get(name) for name in names]  # unknown names list the valid ones
+    architecture = suite.architecture
+
+    def description(of, method: str) -> dict[str, Any]:
+        return build_method(method, method_params(of, method)).describe(
+            architecture, method_batch_size(of, method))
+
+    variants, skipped = [], []
+    for choice in chosen:
+        applicable = choice.applicable(methods)
+        if not applicable:
+            skipped.append(f"{choice.name}: no method of the suite has the parameter "
+                           f"{choice.parameter!r} (methods: {', '.join(methods)})")
+            continue
+        current = choice.current(suite, methods)
+        for value in choice.options:
+            if value == current:
+                continue
+            name = f"{suite.name}-{SENSITIVITY}-{choice.name}-{value}"
+            path = suite.root(runs_root) / SENSITIVITY / f"{choice.name}-{value}.toml"
+            variant = write_derived_suite(suite, name, choice.patch(methods, value), path)
+            changed = [m for m in methods if description(variant, m) != description(suite, m)]
+            variants.append(Variant(choice.name, value, variant, changed))
+    return variants, skipped
+
+
+def scored_tables(suite, methods: list[str], distance, distance_name: str, args) -> dict[str, pd.DataFrame]:
+    """Table 1's per-model rows and Table 2's per-model rows (with the outputs-only comparison)
+    of ``methods`` on ``suite``, explaining what is missing first."""
+    from counteraudit.evaluate.pipeline import (detection_scores, detection_tables,
+                                                localization_scores, localization_tables)
+    from counteraudit.explain.pipeline import explain_suite
+    explain_suite(suite, args, methods=methods)
+    detection = detection_tables(suite, detection_scores(suite, distance, distance_name, methods,
+                                                         args.runs_dir, args=args), distance_name)
+    localization = localization_tables(localization_scores(suite, distance, distance_name, methods,
+                                                           args.runs_dir, args=args), distance_name)
+    out = {"detection": detection[f"detection-per-model-{distance_name}"],
+           "localization": localization[f"localization-per-model-{distance_name}"]}
+    versus = localization.get(f"localization-vs-outputs-per-model-{distance_name}")
+    if versus is not None:
+        out["localization"] = out["localization"].merge(
+            versus[["method", "model", "verdict"]], on=["method", "model"], how="left")
+    return out
+
+
+def compare(base: dict[str, pd.DataFrame], other: dict[str, pd.DataFrame], variant: Variant,
+            ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The rows of ``variant``'s changed methods beside the suite's own, verdict changes marked."""
+    keys = ["method", "model"]
+    det_cols = ["family", "margin", "detected"]
+    base_det = base["detection"][base["detection"]["role"] != "reference"]
+    det = other["detection"][other["detection"]["method"].isin(variant.methods)]
+    det = det[det["role"] != "reference"][keys + det_cols].merge(
+        base_det[keys + det_cols[1:]], on=keys, suffixes=("", "_suite"))
+    det["detection_changed"] = det["detected"].astype(bool) != det["detected_suite"].astype(bool)
+
+    loc_cols = ["auroc", "chance_high"] + (["verdict"] if "verdict" in other["localization"] else [])
+    loc = other["localization"][other["localization"]["method"].isin(variant.methods)]
+    loc = loc[keys + loc_cols].merge(base["localization"][keys + loc_cols], on=keys,
+                                     suffixes=("", "_suite"))
+    loc["localizes"] = loc["auroc"] > loc["chance_high"]
+    loc["localizes_suite"] = loc["auroc_suite"] > loc["chance_high_suite"]
+    loc["localization_changed"] = loc["localizes"] != loc["localizes_suite"]
+    if "verdict" in loc:
+        # outputs-only has no verdict against itself (NaN on both sides): unchanged
+        loc["versus_outputs_changed"] = (loc["verdict"].fillna("") != loc["verdict_suite"].fillna(""))
+    for frame in (det, loc):
+        frame.insert(0, "value", str(variant.value))
+        frame.insert(0, "choice", variant.choice)
+    return det, loc
+
+
+def side_by_side(table: pd.DataFrame, value: str, changed: list[str], digits: int = 2) -> pd.DataFrame:
+    """One choice's rows as model x method cells "suite -> alternative", "!" on a changed verdict."""
+    def cell(row) -> str:
+        mark = CHANGED if any(bool(row[c]) for c in changed if c in row) else ""
+        return f"{row[value + '_suite']:.{digits}f} -> {row[value]:.{digits}f}{mark}"
+    cells = table.assign(cell=table.apply(cell, axis=1))
+    wide = cells.pivot_table(index=["choice", "value", "model"], columns="method", values="cell",
+                             aggfunc="first", sort=False)
+    return wide.reset_index()
+
+
+def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
+    from counteraudit.evaluate.baseline import BASELINE
+    from counteraudit.evaluate.pipeline import describe_distance, prepare, write_tables
+    from counteraudit.evaluate.tables import to_markdown
+    suite, methods, distance, distance_name, note = prepare(args)
+    variants, skipped = plan_variants(suite, methods, args.choice, args.runs_dir)
+    if getattr(args, "dry_run", False):
+        for variant in variants:
+            print(f"{variant.choice} = {variant.value}: would explain {', '.join(variant.methods)}")
+        return {}
+    print(f"\n== sensitivity: {len(variants)} alternative protocol(s) on suite {suite.name!r} "
+          f"({describe_distance(distance_name, note)})")
+    for line in skipped:
+        print(f"skipped {line}")
+    base = scored_tables(suite, methods, distance, distance_name, args)
+    detections, localizations = [], []
+    for variant in variants:
+        if not variant.methods:
+            print(f"{variant.choice} = {variant.value}: changes no method's results; nothing to run")
+            continue
+        print(f"\n-- {variant.choice} = {variant.value}: explaining {', '.join(variant.methods)}",
+              flush=True)
+        # the outputs-only control rides along (stored, never recomputed): the "adds over the
+        # outputs" verdict needs it on the same images
+        run = variant.methods + ([BASELINE] if BASELINE in methods and BASELINE not in
+                                 variant.methods else [])
+        other = scored_tables(variant.suite, run, distance, distance_name, args)
+        det, loc = compare(base, other, variant)
+        detections.append(det)
+        localizations.append(loc)
+    if not detections:
+        print("no alternative changes a result")
+        return {}
+    tables = {f"sensitivity-detection-{distance_name}": pd.concat(detections, ignore_index=True),
+              f"sensitivity-localization-{distance_name}": pd.concat(localizations, ignore_index=True)}
+    write_tables(suite, tables, args.runs_dir)
+    detection, localization = tables.values()
+    print(f"\nTable 1 margins, the suite's protocol -> the alternative ({CHANGED}: the detection "
+          f"verdict changes)\n")
+    anomalous = detection[detection["family"] != "reference"]
+    print(to_markdown(side_by_side(anomalous, "margin", ["detection_changed"])))
+    print(f"\nTable 2 AUROCs, the suite's protocol -> the alternative ({CHANGED}: above the chance "
+          "band or not, or adds / same / less against outputs-only, changes)\n")
+    print(to_markdown(side_by_side(localization, "auroc",
+                                   ["localization_changed", "versus_outputs_changed"])))
+    flips = (int(detection["detection_changed"].sum()),
+             int(localization["localization_changed"].sum()),
+             int(localization.get("versus_outputs_changed", pd.Series(dtype=bool)).sum()))
+    print(f"\nverdicts changed: {flips[0]} detection, {flips[1]} localization, {flips[2]} against "
+          f"outputs-only, of {len(detection)} detection and {len(localization)} localization cells")
+    return tables
+
+
+if __name__ == "__main__":
+    run_cli(main, get_args_parser())
