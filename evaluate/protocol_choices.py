@@ -60,3 +60,30 @@ PROTOCOL_CHOICES: Registry[ProtocolChoice] = Registry("protocol choice")
 
 def register_choice(choice: ProtocolChoice) -> ProtocolChoice:
     return PROTOCOL_CHOICES.register(choice.name)(choice)
+
+
+# The per-pixel saliency methods: the ones whose attributions a renderer turns into images.
+SALIENCY_METHODS = ("guided_backprop", "integrated_gradients", "guided_gradcam")
+
+register_choice(ProtocolChoice(
+    "renderer", "renderer", ("captum_figure", "hot_overlay"), methods=SALIENCY_METHODS,
+    description="how a saliency map becomes the image that is scored: the paper's captum figure "
+                "(blended heat map on a grey image, with the figure's frame and margins) or the "
+                "project's image-sized hot overlay"))
+register_choice(ProtocolChoice(
+    "ig_baseline", "baseline", ("normalized_zero", "black"), methods=("integrated_gradients",),
+    description="Integrated Gradients' baseline: zero in the normalised input space (the ImageNet "
+                "mean colour; the paper's code) or black pixels"))
+register_choice(ProtocolChoice(
+    "gradient_space", "gradient_space", ("normalized", "pixels"),
+    description="attributions with respect to the normalised input (the paper's code) or to the "
+                "[0, 1] pixels (a factor 1/std per channel)"))
+register_choice(ProtocolChoice(
+    "caricature_noise", "noise", ("per_model", "shared"), methods=("caricature",),
+    description="Caricatures' random start and augmentations: drawn per model, image and layer "
+                "(the paper's code, unseeded there) or shared by every model (a paired design)"))
+register_choice(ProtocolChoice(
+    "explained_class", "explained_class", ("top", "label"),
+    description="the class explained: the model's own top class (the paper) or the image's true "
+                "label, which separates what an explanation shows from a change of the model's "
+                "output"))
