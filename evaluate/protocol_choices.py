@@ -27,6 +27,9 @@ class ProtocolChoice:
     options: tuple[Any, ...]        # the values it is compared under
     description: str
     methods: tuple[str, ...] | None = None  # None: every method of the suite with the parameter
+    # Parameters set along with a value (None: removed, back to the method's default), e.g. a
+    # renderer's options, which belong to the renderer they were written for.
+    along: dict[Any, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     def applicable(self, methods: list[str]) -> list[str]:
         """The suite's methods this choice sets (those whose parameters have the field)."""
@@ -47,8 +50,10 @@ class ProtocolChoice:
         return values.pop() if len(values) == 1 else MIXED
 
     def patch(self, methods: list[str], value: Any) -> dict[str, Any]:
-        """The suite-file tables that set ``value`` on the applicable methods."""
-        return {"methods": {m: {self.parameter: value} for m in self.applicable(methods)}}
+        """The suite-file tables that set ``value`` (and what goes ``along`` with it) on the
+        applicable methods; a None removes a parameter (``train.suite.write_derived_suite``)."""
+        settings = {self.parameter: value, **self.along.get(value, {})}
+        return {"methods": {m: dict(settings) for m in self.applicable(methods)}}
 
 
 def _hashable(value: Any) -> Any:
@@ -67,6 +72,8 @@ SALIENCY_METHODS = ("guided_backprop", "integrated_gradients", "guided_gradcam")
 
 register_choice(ProtocolChoice(
     "renderer", "renderer", ("captum_figure", "hot_overlay"), methods=SALIENCY_METHODS,
+    # the figure's size is the captum renderer's option (the paper's 600 px by default)
+    along={"captum_figure": {"renderer_options": None}, "hot_overlay": {"renderer_options": None}},
     description="how a saliency map becomes the image that is scored: the paper's captum figure "
                 "(blended heat map on a grey image, with the figure's frame and margins) or the "
                 "project's image-sized hot overlay"))

@@ -312,12 +312,11 @@ def _check_keys(table: dict[str, Any], cls: type | None, what: str, valid: set[s
 
 
 def toml_text(table: dict[str, Any], prefix: str = "") -> str:
-    """A suite table as TOML: scalars and arrays first, then each nested table under its header
-    (enough for the files ``write_derived_suite`` writes; strings are JSON-quoted, which TOML
-    reads the same)."""
+    """A suite table as TOML: values first (a table inside an array as an inline table), then
+    each nested table under its header. Strings are JSON-quoted, which TOML reads the same."""
     import json
-    scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
-    lines = [f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in scalars.items()]
+    lines = [f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in table.items()
+             if not isinstance(v, dict)]
     for key, value in table.items():
         if isinstance(value, dict):
             header = f"{prefix}.{json.dumps(str(key))}" if prefix else json.dumps(str(key))
@@ -331,16 +330,34 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}"
+                                for k, v in value.items()) + " }"
     if isinstance(value, (int, float, str)):
         return json.dumps(value)
     raise TypeError(f"cannot write {value!r} ({type(value).__name__}) to a suite file")
 
 
+def _overridden(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``_merged``, where a None in ``overrides`` removes the key (TOML has no null)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _overridden(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def write_derived_suite(base: Suite, name: str, overrides: dict[str, Any], path: Path) -> Suite:
-    """A suite file at ``path`` that extends ``base``'s file with ``overrides`` (tables merge key
-    by key), loaded. A file, not an object in memory, so every work item (a Slurm job included)
-    loads the same suite from its path."""
+    """A suite file at ``path``: ``base``'s file with its ``extends`` chain resolved, named
+    ``name``, with ``overrides`` on top (tables merge key by key; a None removes a key), loaded.
+    A whole file, not an object in memory, so every work item (a Slurm job included) loads the
+    same suite from its path."""
     from counteraudit.train.artifacts import atomic_write_text
-    text = toml_text({"extends": str(base.path.resolve()), "name": name, **overrides})
-    atomic_write_text(path, f"# derived from {base.path.name}: written by counteraudit\n{text}\n")
+    table = _overridden({**_read_table(base.path), "name": name}, overrides)
+    text = toml_text({"name": table.pop("name"), **table})
+    atomic_write_text(path, f"# {base.path.name} with changes, written by counteraudit\n{text}\n")
     return load_suite(path)
