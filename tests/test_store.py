@@ -11,7 +11,7 @@ import pytest
 
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.suite import load_suite
-from tests.conftest import E2E_BODY, REPO, write_suite
+from tests.conftest import REPO, write_suite
 
 
 def run(script, *args) -> subprocess.CompletedProcess:
@@ -48,12 +48,11 @@ def detect(suite, runs) -> subprocess.CompletedProcess:
                "--no-progress")
 
 
-@pytest.fixture(scope="module")
-def e2e(tmp_path_factory):
-    base = tmp_path_factory.mktemp("store")
-    suite = write_suite(base / "e2e.toml", body=E2E_BODY, references=3, epochs=2)
-    runs = base / "runs"
-    detect(suite, runs)
+@pytest.fixture
+def e2e(finished_run):
+    """The session's finished end-to-end run (conftest.py): each test copies it before changing
+    anything, so one training and explaining serves the pipeline, report and store tests."""
+    suite, runs, _ = finished_run
     return suite, runs
 
 
