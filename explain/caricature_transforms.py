@@ -34,22 +34,28 @@ ANGLES = list(range(-10, 11)) + 5 * [0]
 JITTER_LAST = 4
 
 
-def draw_parameters() -> dict[str, float]:
-    """One step's random augmentation, drawn as lucent draws it (numpy's global generator)."""
-    first = (int(np.random.choice(JITTER_FIRST)), int(np.random.choice(JITTER_FIRST)))
-    scale = float(np.random.choice(SCALES))
-    angle = float(np.random.choice(ANGLES))
-    last = (int(np.random.choice(JITTER_LAST)), int(np.random.choice(JITTER_LAST)))
+def draw_parameters(generator=np.random) -> dict[str, float]:
+    """One step's random augmentation, drawn as lucent draws it (from numpy's global generator,
+    or from ``generator``, a ``np.random.RandomState``, in the same order)."""
+    first = (int(generator.choice(JITTER_FIRST)), int(generator.choice(JITTER_FIRST)))
+    scale = float(generator.choice(SCALES))
+    angle = float(generator.choice(ANGLES))
+    last = (int(generator.choice(JITTER_LAST)), int(generator.choice(JITTER_LAST)))
     return {"shift_first": first, "scale": scale, "angle": angle, "shift_last": last}
 
 
 def sampling_grid(height: int, width: int, scale: float, angle: float,
                   shift_first: tuple[int, int], shift_last: tuple[int, int],
-                  device=None) -> tuple[torch.Tensor, torch.Tensor]:
+                  device=None, output_size: tuple[int, int] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """For every output pixel: where it samples the padded input (grid_sample coordinates, align
-    corners) and whether lucent's chain would have a zero there. Returns (grid (1, H, W, 2),
-    mask (1, 1, H, W))."""
-    padded = (height + 2 * PAD, width + 2 * PAD)                        # after pad(12)
+    corners) and whether lucent's chain would have a zero there. ``height``, ``width``: the
+    canvas (the parameterised image); ``output_size``: what the chain is resized to at the end
+    (``render_vis``'s upsample to the model's input; default: the canvas size). Returns
+    (grid (1, H, W, 2), mask (1, 1, H, W)) at the output size."""
+    canvas_height, canvas_width = height, width
+    height, width = output_size or (height, width)
+    padded = (canvas_height + 2 * PAD, canvas_width + 2 * PAD)          # after pad(12)
     upsampled = tuple(math.ceil(scale * d) for d in padded)             # random_scale's upsample
     border = tuple(max(0, math.ceil((d - u) / 2)) for d, u in zip(padded, upsampled))
     canvas = tuple(u + 2 * b for u, b in zip(upsampled, border))        # after random_scale
@@ -80,16 +86,33 @@ def sampling_grid(height: int, width: int, scale: float, angle: float,
 
 
 class StandardTransforms:
-    """Callable on a (B, 3, H, W) batch in [0, 1]: one random augmentation for the whole batch,
-    output (B, 3, height, width)."""
+    """Callable on a (B, 3, H, W) batch of canvases in [0, 1]: output (B, 3, *output_size).
 
-    def __init__(self, height: int, width: int):
+    ``generators`` None: one random augmentation for the whole batch per call, drawn from numpy's
+    global generator (lucent's ``render_vis`` on one batch); else one ``np.random.RandomState``
+    per row, each row drawing its own augmentation from its own generator (rows rendered as if
+    each were its own ``render_vis`` call)."""
+
+    def __init__(self, height: int, width: int, output_size: tuple[int, int] | None = None,
+                 generators: list[np.random.RandomState] | None = None):
         self.height, self.width = height, width
+        self.output_size = output_size
+        self.generators = generators
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        grid, mask = sampling_grid(self.height, self.width, device=images.device,
-                                   **draw_parameters())
+        def grid_for(generator=np.random):
+            return sampling_grid(self.height, self.width, device=images.device,
+                                 output_size=self.output_size, **draw_parameters(generator))
+
+        if self.generators is None:
+            grid, mask = grid_for()
+            grid = grid.expand(len(images), -1, -1, -1)
+        else:
+            if len(self.generators) != len(images):
+                raise ValueError(f"{len(self.generators)} generators for {len(images)} rows")
+            grids, masks = zip(*(grid_for(g) for g in self.generators))
+            grid, mask = torch.cat(grids), torch.cat(masks)
         padded = F.pad(images, [PAD] * 4, mode="constant", value=PAD_VALUE)
-        sampled = F.grid_sample(padded, grid.expand(len(images), -1, -1, -1), mode="bilinear",
-                                padding_mode="zeros", align_corners=True)
+        sampled = F.grid_sample(padded, grid, mode="bilinear", padding_mode="zeros",
+                                align_corners=True)
         return sampled * mask
