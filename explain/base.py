@@ -333,6 +333,17 @@ class AttributionMethod(ExplanationMethod):
     def renderer_version(self) -> int:  # type: ignore[override]
         return self.renderer.version
 
+    def describe(self, architecture: str | None, batch_size: int | None = None) -> dict[str, Any]:
+        """As ``ExplanationMethod.describe``, with the renderer's options all recorded (its
+        defaults filled in), so a suite that spells out a default shares results with one that
+        does not; a renderer without options records none (the key results had before)."""
+        description = super().describe(architecture, batch_size)
+        options = recorded_params(self.renderer.params)
+        description["method_params"].pop("renderer_options", None)
+        if options:
+            description["method_params"]["renderer_options"] = options
+        return description
+
     @abstractmethod
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:
