@@ -29,7 +29,7 @@ from torch import nn
 from counteraudit.explain.explainable import explainable
 from counteraudit.explain.params import NoParams, added, parse_params, recorded_params
 from counteraudit.explain.render import RENDERER_VERSION
-from counteraudit.explain.renderers import ATTRIBUTIONS, Renderer, build_renderer
+from counteraudit.explain.renderers import ATTRIBUTIONS, CAMS, Renderer, build_renderer
 from counteraudit.train.artifacts import derive_seed
 from counteraudit.train.registry import Registry
 
@@ -103,6 +103,7 @@ class TargetParams:
 
 
 GRADIENT_SPACES = ("normalized", "pixels")
+DEFAULT_RENDERERS = {ATTRIBUTIONS: "hot_overlay", CAMS: "jet_overlay"}
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class SaliencyParams(TargetParams):
         "hot_overlay" the project's fast renderer.
     """
     gradient_space: str = added("pixels", choices=GRADIENT_SPACES)
-    renderer: str = added("hot_overlay")
+    renderer: str = added(DEFAULT_RENDERERS[ATTRIBUTIONS])
     renderer_options: dict[str, Any] | None = added(None)
 
 
@@ -325,9 +326,11 @@ class AttributionMethod(ExplanationMethod):
     def __init__(self, params: Mapping[str, Any] | Any | None = None):
         super().__init__(params)
         # Made here: an unknown renderer fails when the suite is read, not in a worker.
-        self.renderer: Renderer = build_renderer(self.params.renderer,
-                                                 self.params.renderer_options, self.renders,
-                                                 self.name)
+        # A method whose Params do not derive from SaliencyParams renders with the first renderer
+        # of its kind (the project's fast one).
+        self.renderer: Renderer = build_renderer(
+            getattr(self.params, "renderer", DEFAULT_RENDERERS[self.renders]),
+            getattr(self.params, "renderer_options", None), self.renders, self.name)
 
     @property
     def renderer_version(self) -> int:  # type: ignore[override]

@@ -3,15 +3,24 @@
 Caricature_l(x, f) = argmax_x' <f_l(x'), f_l(x)>, optionally times cos(f_l(x'), f_l(x))^cossim_pow
 (lucid's caricature recipe; the cosine is floored at 0.1 as lucid's ``_dot_cossim`` does so the
 power stays defined), solved with lucent's default regularisation, as ``render_vis`` does it:
-- parameterisation ``param.image``: FFT spectrum with 1/f scaling, decorrelated colours, sigmoid;
+- parameterisation ``param.image``: FFT spectrum with 1/f scaling, decorrelated colours, sigmoid,
+  on a ``canvas`` x ``canvas`` image (render_vis: 128; default: the input's size), which is the
+  size of the result;
 - augmentation ``transform.standard_transforms`` (pad 12, jitter 8, scale 0.9-1.1, rotate +-10
-  degrees, jitter 4), then bilinear resizing back to the input size, as ``render_vis`` resizes to
+  degrees, jitter 4), then bilinear resizing to the input size, as ``render_vis`` upsamples to
   the model's input size (224 for its zoo), composed into one resampling with the same random
   draws (explain/caricature_transforms.py: lucent's five resamplings cost more than the small
   model on a CPU); the target f_l(x) is computed once on the clean input
   x, as the paper's code did, so both feature maps have the same shape;
-- Adam, learning rate 5e-2, ``steps`` steps (512, SPEC.md; the paper's code used 1024 for
-  stage-4 layers: render those separately with ``layers`` and ``steps`` to reproduce that).
+- Adam, learning rate 5e-2, ``steps`` steps (512, SPEC.md), or per layer from ``steps_by_layer``
+  (the paper's code: ``{ layer4 = 1024 }``); layers with different step counts are rendered by
+  separate optimisations;
+- randomness (``noise``): "shared", one random start and one augmentation draw per step for the
+  whole batch from the batch's seed, the same for every model (a paired design); or "per_model",
+  each (model, image, layer) row its own start and draws, seeded from the seed, the model's key,
+  the image's position and the layer (the paper's unseeded calls were independent, and a rerun
+  here gives the same bits);
+- ``quantize``: "round" to the nearest uint8, or "floor" as the paper's ``uint8(vis * 255)``.
 The models take [0, 1] images and normalise them themselves, so lucent's ImageNet preprocessing
 is not applied.
 
@@ -20,9 +29,10 @@ ONE optimisation renders every (layer, image) pair of a batch: L x n parameteris
 group of n rows per layer, row i of layer l's group maximising layer l's term for image i (the
 groups are ordered deepest layer first, see below; results come back in the order of ``layers``).
 Rows never interact (BatchNorm is in eval mode,
-Adam is per-parameter, the loss is a sum of per-row terms), except that lucent's transforms draw
-one random jitter/scale/rotation per step for the whole batch; so the result depends on which
-images share a batch, and the batch size is recorded with the result (``batch_invariant``).
+Adam is per-parameter, the loss is a sum of per-row terms), except that with ``noise = "shared"``
+lucent's transforms draw one random jitter/scale/rotation per step for the whole batch; so the
+result depends on which images share a batch, and the batch size is recorded with the result
+(``batch_invariant``).
 
 Cost: rows for an early layer are dropped from the batch once the block holding that layer has
 run (``StagedForward``), so they pay neither for the later blocks nor for their backward; one

@@ -21,8 +21,8 @@ from pytorch_grad_cam import GradCAM as LibraryGradCAM
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 from torch import nn
 
-from counteraudit.explain.base import (GRADIENT_SPACES, AttributionMethod, TargetParams,
-                                       architecture_default, register_method)
+from counteraudit.explain.base import (DEFAULT_RENDERERS, GRADIENT_SPACES, AttributionMethod,
+                                       TargetParams, architecture_default, register_method)
 from counteraudit.explain.input_space import on_normalized_input
 from counteraudit.explain.params import added
 from counteraudit.explain.renderers import CAMS
@@ -40,7 +40,7 @@ class GradCam(AttributionMethod):
         layer: str | None = None  # an address "(4,0,3)" or module name; None: architecture's
         aug_smooth: bool = True
         aug_smooth_space: str = added("pixels", choices=GRADIENT_SPACES)
-        renderer: str = added("jet_overlay")
+        renderer: str = added(DEFAULT_RENDERERS[CAMS])
         renderer_options: dict[str, Any] | None = added(None)
 
     def resolve(self, architecture: str | None) -> Params:
