@@ -366,3 +366,18 @@ def test_new_options_at_their_old_values_keep_the_stored_key():
         "renderer_options": {"figure_inches": 6.0, "dpi": 100}}).describe(None)
     assert spelled == paper and paper["method_params"]["renderer_options"] == {
         "figure_inches": 6.0, "dpi": 100}
+
+
+def test_per_row_grids_at_once_equal_the_grids_one_at_a_time():
+    """The per-row augmentation (noise = "per_model") computes every row's grid in one pass on a
+    GPU: bit for bit the rows of the one-at-a-time computation."""
+    from counteraudit.explain.caricature_transforms import (draw_parameters, sampling_grid,
+                                                            sampling_grids)
+    generator = np.random.RandomState(0)
+    for canvas, output in ((SIZE, SIZE), (40, SIZE), (128, 224)):
+        draws = [draw_parameters(generator) for _ in range(5)]
+        grid, mask = sampling_grids(canvas, canvas, draws, output_size=(output, output))
+        one_by_one = [sampling_grid(canvas, canvas, output_size=(output, output), **draw)
+                      for draw in draws]
+        assert torch.equal(grid, torch.cat([g for g, _ in one_by_one]))
+        assert torch.equal(mask, torch.cat([m for _, m in one_by_one]))
