@@ -8,9 +8,11 @@ class that sets ``name`` (and, optionally, a ``Params`` dataclass) and implement
   produce images directly (Caricatures), optionally per layer.
 
 ``ExplanationMethod.run(model, images)`` does the rest once for every method: it makes the model
-hook-safe (explain/explainable.py), takes the model's own top class as the target (SPEC.md:
-c_max = argmax_c f_c(x)), runs batches under a seeded RNG (same seed, same bits), and assembles
-an ``Explanation``. Register a method with ``@register_method``; ``explain/__init__.py`` imports
+hook-safe (explain/explainable.py), takes the target class (the model's own top class, SPEC.md:
+c_max = argmax_c f_c(x), as the paper; or, with ``explained_class = "label"`` for methods whose
+parameters derive from ``TargetParams``, the image's true label), runs batches under a seeded RNG
+(same seed, same bits), and assembles an ``Explanation``. Attribution methods render their raw
+output with a renderer named in their parameters (explain/renderers/). Register a method with ``@register_method``; ``explain/__init__.py`` imports
 every module of ``explain/methods/``, so a new method is one new file there.
 """
 from __future__ import annotations
@@ -25,8 +27,9 @@ import torch
 from torch import nn
 
 from counteraudit.explain.explainable import explainable
-from counteraudit.explain.params import NoParams, parse_params, recorded_params
-from counteraudit.explain.render import RENDERER_VERSION, saliency_overlay
+from counteraudit.explain.params import NoParams, added, parse_params, recorded_params
+from counteraudit.explain.render import RENDERER_VERSION
+from counteraudit.explain.renderers import ATTRIBUTIONS, CAMS, Renderer, build_renderer
 from counteraudit.train.artifacts import derive_seed
 from counteraudit.train.registry import Registry
 
@@ -37,7 +40,8 @@ class Explanation:
     """One method's output for one model on one image set.
 
     images: uint8 (N, H, W, 3), or (L, N, H, W, 3) for per-layer methods (``layers`` names L).
-    targets: int64 (N,), the class each image was explained for (the model's top class).
+    targets: int64 (N,), the class each image was explained for (the model's top class, or the
+        image's label with ``explained_class = "label"``).
     params: what determined the result (method, its parameters, renderer version; see
         ``ExplanationMethod.describe``); the store compares it to decide whether to recompute.
     raw: the method's float output before rendering, image axis first (attributions (N, 3, H, W),
@@ -76,6 +80,49 @@ class BatchOutput:
     raw: np.ndarray | None = None
     layers: tuple[str, ...] | None = None
     diagnostics: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BatchContext:
+    """Where a batch sits: ``positions`` of its images in the image set, and the id (key) of the
+    model explained, if the caller gave one (methods whose randomness is per model need it)."""
+    positions: range
+    model_id: str | None = None
+
+
+# ---------------------------------------------------------------- shared parameters
+EXPLAINED_CLASSES = ("top", "label")
+
+
+@dataclass(frozen=True)
+class TargetParams:
+    """Parameters of every method that explains one class: which one. "top": the model's own
+    argmax, as in the paper; "label": the image's true label (separates what an explanation
+    shows from a mere change of the model's output)."""
+    explained_class: str = added("top", choices=EXPLAINED_CLASSES)
+
+
+GRADIENT_SPACES = ("normalized", "pixels")
+DEFAULT_RENDERERS = {ATTRIBUTIONS: "hot_overlay", CAMS: "jet_overlay"}
+
+
+@dataclass(frozen=True)
+class SaliencyParams(TargetParams):
+    """Parameters of the per-pixel attribution methods (guided backprop, integrated gradients,
+    guided Grad-CAM).
+
+    gradient_space: attribute with respect to the model's normalised input (x - mean) / std, as
+        the paper's code (which normalised before the model), or to the [0, 1] pixels (the
+        project's first choice; the two differ by a factor std per channel, except for integrated
+        gradients, which is the same in both up to rounding: its path and its factor (x - x0)
+        change together). "normalized" needs a model that normalises its input itself
+        (train.architectures.Classifier).
+    renderer, renderer_options: explain/renderers/; "captum_figure" is what the paper scored,
+        "hot_overlay" the project's fast renderer.
+    """
+    gradient_space: str = added("pixels", choices=GRADIENT_SPACES)
+    renderer: str = added(DEFAULT_RENDERERS[ATTRIBUTIONS])
+    renderer_options: dict[str, Any] | None = added(None)
 
 
 # ---------------------------------------------------------------- registry
@@ -127,6 +174,22 @@ def check_images(images: torch.Tensor | np.ndarray) -> torch.Tensor:
         raise ValueError(f"images must be in [0, 1] (the model normalises them), got values in "
                          f"[{low:.3g}, {high:.3g}]; pass un-normalised images")
     return images.float()
+
+
+def explained_classes(params: Any, model: nn.Module, images: torch.Tensor, batch_size: int,
+                      labels: Any, method: str) -> torch.Tensor:
+    """The class each image is explained for (int64, on the CPU): ``params.explained_class``
+    where the method has it (``TargetParams``), else the model's top class."""
+    if getattr(params, "explained_class", "top") == "top":
+        return top_classes(model, images, batch_size)
+    if labels is None:
+        raise ValueError(f"method {method!r} has explained_class = 'label' but no labels were "
+                         "given; pass run(..., labels=...) (the explain stage passes the image "
+                         "set's labels), or use explained_class = 'top'")
+    labels = torch.as_tensor(np.asarray(labels), dtype=torch.int64).flatten()
+    if len(labels) != len(images):
+        raise ValueError(f"{len(labels)} labels for {len(images)} images")
+    return labels
 
 
 def top_classes(model: nn.Module, images: torch.Tensor, batch_size: int) -> torch.Tensor:
@@ -184,24 +247,31 @@ class ExplanationMethod(ABC):
         """The parameters ``run`` records, known before running (to skip stored results)."""
         description = {"method": self.name, "method_version": self.version,
                        "method_params": recorded_params(self.resolve(architecture)),
-                       "renderer_version": RENDERER_VERSION}
+                       "renderer_version": self.renderer_version}
         if not self.batch_invariant:
             description["batch_size"] = batch_size or self.default_batch_size
         return description
 
+    # The version recorded with every result: of the module that turns outputs into images.
+    renderer_version: ClassVar[int] = RENDERER_VERSION
+
     @abstractmethod
-    def explain_batch(self, model: nn.Module, images: torch.Tensor,
-                      targets: torch.Tensor) -> BatchOutput:
+    def explain_batch(self, model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
+                      context: BatchContext) -> BatchOutput:
         """One batch: images (n, 3, H, W) and targets (n,) on the model's device."""
 
     def run(self, model: nn.Module, images: torch.Tensor | np.ndarray,
-            batch_size: int | None = None, first_position: int = 0) -> Explanation:
-        """Explain every image for the model's top class, ``batch_size`` images at a time.
+            batch_size: int | None = None, first_position: int = 0, labels: Any = None,
+            model_id: str | None = None) -> Explanation:
+        """Explain every image for its target class (``explained_classes``), ``batch_size``
+        images at a time.
 
         Each batch's random state is seeded from the method's seed and the batch's position in
         the image set; ``first_position`` is the position of ``images[0]`` when they are one
         range of a larger set (explain/pipeline.py's chunked work items), so a range gives the
-        rows of the whole set's result."""
+        rows of the whole set's result. ``labels`` (N,): the images' true labels, needed with
+        ``explained_class = "label"``; ``model_id``: the model's key, needed by methods whose
+        randomness is drawn per model (Caricatures with ``noise = "per_model"``)."""
         images = check_images(images)
         batch_size = batch_size or self.default_batch_size
         if batch_size < 1:
@@ -211,12 +281,15 @@ class ExplanationMethod(ABC):
         device = model_device(model)
         outputs = []
         with explainable(model, images[:1].to(device)) as safe_model:
-            targets = top_classes(safe_model, images, batch_size)
+            targets = explained_classes(self.params, safe_model, images, batch_size, labels,
+                                        self.name)
             for start in range(0, len(images), batch_size):
-                stop = start + batch_size
+                stop = min(start + batch_size, len(images))
+                context = BatchContext(range(first_position + start, first_position + stop),
+                                       model_id)
                 with seeded_rng(derive_seed(seed, first_position + start)):
                     output = self.explain_batch(safe_model, images[start:stop].to(device),
-                                                targets[start:stop].to(device))
+                                                targets[start:stop].to(device), context)
                 outputs.append(self._checked(output, images[start:stop]))
         return Explanation(
             images=np.concatenate([o.images for o in outputs], axis=-4),
@@ -243,7 +316,36 @@ class ExplanationMethod(ABC):
 
 
 class AttributionMethod(ExplanationMethod):
-    """A method that attributes the target logit to input pixels; rendered over the image."""
+    """A method that attributes the target class to the input; its raw output is rendered by the
+    renderer its parameters name (``renderer``, ``renderer_options``; explain/renderers/), which
+    must render ``renders`` (per-pixel attributions (n, C, H, W), or CAMs (n, H, W))."""
+
+    Params: ClassVar[type] = SaliencyParams
+    renders: ClassVar[str] = ATTRIBUTIONS
+
+    def __init__(self, params: Mapping[str, Any] | Any | None = None):
+        super().__init__(params)
+        # Made here: an unknown renderer fails when the suite is read, not in a worker.
+        # A method whose Params do not derive from SaliencyParams renders with the first renderer
+        # of its kind (the project's fast one).
+        self.renderer: Renderer = build_renderer(
+            getattr(self.params, "renderer", DEFAULT_RENDERERS[self.renders]),
+            getattr(self.params, "renderer_options", None), self.renders, self.name)
+
+    @property
+    def renderer_version(self) -> int:  # type: ignore[override]
+        return self.renderer.version
+
+    def describe(self, architecture: str | None, batch_size: int | None = None) -> dict[str, Any]:
+        """As ``ExplanationMethod.describe``, with the renderer's options all recorded (its
+        defaults filled in), so a suite that spells out a default shares results with one that
+        does not; a renderer without options records none (the key results had before)."""
+        description = super().describe(architecture, batch_size)
+        options = recorded_params(self.renderer.params)
+        description["method_params"].pop("renderer_options", None)
+        if options:
+            description["method_params"]["renderer_options"] = options
+        return description
 
     @abstractmethod
     def attribute(self, model: nn.Module, images: torch.Tensor,
@@ -251,11 +353,11 @@ class AttributionMethod(ExplanationMethod):
         """Raw attributions for (n, 3, H, W) images and (n,) targets, image axis first."""
 
     def render(self, raw: np.ndarray, images: np.ndarray) -> np.ndarray:
-        """Raw attributions + images (n, 3, H, W) in [0, 1] -> uint8 (n, H, W, 3)."""
-        return saliency_overlay(raw, images)
+        """Raw output + images (n, 3, H, W) in [0, 1] -> uint8 (n, H', W', 3)."""
+        return self.renderer.render(raw, images)
 
-    def explain_batch(self, model: nn.Module, images: torch.Tensor,
-                      targets: torch.Tensor) -> BatchOutput:
+    def explain_batch(self, model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
+                      context: BatchContext) -> BatchOutput:
         raw = self.attribute(model, images, targets)
         raw = np.asarray(raw.detach().cpu() if isinstance(raw, torch.Tensor) else raw, np.float32)
         return BatchOutput(images=self.render(raw, images.detach().cpu().numpy()), raw=raw)
@@ -265,11 +367,11 @@ class VisualizationMethod(ExplanationMethod):
     """A method that produces images directly (feature visualisations, controls)."""
 
     @abstractmethod
-    def visualize(self, model: nn.Module, images: torch.Tensor,
-                  targets: torch.Tensor) -> np.ndarray | BatchOutput:
+    def visualize(self, model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
+                  context: BatchContext) -> np.ndarray | BatchOutput:
         """uint8 (n, H, W, 3) images, or a ``BatchOutput`` (per-layer images, diagnostics)."""
 
-    def explain_batch(self, model: nn.Module, images: torch.Tensor,
-                      targets: torch.Tensor) -> BatchOutput:
-        output = self.visualize(model, images, targets)
+    def explain_batch(self, model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
+                      context: BatchContext) -> BatchOutput:
+        output = self.visualize(model, images, targets, context)
         return output if isinstance(output, BatchOutput) else BatchOutput(images=np.asarray(output))

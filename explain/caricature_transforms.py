@@ -34,22 +34,28 @@ ANGLES = list(range(-10, 11)) + 5 * [0]
 JITTER_LAST = 4
 
 
-def draw_parameters() -> dict[str, float]:
-    """One step's random augmentation, drawn as lucent draws it (numpy's global generator)."""
-    first = (int(np.random.choice(JITTER_FIRST)), int(np.random.choice(JITTER_FIRST)))
-    scale = float(np.random.choice(SCALES))
-    angle = float(np.random.choice(ANGLES))
-    last = (int(np.random.choice(JITTER_LAST)), int(np.random.choice(JITTER_LAST)))
+def draw_parameters(generator=np.random) -> dict[str, float]:
+    """One step's random augmentation, drawn as lucent draws it (from numpy's global generator,
+    or from ``generator``, a ``np.random.RandomState``, in the same order)."""
+    first = (int(generator.choice(JITTER_FIRST)), int(generator.choice(JITTER_FIRST)))
+    scale = float(generator.choice(SCALES))
+    angle = float(generator.choice(ANGLES))
+    last = (int(generator.choice(JITTER_LAST)), int(generator.choice(JITTER_LAST)))
     return {"shift_first": first, "scale": scale, "angle": angle, "shift_last": last}
 
 
 def sampling_grid(height: int, width: int, scale: float, angle: float,
                   shift_first: tuple[int, int], shift_last: tuple[int, int],
-                  device=None) -> tuple[torch.Tensor, torch.Tensor]:
+                  device=None, output_size: tuple[int, int] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """For every output pixel: where it samples the padded input (grid_sample coordinates, align
-    corners) and whether lucent's chain would have a zero there. Returns (grid (1, H, W, 2),
-    mask (1, 1, H, W))."""
-    padded = (height + 2 * PAD, width + 2 * PAD)                        # after pad(12)
+    corners) and whether lucent's chain would have a zero there. ``height``, ``width``: the
+    canvas (the parameterised image); ``output_size``: what the chain is resized to at the end
+    (``render_vis``'s upsample to the model's input; default: the canvas size). Returns
+    (grid (1, H, W, 2), mask (1, 1, H, W)) at the output size."""
+    canvas_height, canvas_width = height, width
+    height, width = output_size or (height, width)
+    padded = (canvas_height + 2 * PAD, canvas_width + 2 * PAD)          # after pad(12)
     upsampled = tuple(math.ceil(scale * d) for d in padded)             # random_scale's upsample
     border = tuple(max(0, math.ceil((d - u) / 2)) for d, u in zip(padded, upsampled))
     canvas = tuple(u + 2 * b for u, b in zip(upsampled, border))        # after random_scale
@@ -79,17 +85,80 @@ def sampling_grid(height: int, width: int, scale: float, angle: float,
             valid[None, None].to(device=device, dtype=torch.float32))
 
 
-class StandardTransforms:
-    """Callable on a (B, 3, H, W) batch in [0, 1]: one random augmentation for the whole batch,
-    output (B, 3, height, width)."""
+def sampling_grids(height: int, width: int, draws: list[dict], device=None,
+                   output_size: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sampling_grid`` for many draws at once, one row each: (grid (B, H, W, 2), mask
+    (B, 1, H, W)), bit for bit the rows ``sampling_grid`` gives one at a time (the same float64
+    operations in the same order, with each row's numbers as (B, 1, 1) columns), computed on
+    ``device``: on a GPU one pass over B x H x W points instead of B small passes on the CPU
+    (on a CPU the B passes are as fast: ``StandardTransforms`` uses them there)."""
+    out_height, out_width = output_size or (height, width)
+    padded = (height + 2 * PAD, width + 2 * PAD)
+    rows = []
+    for draw in draws:
+        upsampled = tuple(math.ceil(draw["scale"] * d) for d in padded)
+        border = tuple(max(0, math.ceil((d - u) / 2)) for d, u in zip(padded, upsampled))
+        canvas = tuple(u + 2 * b for u, b in zip(upsampled, border))
+        radians = math.radians(draw["angle"])
+        rows.append((*upsampled, *border, *canvas, math.cos(radians), math.sin(radians),
+                     *draw["shift_first"], *draw["shift_last"]))
+    columns = torch.tensor(rows, dtype=torch.float64, device=device).T.reshape(-1, len(draws), 1, 1)
+    (up_h, up_w, border_h, border_w, canvas_h, canvas_w, cos, sin,
+     first_x, first_y, last_x, last_y) = columns
+    y, x = torch.meshgrid(torch.arange(out_height, dtype=torch.float64, device=device),
+                          torch.arange(out_width, dtype=torch.float64, device=device), indexing="ij")
+    x = x * (canvas_w - 1) / max(out_width - 1, 1)
+    y = y * (canvas_h - 1) / max(out_height - 1, 1)
+    x, y = x - last_x, y - last_y
+    valid = (x >= 0) & (y >= 0)
+    cx, cy = (canvas_w - 1) / 2, (canvas_h - 1) / 2
+    x, y = cos * (x - cx) - sin * (y - cy) + cx, sin * (x - cx) + cos * (y - cy) + cy
+    valid &= (x >= 0) & (x <= canvas_w - 1) & (y >= 0) & (y <= canvas_h - 1)
+    x, y = x - border_w, y - border_h
+    valid &= (x >= 0) & (x <= up_w - 1) & (y >= 0) & (y <= up_h - 1)
+    x = x * (padded[1] - 1) / (up_w - 1)
+    y = y * (padded[0] - 1) / (up_h - 1)
+    x, y = x - first_x, y - first_y
+    valid &= (x >= 0) & (y >= 0)
+    grid = torch.stack([2 * x / (padded[1] - 1) - 1, 2 * y / (padded[0] - 1) - 1], dim=-1)
+    return (grid.to(device=device, dtype=torch.float32),
+            valid[:, None].to(device=device, dtype=torch.float32))
 
-    def __init__(self, height: int, width: int):
+
+class StandardTransforms:
+    """Callable on a (B, 3, H, W) batch of canvases in [0, 1]: output (B, 3, *output_size).
+
+    ``generators`` None: one random augmentation for the whole batch per call, drawn from numpy's
+    global generator (lucent's ``render_vis`` on one batch); else one ``np.random.RandomState``
+    per row, each row drawing its own augmentation from its own generator (rows rendered as if
+    each were its own ``render_vis`` call)."""
+
+    def __init__(self, height: int, width: int, output_size: tuple[int, int] | None = None,
+                 generators: list[np.random.RandomState] | None = None):
         self.height, self.width = height, width
+        self.output_size = output_size
+        self.generators = generators
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        grid, mask = sampling_grid(self.height, self.width, device=images.device,
-                                   **draw_parameters())
+        def grid_for(generator=np.random, draw=None):
+            return sampling_grid(self.height, self.width, device=images.device,
+                                 output_size=self.output_size,
+                                 **(draw or draw_parameters(generator)))
+
+        if self.generators is None:
+            grid, mask = grid_for()
+            grid = grid.expand(len(images), -1, -1, -1)
+        else:
+            if len(self.generators) != len(images):
+                raise ValueError(f"{len(self.generators)} generators for {len(images)} rows")
+            draws = [draw_parameters(g) for g in self.generators]
+            if images.device.type == "cpu":
+                grids, masks = zip(*(grid_for(None, draw) for draw in draws))
+                grid, mask = torch.cat(grids), torch.cat(masks)
+            else:
+                grid, mask = sampling_grids(self.height, self.width, draws, images.device,
+                                            self.output_size)
         padded = F.pad(images, [PAD] * 4, mode="constant", value=PAD_VALUE)
-        sampled = F.grid_sample(padded, grid.expand(len(images), -1, -1, -1), mode="bilinear",
-                                padding_mode="zeros", align_corners=True)
+        sampled = F.grid_sample(padded, grid, mode="bilinear", padding_mode="zeros",
+                                align_corners=True)
         return sampled * mask

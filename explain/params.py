@@ -7,6 +7,11 @@ the field's type, so ``steps = "512"`` fails at load time instead of deep inside
 Fields whose metadata says ``execution_only=True`` (e.g. an internal batch size) change how a
 result is computed but not the result, so they are left out of the recorded parameters: changing
 them does not invalidate stored results.
+
+Fields made with ``added(default, before=...)`` are parameters introduced after results were
+stored: while such a field has the value every earlier result was computed with (``before``), it
+is left out of the recorded parameters, so those results keep their keys and stay valid; any other
+value is recorded, so results under different choices never share a key.
 """
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ import typing
 from typing import Any, Mapping
 
 EXECUTION_ONLY = "execution_only"
+BEFORE = "value_before_the_field_existed"
+CHOICES = "choices"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +33,24 @@ class NoParams:
 def execution_only(default: Any) -> Any:
     """A dataclass field that does not change the result (left out of recorded parameters)."""
     return dataclasses.field(default=default, metadata={EXECUTION_ONLY: True})
+
+
+def added(default: Any, before: Any = dataclasses.MISSING,
+          choices: tuple[str, ...] | None = None) -> Any:
+    """A field added after results were stored (module docstring); ``before``: the value those
+    results were computed with (default: ``default``); ``choices``: its valid values, if a few
+    names (any other is an error that lists them)."""
+    metadata = {BEFORE: default if before is dataclasses.MISSING else before}
+    if choices is not None:
+        metadata[CHOICES] = tuple(choices)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def check_choice(key: str, value: Any, choices: tuple[str, ...], where: str) -> None:
+    """One clear error for a value that must be one of a few names."""
+    if value not in choices:
+        raise ValueError(f"{where}: {key} = {value!r} is not one of the valid values "
+                         f"{', '.join(map(repr, choices))}")
 
 
 def _check_type(key: str, value: Any, annotation: Any) -> Any:
@@ -44,6 +69,12 @@ def _check_type(key: str, value: Any, annotation: Any) -> Any:
         if value is None:
             return None
         raise TypeError(f"parameter {key!r}={value!r} is not None")
+    if origin is dict or annotation is dict:
+        if not isinstance(value, Mapping):
+            raise TypeError(f"parameter {key!r}={value!r} must be a table (mapping)")
+        args = typing.get_args(annotation)
+        item_type = args[1] if len(args) == 2 else Any
+        return {str(k): _check_type(f"{key}[{k!r}]", v, item_type) for k, v in value.items()}
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
             raise TypeError(f"parameter {key!r}={value!r} must be a list")
@@ -65,29 +96,34 @@ def _check_type(key: str, value: Any, annotation: Any) -> Any:
 
 
 def parse_params(params_class: type, overrides: Mapping[str, Any] | Any | None,
-                 method_name: str = "") -> Any:
+                 method_name: str = "", kind: str = "method") -> Any:
     """An instance of ``params_class`` from defaults + ``overrides`` (a dict, an instance or None)."""
     if overrides is None:
         return params_class()
     if isinstance(overrides, params_class):
         return overrides
     if not isinstance(overrides, Mapping):
-        raise TypeError(f"parameters for method {method_name!r} must be a dict or a "
+        raise TypeError(f"parameters for {kind} {method_name!r} must be a dict or a "
                         f"{params_class.__name__}, got {type(overrides).__name__}")
     fields = {f.name: f for f in dataclasses.fields(params_class)}
     unknown = sorted(set(overrides) - set(fields))
     if unknown:
-        raise ValueError(f"unknown parameter(s) {unknown} for method {method_name!r}; valid: "
-                         f"{sorted(fields) or '(none: this method takes no parameters)'}")
+        raise ValueError(f"unknown parameter(s) {unknown} for {kind} {method_name!r}; valid: "
+                         f"{sorted(fields) or f'(none: this {kind} takes no parameters)'}")
     hints = typing.get_type_hints(params_class)
     values = {key: _check_type(key, value, hints.get(key, Any)) for key, value in overrides.items()}
+    for key, value in values.items():
+        choices = fields[key].metadata.get(CHOICES)
+        if choices is not None:
+            check_choice(key, value, choices, f"{kind} {method_name!r}")
     return params_class(**values)
 
 
 def recorded_params(params: Any) -> dict[str, Any]:
     """The parameters that determine the result (execution-only fields left out), JSON-ready."""
     return {f.name: _jsonable(getattr(params, f.name)) for f in dataclasses.fields(params)
-            if not f.metadata.get(EXECUTION_ONLY, False)}
+            if not f.metadata.get(EXECUTION_ONLY, False)
+            and not (BEFORE in f.metadata and getattr(params, f.name) == f.metadata[BEFORE])}
 
 
 def _jsonable(value: Any) -> Any:

@@ -149,7 +149,8 @@ def image_ranges(count: int, size: int | None) -> list[tuple[int, int]]:
 
 
 def run_range(method: ExplanationMethod, model, images, start: int,
-              batch_size: int | None = None) -> Explanation:
+              batch_size: int | None = None, labels=None, model_id: str | None = None
+              ) -> Explanation:
     """``method.run`` on the images [start, start + len(images)) of a set, equal bit for bit to
     those rows of ``method.run`` on the whole set. ``start`` must be a multiple of the batch size
     (see ``part_size``); then the batches hold the same images, and ``first_position`` seeds
@@ -159,7 +160,8 @@ def run_range(method: ExplanationMethod, model, images, start: int,
         raise ValueError(f"a range of images starting at {start} is not a multiple of the batch "
                          f"size {batch_size} of {method.name}; its batches would differ from an "
                          "unchunked run's (see part_size)")
-    return method.run(model, images, batch_size, first_position=start)
+    return method.run(model, images, batch_size, first_position=start, labels=labels,
+                      model_id=model_id)
 
 
 def shared_rows(runs_root, description: dict[str, Any], model_id: str, image_set: ImageSet,
@@ -261,7 +263,8 @@ class _Item:
     def run_from(self, image_set: ImageSet, start: int, stop: int | None = None) -> Explanation:
         """The method on images [start, stop) of a set, as rows of the whole set's result."""
         return run_range(self.method, self.model, image_set.tensor()[start:stop], start,
-                         self.batch_size)
+                         self.batch_size, labels=image_set.labels[start:stop],
+                         model_id=self.spec.key)
 
     @property
     def model(self):

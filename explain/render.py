@@ -1,4 +1,6 @@
-"""How explanations become the images that distances compare (numpy only, deterministic).
+"""How explanations become the images that distances compare (numpy only, deterministic): the
+project's own fast renderers, registered as ``hot_overlay`` and ``jet_overlay`` in
+explain/renderers/ (where ``captum_figure`` and ``show_cam_on_image`` give what the paper scored).
 
 The anomaly score is an LPIPS distance between *rendered images*, so the renderer is part of the
 measurement: it is the same for every model, documented here, and versioned. Every stored result

@@ -310,3 +310,44 @@ def test_a_stored_result_of_another_draw_is_not_reused(trained, unchunked, tmp_p
     other = write_suite(tmp_path / "other.toml", body=body, references=3, epochs=1)
     done = explain(other, runs)
     assert done["reused_images"] == 0 and done["explained_images"] == 6 * 8
+
+
+def test_the_stage_gives_per_model_noise_each_models_key_and_label_targets_the_labels(
+        trained, tmp_path):
+    """The explain stage passes each model's key (Caricatures' per-model noise) and the image
+    set's labels (explained_class = "label"): chunked and unchunked runs store the same bits,
+    which are what a direct run with that key and those labels gives."""
+    from counteraudit.explain.pipeline import load_results
+    suite_path, trained_runs = trained
+    body = BODY.replace("[methods.caricature]", '[methods.gradcam]\nexplained_class = "label"\n'
+                        'aug_smooth = false\n\n[methods.caricature]\nnoise = "per_model"')
+    body = body.replace('methods = ["guided_backprop", "caricature"]',
+                        'methods = ["gradcam", "caricature"]')
+    per_model = write_suite(tmp_path / "per_model.toml", body=body, references=3, epochs=1)
+    runs = copy_of(trained_runs, tmp_path / "runs")
+    chunked_runs = copy_of(trained_runs, tmp_path / "chunked")
+    explain(per_model, runs)
+    explain(per_model, chunked_runs, "--chunk-images", 3)
+    assert_same_results(per_model, runs, chunked_runs, methods=["gradcam", "caricature"])
+    suite = load_suite(per_model)
+    names = [spec.name for spec in suite.references]
+    caricatures = load_results(suite, "caricature", names, "detection", runs)
+    gradcams = load_results(suite, "gradcam", names, "detection", runs)
+    image_set = explain_pipeline.load_image_sets(suite, runs)["detection"]
+    np.testing.assert_array_equal(gradcams[names[0]].targets, image_set.labels)
+    spec = suite.model(names[1])
+    from counteraudit.train.checkpoint import model_dir
+    from counteraudit.train.trainer import load_trained_model
+    from counteraudit.train.worlds import build_world
+    model = load_trained_model(model_dir(runs, spec), spec, build_world(suite.world, runs), "cpu")
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(spec.recipe.cpu_threads)  # as the stage (explain/pipeline.py)
+    try:
+        direct = build_method("caricature", explain_pipeline.method_params(suite, "caricature")
+                              ).run(model, image_set.tensor(), batch_size=2, model_id=spec.key)
+    finally:
+        torch.set_num_threads(threads)
+    np.testing.assert_array_equal(direct.images, caricatures[names[1]].images)
+    assert not np.array_equal(caricatures[names[0]].images[:, :2],
+                              caricatures[names[1]].images[:, :2])

@@ -1,4 +1,8 @@
-"""Guided Backpropagation (Springenberg et al. 2015) with captum's ``GuidedBackprop``."""
+"""Guided Backpropagation (Springenberg et al. 2015) with captum's ``GuidedBackprop``.
+
+Parameters (``SaliencyParams``): explained class, gradient space (the paper: the normalised
+input), renderer.
+"""
 from __future__ import annotations
 
 import torch
@@ -6,6 +10,7 @@ from captum.attr import GuidedBackprop as CaptumGuidedBackprop
 from torch import nn
 
 from counteraudit.explain.base import AttributionMethod, register_method
+from counteraudit.explain.input_space import on_normalized_input
 
 
 @register_method
@@ -15,4 +20,6 @@ class GuidedBackprop(AttributionMethod):
 
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:
+        if self.params.gradient_space == "normalized":
+            model, images = on_normalized_input(model, images, self.name)
         return CaptumGuidedBackprop(model).attribute(images, target=targets)

@@ -1,6 +1,8 @@
 """Guided Grad-CAM (Selvaraju et al. 2019) with captum's ``GuidedGradCam``.
 
-Layer: the architecture's ``guided_gradcam_layer`` (the last convolution) unless set.
+Layer: the architecture's ``guided_gradcam_layer`` (the last convolution) unless set. Other
+parameters (``SaliencyParams``): explained class, gradient space (the paper: the normalised
+input), renderer.
 """
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ import torch
 from captum.attr import GuidedGradCam as CaptumGuidedGradCam
 from torch import nn
 
-from counteraudit.explain.base import AttributionMethod, architecture_default, register_method
+from counteraudit.explain.base import (AttributionMethod, SaliencyParams, architecture_default,
+                                       register_method)
+from counteraudit.explain.input_space import on_normalized_input
 from counteraudit.train.architectures import layer_name, resolve_layer
 
 
@@ -20,7 +24,7 @@ class GuidedGradCam(AttributionMethod):
     default_batch_size = 32
 
     @dataclass(frozen=True)
-    class Params:
+    class Params(SaliencyParams):
         layer: str | None = None          # an address "(4,0,3)" or module name; None: architecture's
         interpolate_mode: str = "nearest"  # captum's default upsampling of the CAM
 
@@ -32,5 +36,8 @@ class GuidedGradCam(AttributionMethod):
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:
         params = self.params_for(model)
-        method = CaptumGuidedGradCam(model, resolve_layer(model, params.layer))
+        layer = resolve_layer(model, params.layer)  # on the model: the same module in both spaces
+        if params.gradient_space == "normalized":
+            model, images = on_normalized_input(model, images, self.name)
+        method = CaptumGuidedGradCam(model, layer)
         return method.attribute(images, target=targets, interpolate_mode=params.interpolate_mode)

@@ -1,6 +1,11 @@
 """Integrated Gradients (Sundararajan et al. 2017) with captum's ``IntegratedGradients``.
 
-captum's defaults as in the paper: zero (black) baseline, 50 steps, Gauss-Legendre quadrature.
+captum's defaults as in the paper: 50 steps, Gauss-Legendre quadrature. ``baseline``:
+- "normalized_zero" (the paper's): captum's default zero baseline given the *normalised* image,
+  i.e. the ImageNet mean colour in pixels;
+- "black": zero in [0, 1] pixels (the project's first choice).
+The gradient space (``SaliencyParams``) changes the integral only by float rounding (IG is
+invariant to the affine normalisation: the path and the factor (x - x0) change together).
 """
 from __future__ import annotations
 
@@ -10,8 +15,11 @@ import torch
 from captum.attr import IntegratedGradients as CaptumIntegratedGradients
 from torch import nn
 
-from counteraudit.explain.base import AttributionMethod, register_method
-from counteraudit.explain.params import execution_only
+from counteraudit.explain.base import AttributionMethod, SaliencyParams, register_method
+from counteraudit.explain.input_space import normalization, on_normalized_input
+from counteraudit.explain.params import added, execution_only
+
+BASELINES = ("normalized_zero", "black")
 
 
 @register_method
@@ -20,7 +28,7 @@ class IntegratedGradients(AttributionMethod):
     default_batch_size = 16
 
     @dataclass(frozen=True)
-    class Params:
+    class Params(SaliencyParams):
         n_steps: int = 50
         method: str = "gausslegendre"
         # Images x steps per forward pass inside captum; memory and speed only, not the result.
@@ -28,13 +36,24 @@ class IntegratedGradients(AttributionMethod):
         # ResNet, batches of 16: 12.6 against 9.0 images/s, mean of 3 interleaved runs; the
         # activations stay in cache), and the rendered images are identical.
         internal_batch_size: int | None = execution_only(50)
+        baseline: str = added("black", choices=BASELINES)
 
     def passes_per_image(self, architecture: str | None) -> float:
         return float(self.params.n_steps)
 
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:
+        params = self.params
+        normalized_space = params.gradient_space == "normalized"
+        classifier, inputs = model, images
+        if normalized_space:
+            model, inputs = on_normalized_input(classifier, images, self.name)
+        if params.baseline == ("normalized_zero" if normalized_space else "black"):
+            baseline = torch.zeros_like(inputs)  # zero in the space the method works in
+        else:  # the other space's zero, mapped into this one
+            mean, std = normalization(classifier, self.name)
+            zero = -mean / std if normalized_space else mean
+            baseline = zero.expand_as(inputs).contiguous()
         return CaptumIntegratedGradients(model).attribute(
-            images, baselines=torch.zeros_like(images), target=targets,
-            n_steps=self.params.n_steps, method=self.params.method,
-            internal_batch_size=self.params.internal_batch_size)
+            inputs, baselines=baseline, target=targets, n_steps=params.n_steps,
+            method=params.method, internal_batch_size=params.internal_batch_size)

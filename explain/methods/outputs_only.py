@@ -10,7 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from counteraudit.explain.base import BatchOutput, VisualizationMethod, register_method
+from counteraudit.explain.base import (BatchContext, BatchOutput, VisualizationMethod,
+                                       register_method)
 from counteraudit.explain.render import probability_bars
 
 
@@ -19,8 +20,8 @@ class OutputsOnly(VisualizationMethod):
     name = "outputs_only"
     default_batch_size = 64
 
-    def visualize(self, model: nn.Module, images: torch.Tensor,
-                  targets: torch.Tensor) -> BatchOutput:
+    def visualize(self, model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
+                  context: BatchContext) -> BatchOutput:
         with torch.no_grad():
             probabilities = torch.softmax(model(images), dim=1).cpu().numpy().astype(np.float32)
         height, width = images.shape[-2:]

@@ -1,0 +1,33 @@
+"""The model as a function of its normalised input, for methods that work in that space.
+
+The project's models take [0, 1] pixels and normalise them themselves
+(``train.architectures.Classifier``: ``backbone((x - mean) / std)``); the paper's code normalised
+the images first and gave the libraries ``z = (x - mean) / std``. So gradients there are taken
+with respect to z (a factor std per channel from the pixels' gradients), integrated gradients'
+default zero baseline is z = 0 (the mean colour), and Grad-CAM's test-time augmentation scales z
+(a contrast change around the mean colour) rather than x (a brightness change).
+``on_normalized_input`` gives the backbone, which maps z to the logits, and z: the same modules
+(hooks and layers resolved on the model still apply), no re-normalisation round trip.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def normalization(model: nn.Module, method: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (1, 3, 1, 1) mean and std a ``Classifier`` normalises its input with."""
+    from counteraudit.train.architectures import Classifier
+    if not isinstance(model, Classifier):
+        raise ValueError(f"method {method!r}: the normalised input space needs a model that "
+                         f"normalises its input itself (train.architectures.Classifier), got "
+                         f"{type(model).__name__}; use the pixel space (gradient_space = "
+                         "'pixels', aug_smooth_space = 'pixels')")
+    return model.mean, model.std
+
+
+def on_normalized_input(model: nn.Module, images: torch.Tensor,
+                        method: str) -> tuple[nn.Module, torch.Tensor]:
+    """(the model as a function of z, z) for [0, 1] ``images``."""
+    mean, std = normalization(model, method)
+    return model.backbone, (images - mean) / std
