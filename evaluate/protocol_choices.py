@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from counteraudit.train.registry import Registry
 
@@ -28,8 +28,9 @@ class ProtocolChoice:
     description: str
     methods: tuple[str, ...] | None = None  # None: every method of the suite with the parameter
     # Parameters set along with a value (None: removed, back to the method's default), e.g. a
-    # renderer's options, which belong to the renderer they were written for.
-    along: dict[Any, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    # renderer's options, which belong to the renderer they were written for; a function of
+    # (value, suite) where they depend on the suite (a figure's size on the image size).
+    along: Callable[[Any, Any], dict[str, Any]] | None = None
 
     def applicable(self, methods: list[str]) -> list[str]:
         """The suite's methods this choice sets (those whose parameters have the field)."""
@@ -49,10 +50,10 @@ class ProtocolChoice:
             return None
         return values.pop() if len(values) == 1 else MIXED
 
-    def patch(self, methods: list[str], value: Any) -> dict[str, Any]:
+    def patch(self, suite, methods: list[str], value: Any) -> dict[str, Any]:
         """The suite-file tables that set ``value`` (and what goes ``along`` with it) on the
         applicable methods; a None removes a parameter (``train.suite.write_derived_suite``)."""
-        settings = {self.parameter: value, **self.along.get(value, {})}
+        settings = {self.parameter: value, **(self.along(value, suite) if self.along else {})}
         return {"methods": {m: dict(settings) for m in self.applicable(methods)}}
 
 
@@ -67,13 +68,21 @@ def register_choice(choice: ProtocolChoice) -> ProtocolChoice:
     return PROTOCOL_CHOICES.register(choice.name)(choice)
 
 
+def figure_options(suite) -> dict[str, Any]:
+    """captum's 6-in figure at the resolution that gives a 224-px image the paper's 600 px
+    (100 dpi), scaled to the suite's image size: the demo's 64 px get 29 dpi, 174 px. At the
+    paper's scale, not smaller, so the comparison is with the figure the paper scored."""
+    side = int(suite.world.get("image_size", 224))
+    return {"figure_inches": 6.0, "dpi": max(1, round(100 * side / 224))}
+
+
 # The per-pixel saliency methods: the ones whose attributions a renderer turns into images.
 SALIENCY_METHODS = ("guided_backprop", "integrated_gradients", "guided_gradcam")
 
 register_choice(ProtocolChoice(
     "renderer", "renderer", ("captum_figure", "hot_overlay"), methods=SALIENCY_METHODS,
-    # the figure's size is the captum renderer's option (the paper's 600 px by default)
-    along={"captum_figure": {"renderer_options": None}, "hot_overlay": {"renderer_options": None}},
+    along=lambda value, suite: {"renderer_options": figure_options(suite) if value == "captum_figure"
+                                else None},
     description="how a saliency map becomes the image that is scored: the paper's captum figure "
                 "(blended heat map on a grey image, with the figure's frame and margins) or the "
                 "project's image-sized hot overlay"))

@@ -88,7 +88,7 @@ def plan_variants(suite, methods: list[str], choice_names: list[str] | None,
                 continue
             name = f"{suite.name}-{SENSITIVITY}-{choice.name}-{value}"
             path = suite.root(runs_root) / SENSITIVITY / f"{choice.name}-{value}.toml"
-            variant = write_derived_suite(suite, name, choice.patch(methods, value), path)
+            variant = write_derived_suite(suite, name, choice.patch(suite, methods, value), path)
             changed = [m for m in methods if description(variant, m) != description(suite, m)]
             variants.append(Variant(choice.name, value, variant, changed))
     return variants, skipped
@@ -99,8 +99,10 @@ def scored_tables(suite, methods: list[str], distance, distance_name: str, args)
     of ``methods`` on ``suite``, explaining what is missing first."""
     from counteraudit.evaluate.pipeline import (detection_scores, detection_tables,
                                                 localization_scores, localization_tables)
-    from counteraudit.explain.pipeline import explain_suite
-    explain_suite(suite, args, methods=methods)
+    from counteraudit.explain.pipeline import explain_suite, explained_images_line
+    counts = explain_suite(suite, args, methods=methods)
+    print(f"{counts['computed']} visualization set(s) computed, {counts['stored']} already stored; "
+          f"{explained_images_line(counts)}", flush=True)
     detection = detection_tables(suite, detection_scores(suite, distance, distance_name, methods,
                                                          args.runs_dir, args=args), distance_name)
     localization = localization_tables(localization_scores(suite, distance, distance_name, methods,

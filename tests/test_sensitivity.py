@@ -3,6 +3,7 @@ only what they change, verdict changes are marked, and the whole run on a finish
 with the main job run on the derived suite file. The per-choice tests are generated from the
 registry, so a new choice is tested without a new test."""
 import dataclasses
+import re
 
 import pandas as pd
 import pytest
@@ -30,13 +31,18 @@ def test_each_option_sets_its_parameter_on_its_methods_and_nothing_else(choice_n
     assert applicable, f"{choice_name}: no registered method has the parameter {choice.parameter!r}"
     for value in choice.options:
         derived = write_derived_suite(base, f"demo-{choice_name}-{value}",
-                                      choice.patch(ALL_METHODS, value), tmp_path / f"{value}.toml")
+                                      choice.patch(base, ALL_METHODS, value), tmp_path / f"{value}.toml")
+        along = choice.along(value, base) if choice.along else {}
         assert derived.models == base.models  # the same trained models, shared by key
         for method in ALL_METHODS:
             before, after = _params(base, method), _params(derived, method)
             if method in applicable:
                 assert getattr(after, choice.parameter) == value
-                after = dataclasses.replace(after, **{choice.parameter: getattr(before, choice.parameter)})
+                default = type(after)()
+                for name, setting in along.items():  # set along with the value, or back to the default
+                    assert getattr(after, name) == (getattr(default, name) if setting is None else setting)
+                after = dataclasses.replace(after, **{name: getattr(before, name)
+                                                      for name in (choice.parameter, *along)})
             assert after == before, f"{choice_name}={value} changed {method}'s other parameters"
 
 
@@ -107,4 +113,8 @@ def test_sensitivity_on_a_finished_run_agrees_with_the_main_job_on_the_derived_s
     # explaining for the label rather than the top class changes the explained targets, so the
     # visualizations differ, and a rerun computes nothing
     again = run_script("evaluate/sensitivity.py", *args, "--choice", "explained_class")
-    assert "[explain] running" not in again and "nothing to do" in again
+    computed = [int(n) for n in re.findall(r"(\d+) visualization set\(s\) computed", again)]
+    assert computed == [0, 0, 0], again  # the suite (prepare, then its tables) and the alternative
+    first = [int(n) for n in re.findall(r"(\d+) visualization set\(s\) computed", out)]
+    # the alternative: guided backprop's 5 detection sets and 4 abnormal ones (3 references, the backdoor)
+    assert first[0] == 0 and first[-1] == 9
