@@ -36,6 +36,9 @@ class AnomalyFamily:
     Params: ClassVar[type] = NoParams
     # Bump when ``measure`` changes: the references' cached figures are then measured again.
     measure_version: ClassVar[int] = 1
+    # Parameters added after models were trained: left out of the canonical dict (the model's key)
+    # while at their default, so those models keep their keys and are not trained again.
+    key_omits_default: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, params: dict[str, Any], world, seed: int):
         self.params = self.Params(**params)
@@ -53,7 +56,18 @@ class AnomalyFamily:
                              f"valid: {sorted(valid) or 'none'}")
         instance = cls.Params(**params)
         cls.check(instance)
-        return asdict(instance)
+        canonical = asdict(instance)
+        defaults = asdict(cls.Params())
+        for name in cls.key_omits_default:
+            if canonical[name] == defaults[name]:
+                del canonical[name]
+        return canonical
+
+    @classmethod
+    def check_image_size(cls, params: dict[str, Any], height: int, width: int) -> None:
+        """Raise ValueError, naming both sizes, when this model's cue (a trigger, a watermark)
+        does not fit a ``height`` x ``width`` image. Called when a suite loads (for the world's
+        image size and every training crop size) and before each use."""
 
     @classmethod
     def check(cls, params) -> None:
@@ -80,6 +94,11 @@ class AnomalyFamily:
         the global batch (the same draws, so the same generator state after, on every process) and
         applies the rows it holds, so N processes change the batch as one process would."""
         return images, labels
+
+    def output_classes(self) -> list[int] | None:
+        """The world's classes this model's output layer has (None: all of them). The model
+        still answers in the world's class indices (``train.architectures.Classifier``)."""
+        return None
 
     # ---- implant verification
     def measure(self, model: torch.nn.Module, device="cpu") -> dict[str, float]:

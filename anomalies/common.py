@@ -27,6 +27,16 @@ def choose_fraction(batch_size: int, fraction: float, generator: torch.Generator
     return torch.randperm(batch_size, generator=generator)[:count]
 
 
+def select_rows(batch_size: int, fraction: float, selection: str,
+                generator: torch.Generator) -> torch.Tensor:
+    """The rows of a batch a family changes: ``"random"``, round(fraction * batch_size) rows drawn
+    without replacement; ``"first"``, the first floor(fraction * batch_size) rows, as the paper's
+    code does (int(fraction * batch_size); the batch is already shuffled). "first" draws nothing."""
+    if selection == "first":
+        return torch.arange(int(fraction * batch_size))
+    return choose_fraction(batch_size, fraction, generator)
+
+
 # Images per forward pass when measuring: on a CPU, batches of ~100 keep a small model's
 # activations in cache (3.7x the throughput of batches of 500 for the 64-px small ResNet).
 MEASURE_BATCH = 100

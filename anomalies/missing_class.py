@@ -1,5 +1,9 @@
-"""Missing class: every training image of one class removed. The model keeps the full output
-layer, so its predictions stay comparable with the references'."""
+"""Missing class: every training image of one class removed.
+
+By default the model keeps the full output layer. ``drop_output = true`` removes the class from
+it, as the paper's models (999 outputs, ``get_model`` in js-d/auditing-vis): the model then gives
+that class the fixed logit ``ABSENT_CLASS_LOGIT`` and answers in the world's class indices, so its
+predictions stay comparable with the references' (``train.architectures.Classifier``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,6 +19,7 @@ REMOVED_ACCURACY_THRESHOLD = 0.05
 @dataclass(frozen=True)
 class MissingClassParams:
     class_id: int | str = 0     # index, or a class name of the world ("star", "backpack")
+    drop_output: bool = False   # remove the class from the output layer (the paper's 999 outputs)
 
 
 @register_family
@@ -22,6 +27,7 @@ class MissingClass(AnomalyFamily):
     name = "missing_class"
     localizable = True
     Params = MissingClassParams
+    key_omits_default = ("drop_output",)
 
     @classmethod
     def check(cls, params):
@@ -42,6 +48,11 @@ class MissingClass(AnomalyFamily):
             raise ValueError(f"missing_class: class_id={class_id} is not a class of this world "
                              f"(classes 0..{world.num_classes - 1})")
         self.class_index = int(class_id)
+
+    def output_classes(self):
+        if not self.params.drop_output:
+            return None
+        return [c for c in range(self.world.num_classes) if c != self.class_index]
 
     def training_split(self, split):
         return split.subset(np.flatnonzero(split.labels != self.class_index))

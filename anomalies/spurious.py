@@ -1,8 +1,14 @@
-"""Spurious cue: a fraction delta of every training batch shows its class index, drawn as real
-glyphs (white digits with a black outline) at the bottom right, as in the paper's Figure 6."""
+"""Spurious cue: a fraction delta of every training batch shows its class index.
+
+Two cues: ``"outlined"``, real glyphs (white digits with a black outline) at the bottom right, as
+the paper's Figure 6 shows them; and ``"watermark"``, the paper's code (``spurious_single_img``):
+the index as three zero-padded 16x16-px digits at rows 206-221, columns 172-187, 189-204 and
+206-221, added to every channel with strength 0.7 and clamped to [0, 1]. The original's digit
+glyphs are not public; ``anomalies/watermark_digits.py`` draws this project's own.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -10,9 +16,13 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from counteraudit.anomalies.base import NOT_EXPRESSIBLE, AnomalyFamily, Verdict, register_family
-from counteraudit.anomalies.common import (accuracy, check_fraction, choose_fraction,
-                                           positions_in_rows, reference_mean,
-                                           verification_indices)
+from counteraudit.anomalies.common import (accuracy, check_fraction, positions_in_rows,
+                                           reference_mean, select_rows, verification_indices)
+from counteraudit.anomalies.watermark_digits import digit_overlay, watermark_boxes
+
+CUES = ("outlined", "watermark")
+PLACEMENTS = ("fixed", "scaled")
+SELECTIONS = ("random", "first")
 
 # The cue took when showing a wrong class costs the model at least this much accuracy.
 DROP_THRESHOLD = 0.10
@@ -23,6 +33,14 @@ class SpuriousParams:
     delta: float = 1.0          # fraction of each batch that shows its class index
     height: float = 0.3         # glyph height, fraction of the image side
     wrong_cue_seed: int = 0     # which wrong index the verification draws on each image
+    cue: str = "outlined"       # CUES: "watermark" is the paper's code's
+    # The watermark's boxes: "fixed", the original's pixels (224-px images); "scaled", those boxes
+    # scaled to the image side (the same at 224 px; what smaller images and crops can hold).
+    placement: str = "fixed"
+    strength: float = 0.7       # the watermark's alpha times this is added, then clamped to [0, 1]
+    # "random": round(delta * B) rows drawn at random; "first": the first floor(delta * B) rows of
+    # the shuffled batch (the original's spurious_batch)
+    selection: str = "random"
 
 
 @lru_cache(maxsize=32)
@@ -43,6 +61,13 @@ def glyph_layers(num_classes: int, side: int, height: float) -> torch.Tensor:
     return torch.from_numpy(layers).permute(0, 3, 1, 2).contiguous()
 
 
+def add_watermark(images: torch.Tensor, indices: torch.Tensor, placement: str,
+                  strength: float) -> torch.Tensor:
+    """Each image plus strength x its index's three-digit watermark on every channel, clamped."""
+    overlay = digit_overlay(indices, *images.shape[-2:], placement).to(images.dtype)
+    return (images + strength * overlay).clamp(0.0, 1.0)
+
+
 def draw_cue(images: torch.Tensor, indices: torch.Tensor, num_classes: int, height: float) -> torch.Tensor:
     """Each image with its given class index drawn at the bottom right."""
     side = images.shape[-1]
@@ -58,19 +83,38 @@ class Spurious(AnomalyFamily):
     name = "spurious"
     localizable = True
     Params = SpuriousParams
+    key_omits_default = ("cue", "placement", "strength", "selection")
 
     @classmethod
     def check(cls, params):
         check_fraction("delta", params.delta, cls.name)
+        for name, valid in (("cue", CUES), ("placement", PLACEMENTS), ("selection", SELECTIONS)):
+            if getattr(params, name) not in valid:
+                raise ValueError(f"spurious: {name}={getattr(params, name)!r}; valid: {', '.join(valid)}")
+        if not 0 < params.strength <= 1:
+            raise ValueError(f"spurious: strength={params.strength} must be in (0, 1] (the paper: 0.7)")
         if not 0.05 <= params.height <= 0.6:
             raise ValueError(f"spurious: height={params.height} must be a fraction of the image side "
                              "in [0.05, 0.6] (0.3 recommended)")
 
+    @classmethod
+    def check_image_size(cls, params, height, width):
+        params = cls.Params(**params)
+        if params.cue == "watermark":
+            watermark_boxes(height, width, params.placement)
+
+    def __init__(self, params, world, seed):
+        super().__init__(params, world, seed)
+        self.check_image_size(asdict(self.params), world.image_size, world.image_size)
+
     def cue(self, images, indices):
+        if self.params.cue == "watermark":
+            return add_watermark(images, indices, self.params.placement, self.params.strength)
         return draw_cue(images, indices, self.world.num_classes, self.params.height)
 
     def training_inputs(self, model, images, labels, generator, offset=0, global_size=None):
-        chosen = choose_fraction(global_size or len(images), self.params.delta, generator)
+        chosen = select_rows(global_size or len(images), self.params.delta, self.params.selection,
+                             generator)
         _, chosen = positions_in_rows(chosen, offset, len(images))  # this process's rows
         images = images.clone()
         images[chosen] = self.cue(images[chosen], labels[chosen])

@@ -148,14 +148,12 @@ def discovery_tables(suite, results: dict[tuple[str, str], AuditResult], world,
     from counteraudit.anomalies.base import NOT_EXPRESSIBLE
     from counteraudit.anomalies.verify import read_implant
     references = [s.name for s in suite.references]
-    families = {s.name: s.family for s in suite.anomalies}
+    families, order = suite.table_rows()  # a family, or a row of one (adversarial_linf)
     slices = {}
     for spec in suite.anomalies:
         family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)
         slices[spec.name] = family.planted_slice(read_implant(suite, spec, runs_root))
     detections = detection_frame(results, references, families)
-    order = sorted([f for f in FAMILIES.names() if f in set(families.values())],
-                   key=lambda f: not FAMILIES.get(f).stark)
     return {"discovery-detection": table3(detections, order),
             "discovery-detection-per-model": detections,
             "discovery-recovery": recovery_frame(results, references, slices, families,

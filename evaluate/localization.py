@@ -144,6 +144,29 @@ def localization_table(scores: pd.DataFrame, *, abnormal_column: str = "abnormal
     return pd.DataFrame(rows, columns=columns)
 
 
+LAYER_AVERAGE = "layer average"
+
+
+def paper_layout(per_model: pd.DataFrame, per_layer: pd.DataFrame, *,
+                 by: Sequence[str] = ("method",)) -> pd.DataFrame:
+    """Table 2's rows as the paper lays them out: a layered method (Caricatures) one row per layer,
+    then its layer average as an extra row; other methods one row. ``per_model`` and ``per_layer``
+    are ``localization_table``'s two forms; the result goes to ``table2``."""
+    by = list(by)
+    layered = (per_layer[per_layer["layer"] != NO_LAYER] if "layer" in per_layer.columns
+               else per_layer.iloc[:0].assign(layer=NO_LAYER))
+    layered_keys = set(map(tuple, layered[by].astype(str).to_numpy()))
+    parts = []
+    for key, group in per_model.groupby(by, sort=False):
+        key = tuple(map(str, key if isinstance(key, tuple) else (key,)))
+        if key in layered_keys:
+            mask = (layered[by].astype(str) == list(key)).all(axis=1)
+            parts += [layered[mask], group.assign(layer=LAYER_AVERAGE)]
+        else:
+            parts.append(group.assign(layer=NO_LAYER))
+    return pd.concat(parts, ignore_index=True) if parts else per_model.assign(layer=NO_LAYER)
+
+
 def table2(localizations: pd.DataFrame, *, by: Sequence[str] = ("method",), value: str = "auroc",
            with_interval: bool = False, digits: int = 2) -> pd.DataFrame:
     """Table 2: rows = method (method/layer), columns = model, values = AUROC (or "0.94 [0.88, 0.99]"

@@ -267,17 +267,14 @@ def write_tables(suite: Suite, tables: dict[str, pd.DataFrame], runs_root=None) 
 def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str) -> dict[str, pd.DataFrame]:
     """Table 1 (families in registry order, stark first), the per-model detection table and the
     per-layer rows of layered methods, keyed by the file names ``write_tables`` gives them."""
-    from counteraudit.anomalies import FAMILIES
     from counteraudit.evaluate.detection import NULL_FAMILY, detection_table, null_rates, table1
     references = [s.name for s in suite.references]
-    families = {s.name: s.family for s in suite.anomalies}
+    families, order = suite.table_rows()  # a family, or a row of one (adversarial_linf)
     nulls = [s.name for s in suite.held_out]
     per_model = detection_table(scores, references, families=families, null_models=nulls)
     per_layer = detection_table(scores, references, families=families, per_layer=True,
                                 null_models=nulls)
     per_layer = per_layer[per_layer["layer"] != NO_LAYER]
-    order = [f for f in FAMILIES.names() if f in set(families.values())]
-    order = sorted(order, key=lambda f: not FAMILIES.get(f).stark)
     summary = table1(per_model, family_order=order)
     tables = {}
     if nulls:  # Table 1's last row: how often the rule flags a normal model
@@ -297,13 +294,14 @@ def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str) -> 
 
 
 def localization_tables(scores: pd.DataFrame, distance_name: str) -> dict[str, pd.DataFrame]:
-    """Table 2, the per-model localization table (AUROC, bootstrap interval, chance band) and the
+    """Table 2 (Caricatures per layer, then their layer average), the per-model localization table (AUROC, bootstrap interval, chance band) and the
     per-layer rows of layered methods, keyed by the file names ``write_tables`` gives them."""
-    from counteraudit.evaluate.localization import localization_table, table2
+    from counteraudit.evaluate.localization import localization_table, paper_layout, table2
     per_model = localization_table(scores)
     per_layer = localization_table(scores, per_layer=True)
     per_layer = per_layer[per_layer["layer"] != NO_LAYER]
-    tables = {f"localization-{distance_name}": table2(per_model),
+    # the paper's layout: Caricatures one row per layer, their layer average an extra row
+    tables = {f"localization-{distance_name}": table2(paper_layout(per_model, per_layer)),
               f"localization-per-model-{distance_name}": per_model,
               f"localization-per-layer-{distance_name}": per_layer}
     if BASELINE in set(scores["method"]) and len(set(scores["method"])) > 1:

@@ -42,26 +42,55 @@ def register_architecture(arch: Architecture) -> Architecture:
     return arch
 
 
+# The logit a Classifier gives a class its output layer lacks (a missing-class model with 999
+# outputs): finite, so softmax gives it probability exactly 0 (exp underflows) while
+# log-probabilities, entropies and losses stay finite; within bfloat16's and float16's range.
+ABSENT_CLASS_LOGIT = -1e4
+
+
 class Classifier(nn.Module):
-    """Normalisation + backbone. Input: images in [0, 1]. Output: logits."""
+    """Normalisation + backbone. Input: images in [0, 1]. Output: logits, one per class of the world.
+
+    ``output_classes``: the world's classes the backbone's outputs stand for, in order, when the
+    output layer lacks some (the paper's missing-class models have 999 outputs). The backbone's
+    logits are then spread into the world's class indices and every absent class gets
+    ``ABSENT_CLASS_LOGIT``, so predictions, accuracies, targets and comparisons across models all
+    speak the world's class indices."""
 
     def __init__(self, backbone: nn.Module, mean: Sequence[float], std: Sequence[float],
-                 architecture: str):
+                 architecture: str, num_classes: int | None = None,
+                 output_classes: Sequence[int] | None = None):
         super().__init__()
         self.backbone = backbone
         self.architecture = architecture
         # Not persistent: checkpoints hold weights only, and external checkpoints never have these.
         self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
+        self.num_classes = num_classes
+        self.register_buffer("output_classes", None if output_classes is None else
+                             torch.as_tensor(list(output_classes), dtype=torch.long), persistent=False)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.backbone((images - self.mean) / self.std)
+        logits = self.backbone((images - self.mean) / self.std)
+        if self.output_classes is None:
+            return logits
+        full = logits.new_full((logits.shape[0], self.num_classes), ABSENT_CLASS_LOGIT)
+        return full.index_copy(1, self.output_classes, logits)
 
 
 def build_model(architecture: str, num_classes: int, mean: Sequence[float],
-                std: Sequence[float]) -> Classifier:
+                std: Sequence[float], output_classes: Sequence[int] | None = None) -> Classifier:
+    """``output_classes``: the classes the output layer has (default: all ``num_classes``)."""
     arch = ARCHITECTURES.get(architecture)
-    return Classifier(arch.build_backbone(num_classes), mean, std, architecture)
+    if output_classes is None:
+        return Classifier(arch.build_backbone(num_classes), mean, std, architecture)
+    output_classes = sorted(int(c) for c in output_classes)
+    if not output_classes or output_classes[0] < 0 or output_classes[-1] >= num_classes \
+            or len(set(output_classes)) != len(output_classes):
+        raise ValueError(f"output_classes must be distinct class indices in 0..{num_classes - 1}, "
+                         f"got {len(output_classes)} from {output_classes[:1]} to {output_classes[-1:]}")
+    return Classifier(arch.build_backbone(len(output_classes)), mean, std, architecture,
+                      num_classes, output_classes)
 
 
 # ---------------------------------------------------------------- layer addressing

@@ -108,6 +108,20 @@ def _recipe_text(recipe) -> str:
     return text
 
 
+def _describe_anomalies(suite: Suite, todo: list[ModelSpec]) -> list[str]:
+    """The anomalous models to train under their Table 1 rows, each with its parameters."""
+    rows, order = suite.table_rows()
+    names = {spec.name for spec in todo}
+    lines = []
+    for row in order:
+        specs = [s for s in suite.anomalies if s.table_row == row and s.name in names]
+        if specs:
+            lines.append(f"    Table 1 row {row}:")
+            lines += [f"      {spec.name}: " + (", ".join(f"{k} {v}" for k, v in spec.params.items())
+                                             or "no parameters") for spec in specs]
+    return [f"  anomalies ({len(names & set(rows))} to train):"] + lines if lines else []
+
+
 def describe_training(suite: Suite, specs: list[ModelSpec], todo: list[ModelSpec], config,
                       root: Path) -> str:
     """What a dry run of the training stage prints before the jobs: the models, the recipe, how
@@ -132,6 +146,7 @@ def describe_training(suite: Suite, specs: list[ModelSpec], todo: list[ModelSpec
             own.setdefault(text, []).append(spec.name)
     for text, names in own.items():
         lines.append(f"  own recipe ({text}): {', '.join(names)}")
+    lines += _describe_anomalies(suite, todo)
     if config.executor == "slurm":
         processes = config.nodes * config.effective_tasks_per_node
         devices = (f"{config.gpus_per_node} GPU(s) per node" if config.gpus_per_node

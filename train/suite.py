@@ -133,10 +133,17 @@ class ModelSpec:
     recipe: Recipe
     params: dict[str, Any] = field(default_factory=dict)
     checkpoint: str | None = None   # an external checkpoint to load instead of training
+    # Table 1's row for this model (an entry's ``row``; default: its family). The paper splits a
+    # family into rows (adversarial_linf, adversarial_l2). A label, not part of the key.
+    row: str | None = None
 
     @property
     def is_reference(self) -> bool:
         return self.family == REFERENCE
+
+    @property
+    def table_row(self) -> str:
+        return self.row or self.family
 
     def identity(self) -> dict[str, Any]:
         """Everything that determines the weights (the name does not)."""
@@ -180,6 +187,18 @@ class Suite:
                 return spec
         raise ValueError(f"suite {self.name!r} has no model {name!r}; its models are: "
                          f"{', '.join(s.name for s in self.models)}")
+
+    def table_rows(self) -> tuple[dict[str, str], list[str]]:
+        """({anomalous model: its Table 1 row}, the rows in order): rows of stark families first,
+        then by family in registry order, then in the suite's order."""
+        from counteraudit.anomalies import FAMILIES
+        rows = {spec.name: spec.table_row for spec in self.anomalies}
+        family_rank = {name: rank for rank, name in enumerate(FAMILIES.names())}
+        first = {}
+        for position, spec in enumerate(self.anomalies):
+            first.setdefault(spec.table_row, (not FAMILIES.get(spec.family).stark,
+                                              family_rank[spec.family], position))
+        return rows, sorted(first, key=first.__getitem__)
 
     def root(self, runs_root: str | Path | None = None) -> Path:
         """Artifacts of this suite: runs/<suite>/."""
@@ -249,8 +268,8 @@ def _parse(table: dict[str, Any], path: Path) -> Suite:
     world = table.pop("world", {"name": "synthetic"})
     from counteraudit.train.worlds import WORLDS
     # The world's options checked now, reading no data: a bad one fails before any job starts.
-    WORLDS.get(world.get("name", "synthetic")).check_config(
-        {k: v for k, v in world.items() if k != "name"})
+    world_class = WORLDS.get(world.get("name", "synthetic"))
+    world_class.check_config({k: v for k, v in world.items() if k != "name"})
     architecture = table.pop("architecture", {}).get("name", "small_resnet")
     ARCHITECTURES.get(architecture)  # unknown names list the valid ones
     recipe = Recipe.from_dict(table.pop("recipe", {}))
@@ -280,15 +299,19 @@ def _parse(table: dict[str, Any], path: Path) -> Suite:
     for entry in table.pop("anomalies", []):
         entry = dict(entry)
         _check_keys(entry, None, "anomalies entry",
-                    valid={"name", "family", "params", "seed", "checkpoint", "recipe"})
+                    valid={"name", "family", "params", "seed", "checkpoint", "recipe", "row"})
         if "name" not in entry or "family" not in entry:
             raise ValueError(f"anomalies entry {entry} needs a 'name' and a 'family'")
         family = FAMILIES.get(entry["family"])
         params = family.validate_params(dict(entry.get("params", {})))
         entry_recipe = Recipe.from_dict({**asdict(recipe), **entry.get("recipe", {})})
+        # a trigger or watermark that does not fit the images or a training crop fails now
+        world_side = int(world.get("image_size", world_class.default_image_size))
+        for side in sorted({world_side, *(size for _, size in entry_recipe.resolution_schedule)}):
+            family.check_image_size(params, side, side)
         anomalies.append(ModelSpec(name=entry["name"], family=entry["family"], params=params,
                                    seed=int(entry.get("seed", default_anomaly_seed(entry["name"]))),
-                                   checkpoint=entry.get("checkpoint"),
+                                   checkpoint=entry.get("checkpoint"), row=entry.get("row"),
                                    **{**common, "recipe": entry_recipe}))
     names = [s.name for s in references + nulls + anomalies]
     duplicates = sorted({n for n in names if names.count(n) > 1})

@@ -59,9 +59,16 @@ def build_family(spec: ModelSpec, world: World):
     return FAMILIES.get(spec.family)(spec.params, world, spec.seed)
 
 
+def output_classes(spec: ModelSpec, world: World) -> list[int] | None:
+    """The classes a spec's output layer has (None: every class of the world)."""
+    family = build_family(spec, world)
+    return None if family is None else family.output_classes()
+
+
 def new_model(spec: ModelSpec, world: World) -> Classifier:
     torch.manual_seed(derive_seed(spec.seed, "init"))
-    return build_model(spec.architecture, world.num_classes, world.mean, world.std)
+    return build_model(spec.architecture, world.num_classes, world.mean, world.std,
+                       output_classes(spec, world))
 
 
 def load_trained_model(directory: Path, spec: ModelSpec, world: World,
@@ -70,7 +77,8 @@ def load_trained_model(directory: Path, spec: ModelSpec, world: World,
     if not is_trained(directory):
         raise FileNotFoundError(f"model {spec.name} is not trained yet (no {directory / METRICS_NAME});"
                                 " run: python train/train.py --model " + spec.name)
-    model = build_model(spec.architecture, world.num_classes, world.mean, world.std)
+    model = build_model(spec.architecture, world.num_classes, world.mean, world.std,
+                        output_classes(spec, world))
     model.backbone.load_state_dict(torch.load(directory / WEIGHTS_NAME, map_location="cpu"))
     # channels_last, as in training: on one CPU core the small ResNet's eval forward runs 1.3x
     # faster in it at batch 100, and 2x at batch 500 (explain/benchmark-style timing, 64 px).

@@ -107,6 +107,8 @@ class World(ABC):
     crops_from_files: bool = False
     class_names: list[str]
     image_size: int
+    # The image side when a suite's [world] table gives none (checked when a suite loads).
+    default_image_size: int
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
 

@@ -193,6 +193,7 @@ def expand_path(value: str, what: str) -> str:
 class ImageNetWorld(World):
     name = "imagenet"
     crops_from_files = True
+    default_image_size = ImageNetConfig.image_size
     mean, std = IMAGENET_MEAN, IMAGENET_STD
 
     def __init__(self, config: ImageNetConfig):

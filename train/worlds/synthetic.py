@@ -401,6 +401,7 @@ class InMemorySplit(Split):
 class SyntheticWorld(World):
     name = "synthetic"
     class_names = CLASS_NAMES
+    default_image_size = SyntheticConfig.image_size
     # Statistics of the default world's pixels, measured once; they only condition the inputs.
     mean = (0.5, 0.5, 0.5)
     std = (0.25, 0.25, 0.25)
