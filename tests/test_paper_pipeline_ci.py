@@ -50,6 +50,7 @@ n_steps = 2
 
 [methods.caricature]
 steps = 1
+steps_by_layer = {{ layer4 = 1 }}  # paper.toml's 1024 for layer4 (tables merge key by key)
 
 [evaluate]
 detection_images = 3
