@@ -184,7 +184,9 @@ def test_rerun_gives_the_same_bits(name, world, model):
     first = auditor.run(model, world, budget, seed=7)
     second = small(name).run(model, world, budget, seed=7)
     dump = lambda r: json.dumps([f.to_dict() for f in r.findings])  # noqa: E731
-    assert first.findings and dump(first) == dump(second)
+    assert first.findings or auditor.filters_findings and first.notes
+    assert dump(first) == dump(second)
+    assert json.dumps(first.notes, sort_keys=True) == json.dumps(second.notes, sort_keys=True)
     assert first.images_used == second.images_used
 
 
@@ -203,6 +205,9 @@ def test_budget_is_respected_and_too_small_a_budget_names_the_minimum(name, worl
 @pytest.mark.parametrize("name", AUDITORS.names())
 def test_findings_are_ranked_worst_first_with_intervals(name, world, model):
     auditor = small(name)
+    if auditor.filters_findings:
+        pytest.skip(f"{name} keeps only significant findings; its own tests check their ranking "
+                    "on a model with a planted failure")
     result = auditor.run(model, world, budget_for(auditor, world), seed=0)
     main = [f for f in result.findings if f.objective == auditor.objective]
     assert main and [f.statistic for f in main] == sorted((f.statistic for f in main), reverse=True)

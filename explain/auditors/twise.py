@@ -20,6 +20,7 @@ evaluated and the t-tuple coverage reached is recorded.
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 from dataclasses import dataclass, field
 
@@ -187,3 +188,14 @@ class Twise(Auditor):
                                                              world.feasible))
             self.notes["t_tuples_feasible"] = total
         return findings
+
+    def findings_within(self, result, images, world, seed):
+        """The findings of the first ``images // n_s`` rows: a smaller budget evaluates a prefix
+        of the same rows (covering mode)."""
+        if self.params.mode == "exhaustive":
+            return super().findings_within(result, images, world, seed)
+        count = images // self.params.images_per_subgroup
+        if count < 1:
+            return None
+        kept = {json.dumps(row, sort_keys=True) for row in self.subgroups(world, seed)[:count]}
+        return [f for f in result.findings if json.dumps(f.conditions, sort_keys=True) in kept]
