@@ -141,18 +141,30 @@ def top_findings(results: dict[tuple[str, str], AuditResult], count: int = 5) ->
     return pd.DataFrame(rows)
 
 
+def planted_slices(suite, world, runs_root=None) -> dict[str, Any]:
+    """Each anomalous model's planted slice (``AnomalyFamily.planted_slice``)."""
+    from counteraudit.anomalies import FAMILIES
+    from counteraudit.anomalies.verify import read_implant
+    slices = {}
+    for spec in suite.anomalies:
+        family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)
+        slices[spec.name] = family.planted_slice(read_implant(suite, spec, runs_root))
+    return slices
+
+
+def localizable(slices: dict[str, Any], factors: dict[str, list[str]]) -> list[str]:
+    """The models whose planted slice is made of the world's factors."""
+    return [m for m, s in slices.items() if isinstance(s, dict) and all(f in factors for f in s)]
+
+
 def discovery_tables(suite, results: dict[tuple[str, str], AuditResult], world,
                      runs_root=None) -> dict[str, pd.DataFrame]:
     """Table 3, the per-model detections, Table 4 and the top findings, keyed by file name."""
     from counteraudit.anomalies import FAMILIES
     from counteraudit.anomalies.base import NOT_EXPRESSIBLE
-    from counteraudit.anomalies.verify import read_implant
     references = [s.name for s in suite.references]
     families = {s.name: s.family for s in suite.anomalies}
-    slices = {}
-    for spec in suite.anomalies:
-        family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)
-        slices[spec.name] = family.planted_slice(read_implant(suite, spec, runs_root))
+    slices = planted_slices(suite, world, runs_root)
     detections = detection_frame(results, references, families)
     order = sorted([f for f in FAMILIES.names() if f in set(families.values())],
                    key=lambda f: not FAMILIES.get(f).stark)
