@@ -20,6 +20,34 @@ def study_models(suite, slices: dict[str, Any], factors) -> list:
     return chosen + [suite.model(m) for m in localizable(slices, factors)]
 
 
+def selection_curves(comparisons: dict[str, tuple[list, dict]]) -> pd.DataFrame:
+    """Per (model, selection, subdomains explored): the mean and sd over seeds of coverage of the
+    10% worst, mean accuracy of the explored, and (at its checkpoints) the surrogate's Spearman."""
+    import numpy as np
+    from counteraudit.explain.exhaustive import curve
+    frames = []
+    for model, (runs, _) in comparisons.items():
+        for selection in sorted({r["selection"] for r in runs}):
+            steps, coverage, coverage_sd = curve(runs, selection, "coverage")
+            _, accuracy, accuracy_sd = curve(runs, selection, "mean_accuracy")
+            spearman = np.full((len(runs), len(steps)), np.nan)
+            mine = [r for r in runs if r["selection"] == selection]
+            for k, run in enumerate(mine):
+                for step, value in run["spearman"]:
+                    spearman[k, step - 1] = np.nan if value is None else value
+            counted = np.isfinite(spearman).sum(0)
+            with np.errstate(invalid="ignore"):
+                frames.append(pd.DataFrame({
+                    "model": model, "selection": selection, "explored": steps,
+                    "coverage_mean": coverage, "coverage_sd": coverage_sd,
+                    "mean_accuracy": accuracy, "mean_accuracy_sd": accuracy_sd,
+                    "spearman_mean": np.where(counted > 0, np.nansum(spearman, 0)
+                                              / np.maximum(counted, 1), np.nan),
+                    "spearman_sd": np.where(counted > 1, np.nanstd(np.where(
+                        np.isfinite(spearman), spearman, np.nan), 0, ddof=1), np.nan)}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
 def search_study(suite, results, world, runs_root, seed: int, device=None,
                  log=print) -> dict[str, Any]:
     """{"tables": {name: frame}, "comparisons": {model: runs}, "curves": frame}; empty when
@@ -52,6 +80,7 @@ def search_study(suite, results, world, runs_root, seed: int, device=None,
     if len(comparison):
         comparison = comparison[["model"] + [c for c in comparison.columns if c != "model"]]
     return {"tables": {"search-selection-comparison": comparison,
+                       "search-selection-curves": selection_curves(comparisons),
                        "search-budget-curves": curves, "search-images-to-rank": needed},
             "comparisons": {m: runs for m, (runs, _) in comparisons.items()},
             "curves": curves}

@@ -39,7 +39,7 @@ from counteraudit.train.registry import Registry
 SELECTIONS: Registry[type["Selection"]] = Registry("selection function")
 
 INITIAL = 10             # random subdomains before any selection (the seed's warm start)
-BOOTSTRAP = 8            # Lassos in bo's ensemble (each fit ~2 ms: 8 keep a 10-seed comparison in a minute)
+BOOTSTRAP = 8            # Lassos in bo's ensemble
 LASSO_ALPHA = 0.005      # the surrogate's L1 penalty (scikit-learn's scaling); not tuned
 EI_XI = 0.01             # expected improvement's exploration margin, in failure rate
 GENETIC_TRIES = 50
@@ -183,12 +183,24 @@ class Individual(list):
 def bootstrap_lassos(features: np.ndarray, scores: np.ndarray, rng: np.random.Generator,
                      count: int = BOOTSTRAP) -> list:
     """``count`` Lassos, each fitted to a resample with replacement of (features, scores)."""
-    from sklearn.linear_model import Lasso
     models = []
     for _ in range(count):
         sample = rng.integers(len(scores), size=len(scores))
-        models.append(Lasso(alpha=LASSO_ALPHA).fit(features[sample], scores[sample]))
+        models.append(fit_lasso(features[sample], scores[sample]))
     return models
+
+
+def fit_lasso(features: np.ndarray, scores: np.ndarray):
+    """scikit-learn's Lasso without its input validation (inputs are float64 arrays built here),
+    which costs more than the fit itself on these small problems."""
+    from sklearn.linear_model import Lasso
+    return Lasso(alpha=LASSO_ALPHA).fit(np.asfortranarray(features, dtype=np.float64),
+                                        np.ascontiguousarray(scores, dtype=np.float64),
+                                        check_input=False)
+
+
+def predict(model, features: np.ndarray) -> np.ndarray:
+    return features @ model.coef_ + model.intercept_
 
 
 def expected_improvement(mean: np.ndarray, std: np.ndarray, best: float,
@@ -210,7 +222,7 @@ class BayesianSelection(Selection):
         scores = np.asarray(state.scores)
         models = bootstrap_lassos(features[state.evaluated], scores, state.rng)
         candidates = state.unevaluated()
-        predictions = np.stack([m.predict(features[candidates]) for m in models])
+        predictions = np.stack([predict(m, features[candidates]) for m in models])
         gain = expected_improvement(predictions.mean(0), predictions.std(0), scores.max())
         return int(candidates[int(np.argmax(gain))])  # ties: the first in grid order
 
@@ -220,9 +232,8 @@ def surrogate_spearman(subdomains: Subdomains, evaluated: list[int], scores: lis
     """Spearman correlation between one Lasso fitted to the evaluated subdomains and the true
     scores of every subdomain (the seed's measure of the surrogate)."""
     from scipy.stats import spearmanr
-    from sklearn.linear_model import Lasso
-    model = Lasso(alpha=LASSO_ALPHA).fit(subdomains.onehot[evaluated], np.asarray(scores))
-    predicted = model.predict(subdomains.onehot)
+    predicted = predict(fit_lasso(subdomains.onehot[evaluated], np.asarray(scores)),
+                        subdomains.onehot)
     if np.ptp(predicted) == 0 or np.ptp(truth) == 0:
         return float("nan")  # a constant has no rank correlation
     return float(spearmanr(predicted, truth).statistic)
