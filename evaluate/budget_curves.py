@@ -10,8 +10,8 @@ its slice (1 = top) and precision@k against the images the auditor used:
 - surrogate_search with each selection function: by lookup in the model's exhaustive reference,
   over its 10 search seeds (``explain/exhaustive.py``), after every subdomain.
 
-``images_to_rank`` summarises a curve: the fewest images at which the slice ranks <= 1 (and
-<= 3), averaged over the seeds that reach it within the curve.
+``images_to_rank`` summarises a curve: the fewest images from which on the slice ranks <= 1 (and
+<= 3) at every larger budget of the curve, averaged over the seeds that reach it.
 """
 from __future__ import annotations
 
@@ -74,16 +74,21 @@ def _text(row) -> str:
 
 
 def images_to_rank(curves: pd.DataFrame, within: int) -> pd.DataFrame:
-    """Per (model, auditor): the fewest images with the slice at rank <= ``within``, mean over
-    the seeds that reach it, and how many seeds do."""
+    """Per (model, auditor): the fewest images from which on the slice ranks <= ``within`` at
+    every larger budget of the curve (a slice that is first only while it is the one finding
+    does not count), mean over the seeds that reach it, and how many seeds do."""
     rows = []
     for (model, auditor), group in curves.groupby(["model", "auditor"], sort=False):
         needed = []
         seeds = group["seed"].unique()
         for _, run in group.groupby("seed"):
-            hit = run[run["rank"] <= within].sort_values("images")
-            if len(hit):
-                needed.append(int(hit["images"].iloc[0]))
+            run = run.sort_values("images")
+            held = (run["rank"] <= within).fillna(False).to_numpy(bool)
+            # the first point of the run's final stretch of points that all hold
+            stays = np.flatnonzero(~held)
+            start = 0 if not len(stays) else stays[-1] + 1
+            if start < len(run):
+                needed.append(int(run["images"].iloc[start]))
         rows.append({"model": model, "auditor": auditor,
                      f"images_to_top{within}": float(np.mean(needed)) if needed else np.nan,
                      f"sd_top{within}": float(np.std(needed, ddof=1)) if len(needed) > 1 else np.nan,

@@ -81,6 +81,10 @@ def main(args: argparse.Namespace) -> dict:
     print("\nTable 4 -- rank of the planted slice in each anomalous model's findings (1 = top), "
           "its ranks for the references, and precision@k\n")
     print(to_markdown(tables["discovery-recovery"], float_format="{:.2f}"))
+    if len(tables["discovery-false-positives"]):
+        print("\nReferences with any significant finding (the false-positive rate of auditors "
+              "that keep only significant findings)\n")
+        print(to_markdown(tables["discovery-false-positives"], float_format="{:.2f}"))
     from counteraudit.evaluate.search_study import search_study
     from counteraudit.explain.findings import discover_seed
     study = search_study(suite, results, world, args.runs_dir, discover_seed(suite),
@@ -93,7 +97,8 @@ def main(args: argparse.Namespace) -> dict:
               "of the explored subdomains, Spearman of the Lasso surrogate, by share explored\n")
         print(to_markdown(study["tables"]["search-selection-comparison"], float_format="{:.3f}"))
         print("\nBudget curves -- images each auditor needs to rank the planted slice first "
-              "(top 1) and in the top 3 (mean over the seeds that reach it within the curve; "
+              "(top 1) and in the top 3, at every larger budget of the curve (mean over the seeds "
+              "that reach it; "
               "surrogate_search: 10 seeds by lookup, the others: the discover seed)\n")
         print(to_markdown(study["tables"]["search-images-to-rank"], float_format="{:.0f}"))
     print(f"\ntables: {suite.root(args.runs_dir) / 'tables'}/")

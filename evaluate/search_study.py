@@ -7,6 +7,7 @@ and every localizable anomalous model (their budget curves); each is stored once
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 import pandas as pd
@@ -36,7 +37,8 @@ def selection_curves(comparisons: dict[str, tuple[list, dict]]) -> pd.DataFrame:
                 for step, value in run["spearman"]:
                     spearman[k, step - 1] = np.nan if value is None else value
             counted = np.isfinite(spearman).sum(0)
-            with np.errstate(invalid="ignore"):
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # sd of a single value: NaN
                 frames.append(pd.DataFrame({
                     "model": model, "selection": selection, "explored": steps,
                     "coverage_mean": coverage, "coverage_sd": coverage_sd,

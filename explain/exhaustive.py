@@ -152,8 +152,9 @@ def comparison_summary(runs: list[dict[str, Any]], fractions=(0.1, 0.2, 0.3, 0.4
                 continue
             coverage = np.array([r["coverage"][step - 1] for r in mine])
             accuracy = np.array([r["mean_accuracy"][step - 1] for r in mine])
-            spearman = np.array([dict((s, v) for s, v in r["spearman"]).get(
-                SPEARMAN_EVERY * max(1, round(step / SPEARMAN_EVERY)), np.nan) for r in mine])
+            checkpoint = SPEARMAN_EVERY * max(1, step // SPEARMAN_EVERY)  # the last one <= step
+            spearman = np.array([dict((s, v) for s, v in r["spearman"]).get(checkpoint, np.nan)
+                                 for r in mine], dtype=float)
             rows.append({"selection": selection, "explored": step,
                          "explored_share": step / total,
                          "coverage_mean": coverage.mean(), "coverage_sd": coverage.std(ddof=1),

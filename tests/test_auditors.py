@@ -227,9 +227,21 @@ params = { class_id = "star" }
 factors = ["class", "face", "size"]
 images_per_subgroup = 4
 
+[auditors.surrogate_search]
+factors = ["class", "face"]
+images_per_subdomain = 4
+
+[auditors.caption_lift]
+images_per_class = 6
+images_per_description = 4
+factors = ["face"]
+min_recurrence = 2
+
 [discover.budget]
 twise = 40
 error_ratio = 120
+surrogate_search = 48
+caption_lift = 76
 """
 
 
@@ -283,13 +295,21 @@ def test_discover_prints_tables_3_and_4(trained, capsys):
         ["--suite", str(suite), "--runs-dir", str(runs), "--no-progress", "--jobs", "1"]))
     out = capsys.readouterr().out
     assert "Table 3" in out and "Table 4" in out and "class=star" in out
+    assert "Selection functions compared" in out and "Budget curves" in out
     tables = runs / "disc" / "tables"
-    for stem in ("discovery-detection", "discovery-recovery", "discovery-detection-per-model"):
+    for stem in ("discovery-detection", "discovery-recovery", "discovery-detection-per-model",
+                 "search-selection-comparison", "search-selection-curves", "search-budget-curves",
+                 "search-images-to-rank"):
         for ext in ("md", "csv", "tex"):
             assert (tables / f"{stem}.{ext}").is_file()
     recovery = pd.read_csv(tables / "discovery-recovery.csv")
     assert set(recovery["auditor"]) == set(AUDITORS.names())
     assert (recovery["planted_slice"] == "class=star").all()
+    curves = pd.read_csv(tables / "search-budget-curves.csv")
+    from counteraudit.explain.selection import SELECTIONS
+    assert set(curves["auditor"]) == {"caption_lift", "error_ratio", "twise"} | {
+        f"surrogate_search:{s}" for s in SELECTIONS.names()}
+    assert set(curves[curves["auditor"] == "surrogate_search:bo"]["seed"]) == set(range(10))
 
 
 def test_report_section_shows_top_subgroups_with_examples_that_satisfy_them(trained):

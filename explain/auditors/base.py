@@ -100,6 +100,8 @@ class Auditor(ABC):
     # True when findings are only what passes a test (possibly none, e.g. on an untrained
     # model): the generic tests then check the notes, and the auditor's own tests the findings.
     filters_findings: ClassVar[bool] = False
+    # The model-level statistic (Table 3) of a result without any finding (NaN: undefined).
+    null_statistic: ClassVar[float] = float("nan")
 
     def __init__(self, params: Mapping[str, Any] | Any | None = None):
         self.params = parse_params(self.Params, params, self.name)

@@ -115,6 +115,7 @@ class CaptionLift(Auditor):
     objective = OBJECTIVE
     # Only significant descriptions are findings: an untrained model may have none.
     filters_findings = True
+    null_statistic = 1.0  # no significant description: nothing fails more than its baseline
     test_params = {"images_per_class": 8, "images_per_description": 4, "factors": ("face",),
                    "max_sentences": 1, "min_recurrence": 1, "descriptions": 3}
 
