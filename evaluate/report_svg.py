@@ -170,7 +170,8 @@ def line_plot(series: Sequence[Series], *, title: str, x_label: str, y_label: st
     left, top, right, bottom, legend = 46, 22, 10, 34, 16 * len(series) + 6
     plot_w, plot_h = width - left - right, height - top - bottom
     xs = [float(v) for s in series for v in s.x]
-    ys = [float(v) for s in series for v in (*s.y, *(s.low or ()), *(s.high or ()))
+    ys = [float(v) for s in series for v in (*s.y, *(() if s.low is None else s.low),
+                                             *(() if s.high is None else s.high))
           if math.isfinite(float(v))]
     x_low, x_high = (min(xs), max(xs)) if xs else (0.0, 1.0)
     x_high = x_high if x_high > x_low else x_low + 1
