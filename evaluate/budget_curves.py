@@ -22,6 +22,7 @@ import pandas as pd
 
 from counteraudit.evaluate.discovery import PRECISION_AT, precision_at, slice_rank
 from counteraudit.explain.auditors import AuditResult, rank
+from counteraudit.explain.auditors.base import conditions_key
 
 SURROGATE = "surrogate_search"
 
@@ -55,22 +56,18 @@ def lookup_curves(runs: list[dict[str, Any]], table: dict[str, Any], planted,
                   images_per_subdomain: int) -> list[dict[str, Any]]:
     """surrogate_search's curve for each (selection, seed) of a comparison, by lookup."""
     from counteraudit.explain.auditors.surrogate_search import OBJECTIVE, wilson_finding
-    counts = {_text(row): (k, n) for row, k, n in zip(table["rows"], table["failures"], table["n"])}
+    counts = {conditions_key(row): (k, n)
+              for row, k, n in zip(table["rows"], table["failures"], table["n"])}
     points = []
     for run in runs:
         findings = []
         for step, row in enumerate(run["evaluated"], start=1):
-            findings.append(wilson_finding(row, *counts[_text(row)]))
+            findings.append(wilson_finding(row, *counts[conditions_key(row)]))
             if step >= 10:
                 point = curve_point(findings, OBJECTIVE, planted, step * images_per_subdomain)
                 points.append({"auditor": f"{SURROGATE}:{run['selection']}",
                                "seed": run["seed"], **point})
     return points
-
-
-def _text(row) -> str:
-    import json
-    return json.dumps(row, sort_keys=True)
 
 
 def images_to_rank(curves: pd.DataFrame, within: int) -> pd.DataFrame:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from counteraudit.explain.findings import is_keyed_stored, save_keyed
+from counteraudit.explain.findings import is_keyed_stored, normalised, save_keyed
 from counteraudit.train.artifacts import read_json, stable_hash, store_dir
 
 EXHAUSTIVE = "exhaustive"
@@ -117,7 +117,7 @@ def compare_selections(table: dict[str, Any], world, auditor, runs_root,
            "fraction": COMPARE_FRACTION, "spearman_every": SPEARMAN_EVERY, "version": VERSION}
     path = store_dir(runs_root) / COMPARISON / f"{stable_hash(key, length=16)}.json"
     stored = read_marker(path, "selection comparison")
-    if stored is not None and stored.get("key") == read_json_roundtrip(key):
+    if stored is not None and stored.get("key") == normalised(key):
         return stored["runs"]
     grid = auditor.grid(world)
     rates = (np.asarray(table["failures"]) / np.asarray(table["n"])).tolist()
@@ -131,11 +131,6 @@ def compare_selections(table: dict[str, Any], world, auditor, runs_root,
     runs = map_in_processes(_one_search, jobs)
     atomic_write_json(path, {"key": key, "runs": runs})
     return runs
-
-
-def read_json_roundtrip(obj: Any) -> Any:
-    import json
-    return json.loads(json.dumps(obj, sort_keys=True))
 
 
 def comparison_summary(runs: list[dict[str, Any]], fractions=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6),

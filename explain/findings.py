@@ -40,7 +40,7 @@ def findings_dir(runs_root, key: dict[str, Any]) -> Path:
     return store_dir(runs_root) / FINDINGS / key["auditor"] / stable_hash(key, length=16)
 
 
-def _normalised(obj: Any) -> Any:
+def normalised(obj: Any) -> Any:
     import json
     return json.loads(json.dumps(obj, sort_keys=True))
 
@@ -51,13 +51,13 @@ def save_keyed(directory: Path, key: dict[str, Any], filename: str, payload: Any
     directory = Path(directory)
     (directory / PARAMS_FILE).unlink(missing_ok=True)  # unfinished from here until the end
     written = atomic_write_json(directory / filename, payload)
-    return atomic_write_json(directory / PARAMS_FILE, {"key": _normalised(key),
+    return atomic_write_json(directory / PARAMS_FILE, {"key": normalised(key),
                                                        "findings_sha256": file_sha256(written)})
 
 
 def is_keyed_stored(directory: Path, key: dict[str, Any], filename: str) -> bool:
     params = read_marker(Path(directory) / PARAMS_FILE, "stored index")
-    if params is None or params.get("key") != _normalised(key):
+    if params is None or params.get("key") != normalised(key):
         return False
     if intact(Path(directory) / filename, params.get("findings_sha256"), filename):
         return True

@@ -176,6 +176,11 @@ class Auditor(ABC):
         return AuditResult(rank(findings), self._used, dict(self.notes))
 
 
+def conditions_key(conditions: Mapping[str, str]) -> str:
+    """A subgroup's conditions as text that does not depend on their order."""
+    return json.dumps(dict(conditions), sort_keys=True)
+
+
 def rank(findings: list[Finding]) -> list[Finding]:
     """Per objective (first appearance order), worst first; ties by the conditions' text."""
     order = {objective: k for k, objective in enumerate(dict.fromkeys(f.objective for f in findings))}

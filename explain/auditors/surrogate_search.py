@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from counteraudit.explain.auditors.base import (Auditor, BudgetError, Finding, register_auditor)
+from counteraudit.explain.auditors.base import (Auditor, BudgetError, Finding, conditions_key,
+                                                register_auditor)
 
 OBJECTIVE = "failure_rate"
 IMAGE_SEED = 0
@@ -122,10 +123,5 @@ class SurrogateSearch(Auditor):
         count = images // self.params.images_per_subdomain
         if count < self.params.initial:
             return None
-        kept = {_text(c) for c in result.notes["evaluated"][:count]}
-        return [f for f in result.findings if _text(f.conditions) in kept]
-
-
-def _text(conditions) -> str:
-    import json
-    return json.dumps(conditions, sort_keys=True)
+        kept = {conditions_key(c) for c in result.notes["evaluated"][:count]}
+        return [f for f in result.findings if conditions_key(f.conditions) in kept]

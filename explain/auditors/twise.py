@@ -20,14 +20,13 @@ evaluated and the t-tuple coverage reached is recorded.
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from counteraudit.explain.auditors.base import (Auditor, BudgetError, Finding, median_interval,
-                                                register_auditor)
+from counteraudit.explain.auditors.base import (Auditor, BudgetError, Finding, conditions_key,
+                                                median_interval, register_auditor)
 
 SYSTEMATIC_ERROR = "systematic_error"
 MISCLASSIFICATION = "misclassification"
@@ -197,5 +196,5 @@ class Twise(Auditor):
         count = images // self.params.images_per_subgroup
         if count < 1:
             return None
-        kept = {json.dumps(row, sort_keys=True) for row in self.subgroups(world, seed)[:count]}
-        return [f for f in result.findings if json.dumps(f.conditions, sort_keys=True) in kept]
+        kept = {conditions_key(row) for row in self.subgroups(world, seed)[:count]}
+        return [f for f in result.findings if conditions_key(f.conditions) in kept]
