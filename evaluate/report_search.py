@@ -39,9 +39,11 @@ def budget_plots(curves: pd.DataFrame, line_plot, Series) -> list[str]:
                 stats = rows.groupby("images")[metric].agg(["mean", "min", "max"]).reset_index()
                 series.append(Series(auditor, stats["images"], stats["mean"].astype(float),
                                      stats["min"].astype(float), stats["max"].astype(float)))
+            worst = float(np.nanmax(frame["rank"].to_numpy(float))) if frame["rank"].notna().any() else 1
             plots.append(line_plot(series, title=f"{model}: {label}", x_label="images generated",
                                    y_label=label, invert_y=invert, width=520,
-                                   y_range=(0, 1) if metric != "rank" else None))
+                                   y_range=(0.5, max(worst, 2) + 0.5) if metric == "rank"
+                                   else (0, 1)))
     return plots
 
 
