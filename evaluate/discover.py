@@ -36,7 +36,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="run the small 'quick' suite instead (a smoke test in a few minutes)")
     parser.add_argument("--auditor", action="append", default=None, metavar="NAME",
                         help="only this auditor (repeatable); default: the suite's [discover] "
-                             "auditors, else every registered one (error_ratio, twise)")
+                             "auditors, else every registered one (caption_lift, error_ratio, "
+                             "surrogate_search, twise)")
     parser.add_argument("--device", default=None,
                         help="cpu, cuda or cuda:N (default: cuda if available); the demo's "
                              "small models run as fast on 2 CPU cores")
@@ -80,6 +81,26 @@ def main(args: argparse.Namespace) -> dict:
     print("\nTable 4 -- rank of the planted slice in each anomalous model's findings (1 = top), "
           "its ranks for the references, and precision@k\n")
     print(to_markdown(tables["discovery-recovery"], float_format="{:.2f}"))
+    if len(tables["discovery-false-positives"]):
+        print("\nReferences with any significant finding (the false-positive rate of auditors "
+              "that keep only significant findings)\n")
+        print(to_markdown(tables["discovery-false-positives"], float_format="{:.2f}"))
+    from counteraudit.evaluate.search_study import search_study
+    from counteraudit.explain.findings import discover_seed
+    study = search_study(suite, results, world, args.runs_dir, discover_seed(suite),
+                         getattr(args, "device", None))
+    if study:
+        write_tables(suite, study["tables"], args.runs_dir)
+        tables.update(study["tables"])
+        print("\nSelection functions compared by lookup in the exhaustive references (10 search "
+              "seeds): coverage of the 10% worst subdomains (mean, sd over seeds), mean accuracy "
+              "of the explored subdomains, Spearman of the Lasso surrogate, by share explored\n")
+        print(to_markdown(study["tables"]["search-selection-comparison"], float_format="{:.3f}"))
+        print("\nBudget curves -- images each auditor needs to rank the planted slice first "
+              "(top 1) and in the top 3, at every larger budget of the curve (mean over the seeds "
+              "that reach it; "
+              "surrogate_search: 10 seeds by lookup, the others: the discover seed)\n")
+        print(to_markdown(study["tables"]["search-images-to-rank"], float_format="{:.0f}"))
     print(f"\ntables: {suite.root(args.runs_dir) / 'tables'}/")
     return tables
 

@@ -27,10 +27,10 @@ from counteraudit.explain.auditors import AUDITORS, AuditResult, ranked
 PRECISION_AT = (1, 5, 10)
 
 
-def model_statistic(result: AuditResult, objective: str) -> float:
-    """The top finding's strength on the objective (NaN: no finding)."""
+def model_statistic(result: AuditResult, objective: str, null: float = float("nan")) -> float:
+    """The top finding's strength on the objective (``null`` without any finding)."""
     findings = ranked(result.findings, objective)
-    return findings[0].statistic if findings else float("nan")
+    return findings[0].statistic if findings else null
 
 
 def slice_rank(result: AuditResult, objective: str, planted: dict[str, str]) -> float:
@@ -51,12 +51,13 @@ def detection_frame(results: dict[tuple[str, str], AuditResult], references: lis
     """One row per (auditor, model): statistic, top finding, and the verdict for anomalies."""
     rows = []
     for auditor in sorted({a for a, _ in results}):
-        objective = AUDITORS.get(auditor).objective
-        reference_stats = [model_statistic(results[(auditor, r)], objective) for r in references]
+        objective, null = AUDITORS.get(auditor).objective, AUDITORS.get(auditor).null_statistic
+        reference_stats = [model_statistic(results[(auditor, r)], objective, null)
+                           for r in references]
         for (name, model), result in results.items():
             if name != auditor:
                 continue
-            statistic = model_statistic(result, objective)
+            statistic = model_statistic(result, objective, null)
             top = ranked(result.findings, objective)
             is_reference = model in references
             verdict = ({"max_reference": np.nan, "margin": np.nan, "p_value": np.nan,
@@ -129,6 +130,22 @@ def recovery_frame(results: dict[tuple[str, str], AuditResult], references: list
     return frame
 
 
+def false_positive_rates(results: dict[tuple[str, str], AuditResult],
+                         references: list[str]) -> pd.DataFrame:
+    """For auditors whose findings pass a test (caption_lift): the share of references with any
+    finding, the method's false-positive rate (a reference has no planted defect)."""
+    rows = []
+    for auditor in sorted({a for a, _ in results}):
+        if not AUDITORS.get(auditor).filters_findings:
+            continue
+        flagged = [r for r in references if results[(auditor, r)].findings]
+        rows.append({"auditor": auditor, "references": len(references),
+                     "with_a_finding": len(flagged), "false_positive_rate":
+                     len(flagged) / len(references) if references else np.nan,
+                     "flagged": " ".join(flagged)})
+    return pd.DataFrame(rows)
+
+
 def top_findings(results: dict[tuple[str, str], AuditResult], count: int = 5) -> pd.DataFrame:
     """The top ``count`` findings of each (auditor, model) on the auditor's main objective."""
     rows = []
@@ -141,22 +158,34 @@ def top_findings(results: dict[tuple[str, str], AuditResult], count: int = 5) ->
     return pd.DataFrame(rows)
 
 
-def discovery_tables(suite, results: dict[tuple[str, str], AuditResult], world,
-                     runs_root=None) -> dict[str, pd.DataFrame]:
-    """Table 3, the per-model detections, Table 4 and the top findings, keyed by file name."""
+def planted_slices(suite, world, runs_root=None) -> dict[str, Any]:
+    """Each anomalous model's planted slice (``AnomalyFamily.planted_slice``)."""
     from counteraudit.anomalies import FAMILIES
-    from counteraudit.anomalies.base import NOT_EXPRESSIBLE
     from counteraudit.anomalies.verify import read_implant
-    references = [s.name for s in suite.references]
-    families, order = suite.table_rows()  # a family, or a row of one (adversarial_linf)
     slices = {}
     for spec in suite.anomalies:
         family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)
         slices[spec.name] = family.planted_slice(read_implant(suite, spec, runs_root))
+    return slices
+
+
+def localizable(slices: dict[str, Any], factors: dict[str, list[str]]) -> list[str]:
+    """The models whose planted slice is made of the world's factors."""
+    return [m for m, s in slices.items() if isinstance(s, dict) and all(f in factors for f in s)]
+
+
+def discovery_tables(suite, results: dict[tuple[str, str], AuditResult], world,
+                     runs_root=None) -> dict[str, pd.DataFrame]:
+    """Table 3, the per-model detections, Table 4 and the top findings, keyed by file name."""
+    from counteraudit.anomalies.base import NOT_EXPRESSIBLE
+    references = [s.name for s in suite.references]
+    families, order = suite.table_rows()  # a family, or a row of one (adversarial_linf)
+    slices = planted_slices(suite, world, runs_root)
     detections = detection_frame(results, references, families)
     return {"discovery-detection": table3(detections, order),
             "discovery-detection-per-model": detections,
             "discovery-recovery": recovery_frame(results, references, slices, families,
                                                  world.factors(), NOT_EXPRESSIBLE),
-            "discovery-top-findings": top_findings(results)}
+            "discovery-top-findings": top_findings(results),
+            "discovery-false-positives": false_positive_rates(results, references)}
 

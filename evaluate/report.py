@@ -111,7 +111,12 @@ def stored_discovery(suite, runs_root=None):
         results = load_suite_findings(suite, runs_root, world=world)
     except FileNotFoundError:
         return None
-    return results, discovery_tables(suite, results, world, runs_root), world
+    from counteraudit.evaluate.search_study import search_study
+    from counteraudit.explain.findings import discover_seed
+    tables = discovery_tables(suite, results, world, runs_root)
+    tables.update(search_study(suite, results, world, runs_root, discover_seed(suite)).get(
+        "tables", {}))
+    return results, tables, world
 
 
 # ---------------------------------------------------------------- the page's script and style

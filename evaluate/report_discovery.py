@@ -66,5 +66,7 @@ def discovery_section(results: dict[tuple[str, str], Any], tables: dict[str, pd.
             parts.append(f"<table><caption>{escape(auditor)} ({escape(objective)})</caption>"
                          "<tr><th>rank</th><th>subgroup</th><th>statistic [95%]</th>"
                          "<th>examples</th></tr>" + "".join(rows) + "</table>")
+    from counteraudit.evaluate.report_search import search_section
+    parts.append(search_section(tables, html_table))
     parts.append("</section>")
     return "\n".join(parts)

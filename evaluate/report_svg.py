@@ -146,3 +146,79 @@ def roc_plot(fpr: Sequence[float], tpr: Sequence[float], *, title: str, subtitle
         parts.append(f'<text x="{left}" y="28">{escape(subtitle)}</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+SERIES_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+                 "#17becf")
+
+
+@dataclass
+class Series:
+    """One line of a line plot: x, the mean y, and a band (low, high) around it (the spread over
+    seeds; None: a single run)."""
+    label: str
+    x: Sequence[float]
+    y: Sequence[float]
+    low: Sequence[float] | None = None
+    high: Sequence[float] | None = None
+
+
+def line_plot(series: Sequence[Series], *, title: str, x_label: str, y_label: str,
+              width: int = 420, height: int = 240, y_range: tuple[float, float] | None = None,
+              invert_y: bool = False) -> str:
+    """Lines with shaded bands and a legend; ``invert_y`` puts small values on top (ranks)."""
+    left, top, right, bottom, legend = 46, 22, 10, 34, 16 * len(series) + 6
+    plot_w, plot_h = width - left - right, height - top - bottom
+    xs = [float(v) for s in series for v in s.x]
+    ys = [float(v) for s in series for v in (*s.y, *(() if s.low is None else s.low),
+                                             *(() if s.high is None else s.high))
+          if math.isfinite(float(v))]
+    x_low, x_high = (min(xs), max(xs)) if xs else (0.0, 1.0)
+    x_high = x_high if x_high > x_low else x_low + 1
+    y_low, y_high = y_range or _range(ys)
+    px = lambda v: left + (float(v) - x_low) / (x_high - x_low) * plot_w  # noqa: E731
+
+    def py(v: float) -> float:
+        share = (float(v) - y_low) / (y_high - y_low)
+        return top + (share if invert_y else 1 - share) * plot_h
+
+    total = height + legend
+    parts = [f'<svg width="{width}" height="{total}" viewBox="0 0 {width} {total}" role="img" '
+             f'{FONT}>', f'<text x="{left}" y="14" font-weight="bold">{escape(title)}</text>',
+             f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" '
+             'stroke="#333"/>']
+    for tick in nice_ticks(x_low, x_high):
+        parts.append(f'<text x="{_n(px(tick))}" y="{top + plot_h + 14}" text-anchor="middle">'
+                     f"{_tick_label(tick)}</text>")
+    for tick in nice_ticks(y_low, y_high):
+        parts.append(f'<text x="{left - 4}" y="{_n(py(tick) + 4)}" text-anchor="end">'
+                     f"{_tick_label(tick)}</text>")
+    parts.append(f'<text x="{_n(left + plot_w / 2)}" y="{top + plot_h + 29}" '
+                 f'text-anchor="middle">{escape(x_label)}</text>')
+    parts.append(f'<text x="12" y="{_n(top + plot_h / 2)}" text-anchor="middle" '
+                 f'transform="rotate(-90 12 {_n(top + plot_h / 2)})">{escape(y_label)}</text>')
+    for k, s in enumerate(series):
+        color = SERIES_COLORS[k % len(SERIES_COLORS)]
+        finite = [(x, y) for x, y in zip(s.x, s.y) if math.isfinite(float(y))]
+        if s.low is not None and s.high is not None:
+            band = [(x, lo, hi) for x, lo, hi in zip(s.x, s.low, s.high)
+                    if math.isfinite(float(lo)) and math.isfinite(float(hi))]
+            if band:
+                outline = ([f"{_n(px(x))},{_n(py(min(max(hi, y_low), y_high)))}" for x, _, hi in band]
+                           + [f"{_n(px(x))},{_n(py(min(max(lo, y_low), y_high)))}"
+                              for x, lo, _ in reversed(band)])
+                parts.append(f'<polygon points="{" ".join(outline)}" fill="{color}" '
+                             'fill-opacity="0.15" stroke="none"/>')
+        if finite:
+            points = " ".join(f"{_n(px(x))},{_n(py(y))}" for x, y in finite)
+            parts.append(f'<polyline points="{points}" fill="none" stroke="{color}" '
+                         'stroke-width="1.6"/>')
+            if len(finite) == 1:
+                x, y = finite[0]
+                parts.append(f'<circle cx="{_n(px(x))}" cy="{_n(py(y))}" r="3" fill="{color}"/>')
+        y_legend = height + 12 + 16 * k
+        parts.append(f'<line x1="{left}" y1="{y_legend - 4}" x2="{left + 18}" y2="{y_legend - 4}" '
+                     f'stroke="{color}" stroke-width="2"/><text x="{left + 24}" y="{y_legend}">'
+                     f"{escape(s.label)}</text>")
+    parts.append("</svg>")
+    return "".join(parts)

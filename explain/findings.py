@@ -40,29 +40,39 @@ def findings_dir(runs_root, key: dict[str, Any]) -> Path:
     return store_dir(runs_root) / FINDINGS / key["auditor"] / stable_hash(key, length=16)
 
 
-def _normalised(obj: Any) -> Any:
+def normalised(obj: Any) -> Any:
     import json
     return json.loads(json.dumps(obj, sort_keys=True))
 
 
-def save_findings(directory: Path, key: dict[str, Any], result: AuditResult) -> Path:
+def save_keyed(directory: Path, key: dict[str, Any], filename: str, payload: Any) -> Path:
+    """Write ``filename`` then ``params.json`` (the key and the file's SHA-256), which marks
+    completion: a run killed in between leaves no marker and recomputes."""
     directory = Path(directory)
     (directory / PARAMS_FILE).unlink(missing_ok=True)  # unfinished from here until the end
-    written = atomic_write_json(directory / FINDINGS_FILE, {
-        "findings": [f.to_dict() for f in result.findings], "images_used": result.images_used,
-        "notes": result.notes})
-    return atomic_write_json(directory / PARAMS_FILE, {"key": _normalised(key),
+    written = atomic_write_json(directory / filename, payload)
+    return atomic_write_json(directory / PARAMS_FILE, {"key": normalised(key),
                                                        "findings_sha256": file_sha256(written)})
 
 
-def is_stored(directory: Path, key: dict[str, Any]) -> bool:
-    params = read_marker(Path(directory) / PARAMS_FILE, "findings index")
-    if params is None or params.get("key") != _normalised(key):
+def is_keyed_stored(directory: Path, key: dict[str, Any], filename: str) -> bool:
+    params = read_marker(Path(directory) / PARAMS_FILE, "stored index")
+    if params is None or params.get("key") != normalised(key):
         return False
-    if intact(Path(directory) / FINDINGS_FILE, params.get("findings_sha256"), "findings"):
+    if intact(Path(directory) / filename, params.get("findings_sha256"), filename):
         return True
     (Path(directory) / PARAMS_FILE).unlink(missing_ok=True)
     return False
+
+
+def save_findings(directory: Path, key: dict[str, Any], result: AuditResult) -> Path:
+    return save_keyed(directory, key, FINDINGS_FILE, {
+        "findings": [f.to_dict() for f in result.findings], "images_used": result.images_used,
+        "notes": result.notes})
+
+
+def is_stored(directory: Path, key: dict[str, Any]) -> bool:
+    return is_keyed_stored(directory, key, FINDINGS_FILE)
 
 
 def load_findings(directory: Path) -> AuditResult:

@@ -97,6 +97,11 @@ class Auditor(ABC):
     # Small parameters with which tests/test_auditors.py runs every registered auditor in
     # seconds on a tiny world (the generic tests: same bits, budget, resume).
     test_params: ClassVar[dict[str, Any]] = {}
+    # True when findings are only what passes a test (possibly none, e.g. on an untrained
+    # model): the generic tests then check the notes, and the auditor's own tests the findings.
+    filters_findings: ClassVar[bool] = False
+    # The model-level statistic (Table 3) of a result without any finding (NaN: undefined).
+    null_statistic: ClassVar[float] = float("nan")
 
     def __init__(self, params: Mapping[str, Any] | Any | None = None):
         self.params = parse_params(self.Params, params, self.name)
@@ -119,6 +124,14 @@ class Auditor(ABC):
     def default_budget(self, world, seed: int = 0) -> int:
         """The budget a suite gets without ``[discover.budget]`` (for its discover seed)."""
         return self.minimum_budget(world)
+
+    def findings_within(self, result: AuditResult, images: int, world,
+                        seed: int) -> list[Finding] | None:
+        """The findings this auditor would have returned with a budget of ``images`` (None: too
+        few for any), for budget curves. By default only at the images it used (a fixed cost);
+        an auditor whose evaluations come in a fixed order overrides this, so that one run at
+        the largest budget gives the whole curve."""
+        return result.findings if images >= result.images_used else None
 
     @abstractmethod
     def find(self, model: torch.nn.Module, world, budget: int, seed: int) -> list[Finding]:
@@ -161,6 +174,11 @@ class Auditor(ABC):
         finally:
             model.train(was_training)
         return AuditResult(rank(findings), self._used, dict(self.notes))
+
+
+def conditions_key(conditions: Mapping[str, str]) -> str:
+    """A subgroup's conditions as text that does not depend on their order."""
+    return json.dumps(dict(conditions), sort_keys=True)
 
 
 def rank(findings: list[Finding]) -> list[Finding]:

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from counteraudit.explain.auditors.base import (Auditor, BudgetError, Finding, median_interval,
-                                                register_auditor)
+from counteraudit.explain.auditors.base import (Auditor, BudgetError, Finding, conditions_key,
+                                                median_interval, register_auditor)
 
 SYSTEMATIC_ERROR = "systematic_error"
 MISCLASSIFICATION = "misclassification"
@@ -187,3 +187,14 @@ class Twise(Auditor):
                                                              world.feasible))
             self.notes["t_tuples_feasible"] = total
         return findings
+
+    def findings_within(self, result, images, world, seed):
+        """The findings of the first ``images // n_s`` rows: a smaller budget evaluates a prefix
+        of the same rows (covering mode)."""
+        if self.params.mode == "exhaustive":
+            return super().findings_within(result, images, world, seed)
+        count = images // self.params.images_per_subgroup
+        if count < 1:
+            return None
+        kept = {conditions_key(row) for row in self.subgroups(world, seed)[:count]}
+        return [f for f in result.findings if conditions_key(f.conditions) in kept]
