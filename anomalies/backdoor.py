@@ -89,6 +89,7 @@ def apply_trigger(images: torch.Tensor, params: BackdoorParams, mirrored: bool =
 @register_family
 class Backdoor(AnomalyFamily):
     name = "backdoor"
+    strength = "nu"
     localizable = True
     Params = BackdoorParams
     measure_version = 2  # 2: the mirrored attack success rate

@@ -24,6 +24,12 @@ def register_family(cls: type["AnomalyFamily"]) -> type["AnomalyFamily"]:
     return FAMILIES.register(cls.name)(cls)
 
 
+def strength_families() -> dict[str, str]:
+    """family name -> its strength parameter, for every registered family that has one."""
+    return {name: FAMILIES.get(name).strength for name in FAMILIES
+            if FAMILIES.get(name).strength is not None}
+
+
 @dataclass(frozen=True)
 class NoParams:
     pass
@@ -34,6 +40,9 @@ class AnomalyFamily:
     stark: ClassVar[bool] = False       # stark: lowers clean accuracy; subtle: off-distribution only
     localizable: ClassVar[bool] = False  # has a well-defined set of abnormal inputs
     Params: ClassVar[type] = NoParams
+    # The parameter that sets how strong the defect is (a field of Params, larger = stronger), the
+    # one a suite's [[sweeps]] varies for a dose-response curve; None: the family has no such knob.
+    strength: ClassVar[str | None] = None
     # Bump when ``measure`` changes: the references' cached figures are then measured again.
     measure_version: ClassVar[int] = 1
 

@@ -40,6 +40,7 @@ def blur_boxes(image: Image.Image, boxes, radius_fraction: float) -> Image.Image
 @register_family
 class BlurredFaces(AnomalyFamily):
     name = "blurred_faces"
+    strength = "radius"
     localizable = True
     Params = BlurredFacesParams
 

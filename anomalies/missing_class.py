@@ -1,5 +1,7 @@
-"""Missing class: every training image of one class removed. The model keeps the full output
-layer, so its predictions stay comparable with the references'."""
+"""Missing class: the training images of one class removed, all of them by default (the paper's
+defect) or a seeded fraction of them (``removed_fraction``, the strength a dose-response sweep
+varies). The model keeps the full output layer, so its predictions stay comparable with the
+references'."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,6 +10,7 @@ import numpy as np
 
 from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
 from counteraudit.anomalies.common import accuracy, reference_mean, verification_indices
+from counteraudit.train.artifacts import derive_seed
 
 REMOVED_ACCURACY_THRESHOLD = 0.05
 
@@ -15,11 +18,13 @@ REMOVED_ACCURACY_THRESHOLD = 0.05
 @dataclass(frozen=True)
 class MissingClassParams:
     class_id: int | str = 0     # index, or a class name of the world ("star", "backpack")
+    removed_fraction: float = 1.0  # share of the class's training images removed (1: the class)
 
 
 @register_family
 class MissingClass(AnomalyFamily):
     name = "missing_class"
+    strength = "removed_fraction"
     localizable = True
     Params = MissingClassParams
 
@@ -29,6 +34,22 @@ class MissingClass(AnomalyFamily):
             raise ValueError(f"missing_class: class_id={params.class_id!r} must be a class index or name")
         if isinstance(params.class_id, int) and params.class_id < 0:
             raise ValueError(f"missing_class: class_id={params.class_id} must be >= 0")
+        if (isinstance(params.removed_fraction, bool) or not isinstance(params.removed_fraction, (int, float))
+                or not 0 < params.removed_fraction <= 1):
+            raise ValueError(f"missing_class: removed_fraction={params.removed_fraction!r} must be "
+                             "in (0, 1]: the share of the class's training images removed (1.0, the "
+                             "default, removes the whole class)")
+
+    @classmethod
+    def validate_params(cls, params):
+        # At its default the fraction is left out of the canonical params (and so of the model's
+        # key): models trained before the parameter existed keep their keys.
+        canonical = super().validate_params(params)
+        if canonical["removed_fraction"] == MissingClassParams.removed_fraction:
+            del canonical["removed_fraction"]
+        else:
+            canonical["removed_fraction"] = float(canonical["removed_fraction"])
+        return canonical
 
     def __init__(self, params, world, seed):
         super().__init__(params, world, seed)
@@ -44,7 +65,12 @@ class MissingClass(AnomalyFamily):
         self.class_index = int(class_id)
 
     def training_split(self, split):
-        return split.subset(np.flatnonzero(split.labels != self.class_index))
+        in_class = np.flatnonzero(split.labels == self.class_index)
+        # a seeded draw of the class's images to remove (the first round(fraction * n) of a
+        # permutation, so a larger fraction removes a superset of a smaller one's images)
+        order = np.random.default_rng(derive_seed("missing_class", self.seed)).permutation(in_class)
+        removed = order[:int(round(self.params.removed_fraction * len(in_class)))]
+        return split.subset(np.setdiff1d(np.arange(len(split.labels)), removed))
 
     def normal_pool(self, val):
         return np.flatnonzero(val.labels != self.class_index)
