@@ -89,6 +89,7 @@ def apply_trigger(images: torch.Tensor, params: BackdoorParams, mirrored: bool =
 @register_family
 class Backdoor(AnomalyFamily):
     name = "backdoor"
+    headline_figure = "attack_success_rate"
     strength = "nu"
     localizable = True
     Params = BackdoorParams

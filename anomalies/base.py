@@ -43,6 +43,8 @@ class AnomalyFamily:
     # The parameter that sets how strong the defect is (a field of Params, larger = stronger), the
     # one a suite's [[sweeps]] varies for a dose-response curve; None: the family has no such knob.
     strength: ClassVar[str | None] = None
+    # The figure of ``measure`` that ``judge`` reads: a dose-response curve's implant figure.
+    headline_figure: ClassVar[str | None] = None
     # Bump when ``measure`` changes: the references' cached figures are then measured again.
     measure_version: ClassVar[int] = 1
 
@@ -99,6 +101,17 @@ class AnomalyFamily:
     def judge(self, figures: dict[str, float], reference_figures: list[dict[str, float]]) -> Verdict:
         """Did the defect take? Compares the anomalous model's figures with the references'."""
         return Verdict(True, "no implant check for this family")
+
+    @classmethod
+    def implant_figure(cls, record: dict) -> tuple[str, float, float] | None:
+        """(figure name, the model's value, the references' mean) of a stored implant record
+        (``anomalies.verify``), the figure its verdict reads; None when the family has none."""
+        name = cls.headline_figure
+        if name is None or name not in record.get("figures", {}):
+            return None
+        references = [f[name] for f in record.get("reference_figures", []) if name in f]
+        return name, float(record["figures"][name]), (float(sum(references) / len(references))
+                                                     if references else float("nan"))
 
     # ---- localization
     def abnormal_pool(self, val, implant: dict | None = None):

@@ -24,6 +24,7 @@ class MissingClassParams:
 @register_family
 class MissingClass(AnomalyFamily):
     name = "missing_class"
+    headline_figure = "removed_class_accuracy"
     strength = "removed_fraction"
     localizable = True
     Params = MissingClassParams

@@ -146,3 +146,83 @@ def roc_plot(fpr: Sequence[float], tpr: Sequence[float], *, title: str, subtitle
         parts.append(f'<text x="{left}" y="28">{escape(subtitle)}</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+# One colour per series of a line plot (matplotlib's tab10 without the red and grey the strip
+# plots use for anomalous models and references).
+SERIES_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22",
+                 "#17becf"]
+
+
+@dataclass
+class Series:
+    """One line of ``line_plot``: y per x (NaN: no point), with an optional band (low, high)."""
+    label: str
+    values: Sequence[float]
+    low: Sequence[float] | None = None
+    high: Sequence[float] | None = None
+
+
+def line_plot(x_values: Sequence[float], series: Sequence[Series], *, x_label: str, y_label: str,
+              title: str, reference: float | None = None, reference_label: str = "",
+              log_x: bool = False, width: int = 420, height: int = 230) -> str:
+    """Lines over shared x values (log-spaced when ``log_x``), each with a shaded band where it
+    has one, a dashed horizontal ``reference`` line (e.g. margin 1, AUROC 0.5) and a legend."""
+    legend_width = 150
+    left, top, right, bottom = 48, 22, width - legend_width, height - 34
+    xs = np.log10(np.asarray(x_values, float)) if log_x else np.asarray(x_values, float)
+    everything = [float(v) for s in series for part in (s.values, s.low or [], s.high or [])
+                  for v in part]
+    if reference is not None:
+        everything.append(float(reference))
+    y_low, y_high = _range(everything)
+    x_low, x_high = _range(list(xs))
+    px = lambda v: left + (v - x_low) / (x_high - x_low) * (right - left)  # noqa: E731
+    py = lambda v: bottom - (v - y_low) / (y_high - y_low) * (bottom - top)  # noqa: E731
+    parts = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+             f'{FONT}>', f'<text x="{left}" y="14" font-weight="bold">{escape(title)}</text>',
+             f'<rect x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" '
+             'fill="none" stroke="#333"/>']
+    for tick in nice_ticks(y_low, y_high, 4):
+        parts.append(f'<line x1="{left}" y1="{_n(py(tick))}" x2="{right}" y2="{_n(py(tick))}" '
+                     'stroke="#eee"/>')
+        parts.append(f'<text x="{left - 4}" y="{_n(py(tick) + 4)}" text-anchor="end">'
+                     f'{escape(_tick_label(tick))}</text>')
+    for x, value in zip(xs, x_values):  # a tick at every swept value
+        parts.append(f'<text x="{_n(px(x))}" y="{bottom + 14}" text-anchor="middle">'
+                     f'{escape(f"{value:.3g}")}</text>')
+    parts.append(f'<text x="{_n((left + right) / 2)}" y="{bottom + 29}" text-anchor="middle">'
+                 f'{escape(x_label + (" (log scale)" if log_x else ""))}</text>')
+    parts.append(f'<text x="12" y="{_n((top + bottom) / 2)}" text-anchor="middle" '
+                 f'transform="rotate(-90 12 {_n((top + bottom) / 2)})">{escape(y_label)}</text>')
+    if reference is not None:
+        parts.append(f'<line x1="{left}" y1="{_n(py(reference))}" x2="{right}" '
+                     f'y2="{_n(py(reference))}" stroke="#000" stroke-dasharray="4 3">'
+                     f'<title>{escape(reference_label)} {reference:g}</title></line>')
+    for k, line in enumerate(series):
+        color = SERIES_COLORS[k % len(SERIES_COLORS)]
+        values = np.asarray(line.values, float)
+        if line.low is not None and line.high is not None:
+            low, high = np.asarray(line.low, float), np.asarray(line.high, float)
+            keep = np.isfinite(low) & np.isfinite(high)
+            if keep.sum() >= 2:
+                outline = ([f"{_n(px(x))},{_n(py(v))}" for x, v in zip(xs[keep], high[keep])]
+                           + [f"{_n(px(x))},{_n(py(v))}" for x, v in
+                              zip(xs[keep][::-1], low[keep][::-1])])
+                parts.append(f'<polygon points="{" ".join(outline)}" fill="{color}" '
+                             'fill-opacity="0.12" stroke="none"/>')
+        keep = np.isfinite(values)
+        if keep.sum() >= 2:
+            points = " ".join(f"{_n(px(x))},{_n(py(v))}" for x, v in zip(xs[keep], values[keep]))
+            parts.append(f'<polyline points="{points}" fill="none" stroke="{color}" '
+                         'stroke-width="1.5"/>')
+        for x, value, raw in zip(xs[keep], values[keep], np.asarray(x_values, float)[keep]):
+            parts.append(f'<circle cx="{_n(px(x))}" cy="{_n(py(value))}" r="3" fill="{color}">'
+                         f'<title>{escape(f"{line.label}: {value:.3g} at {raw:.3g}")}</title>'
+                         '</circle>')
+        legend_y = top + 6 + 14 * k
+        parts.append(f'<line x1="{right + 10}" y1="{legend_y}" x2="{right + 24}" y2="{legend_y}" '
+                     f'stroke="{color}" stroke-width="2"/>')
+        parts.append(f'<text x="{right + 28}" y="{legend_y + 4}">{escape(line.label)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
