@@ -40,24 +40,16 @@ def suite_dose_tables(suite, methods, distance, distance_name, runs_root=None, a
     score tables (computed when missing) and its implant records."""
     from counteraudit.anomalies.image_sets import localizable
     from counteraudit.anomalies.verify import read_implant
-    from counteraudit.evaluate.detection import detection_table
-    from counteraudit.evaluate.dose_response import dose_table, thresholds
-    from counteraudit.evaluate.localization import localization_table
+    from counteraudit.evaluate.dose_response import suite_dose
     from counteraudit.evaluate.pipeline import detection_scores, localization_scores
     if not suite.sweeps:
         raise ValueError(f"suite {suite.name!r} declares no [[sweeps]]; run --suite dose, or add "
                          "[[sweeps]] entries (family, values, params) to your suite file")
-    swept = {m for sweep in suite.sweeps for m in sweep.models}
-    detection = detection_table(
-        detection_scores(suite, distance, distance_name, methods, runs_root, args=args),
-        [s.name for s in suite.references], families={s.name: s.family for s in suite.anomalies})
-    localization = None
-    if any(spec.name in swept for spec in localizable(suite)):
-        localization = localization_table(
-            localization_scores(suite, distance, distance_name, methods, runs_root, args=args))
-    implants = {s.name: read_implant(suite, s, runs_root) for s in suite.anomalies if s.name in swept}
-    dose = dose_table(suite.sweeps, detection, localization, implants)
-    return dose, thresholds(dose)
+    detection = detection_scores(suite, distance, distance_name, methods, runs_root, args=args)
+    localization = (localization_scores(suite, distance, distance_name, methods, runs_root, args=args)
+                    if localizable(suite) else None)
+    implants = {s.name: read_implant(suite, s, runs_root) for s in suite.anomalies}
+    return suite_dose(suite, detection, localization, implants)
 
 
 def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:

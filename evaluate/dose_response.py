@@ -21,7 +21,7 @@ import pandas as pd
 from counteraudit.evaluate.detection import check_columns
 
 CHANCE_AUROC = 0.5
-NOT_REACHED = "none"  # a threshold no strength of the sweep reaches
+NOT_REACHED = np.inf  # the threshold no strength of the sweep reaches
 
 
 def dose_table(sweeps: Sequence, detection: pd.DataFrame, localization: pd.DataFrame | None,
@@ -67,12 +67,30 @@ def dose_table(sweeps: Sequence, detection: pd.DataFrame, localization: pd.DataF
     return pd.DataFrame(rows)
 
 
-def weakest(strengths: np.ndarray, hits: np.ndarray) -> tuple[float | None, bool]:
-    """(the weakest strength with a hit or None, whether every stronger strength hits too)."""
+def suite_dose(suite, detection_scores: pd.DataFrame, localization_scores: pd.DataFrame | None,
+               implants: dict[str, dict | None]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(``dose_table``, ``thresholds``) of a suite's sweeps from its tidy score frames (the
+    detection set's, and the localization frame or None) and its implant records."""
+    from counteraudit.evaluate.detection import detection_table
+    from counteraudit.evaluate.localization import localization_table
+    swept = {m for sweep in suite.sweeps for m in sweep.models}
+    detection = detection_table(detection_scores, [s.name for s in suite.references],
+                                families={s.name: s.family for s in suite.anomalies})
+    localization = None
+    if localization_scores is not None:
+        localization = localization_table(localization_scores, models=sorted(
+            swept & set(localization_scores["model"])))
+    dose = dose_table(suite.sweeps, detection, localization, implants)
+    return dose, thresholds(dose)
+
+
+def weakest(strengths: np.ndarray, hits: np.ndarray) -> tuple[float, bool]:
+    """(the weakest strength with a hit, inf when none hits; whether every stronger strength hits
+    too)."""
     order = np.argsort(strengths)
     strengths, hits = np.asarray(strengths)[order], np.asarray(hits, dtype=bool)[order]
     if not hits.any():
-        return None, True
+        return NOT_REACHED, True
     first = int(np.argmax(hits))
     return float(strengths[first]), bool(hits[first:].all())
 
@@ -81,14 +99,15 @@ def thresholds(dose: pd.DataFrame) -> pd.DataFrame:
     """Per (sweep, method): detection_threshold, the weakest strength the method detects, and
     localization_threshold, the weakest whose AUROC band lies above chance (lower end > 0.5), each
     with ``*_monotone``: False when a stronger model of the sweep is missed again (then the
-    threshold is not a clean cut). Thresholds no strength reaches are None."""
+    threshold is not a clean cut). A threshold no strength reaches is inf; NaN: the family does not
+    localize."""
     rows = []
     for (sweep, method), group in dose.groupby(["sweep", "method"], sort=False):
         strengths = group["strength"].to_numpy(float)
         detect, detect_clean = weakest(strengths, group["detected"].to_numpy(bool))
         localizes = np.isfinite(group["auroc_low"].to_numpy(float)).any()
         locate, locate_clean = (weakest(strengths, group["auroc_low"].to_numpy(float) > CHANCE_AUROC)
-                                if localizes else (None, True))
+                                if localizes else (np.nan, True))
         rows.append({"sweep": sweep, "family": group["family"].iloc[0],
                      "parameter": group["parameter"].iloc[0], "method": method,
                      "detection_threshold": detect, "detection_monotone": detect_clean,
@@ -99,9 +118,9 @@ def thresholds(dose: pd.DataFrame) -> pd.DataFrame:
 
 def threshold_text(value: Any, monotone: Any) -> str:
     """"0.05", "0.05 (not monotone)", "none" (no strength reaches it) or "n/a" (not localizable)."""
-    if value is None:
-        return NOT_REACHED
-    if isinstance(value, float) and not np.isfinite(value):
+    if value == NOT_REACHED:
+        return "none"
+    if not np.isfinite(value):
         return "n/a"
     return f"{value:g}" + ("" if monotone in (True, np.True_) else " (not monotone)")
 

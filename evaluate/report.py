@@ -80,11 +80,16 @@ def main(args: argparse.Namespace) -> Path | None:
     if localizable(suite):
         localization = localization_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
         tables.update(localization_tables(localization, distance_name))
+    implants = {s.name: read_implant(suite, s, args.runs_dir) for s in suite.anomalies}
+    if suite.sweeps:  # dose-response: one panel per sweep
+        from counteraudit.evaluate.dose_response import suite_dose
+        dose, limits = suite_dose(suite, detection, localization, implants)
+        tables.update({f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits})
     write_tables(suite, tables, args.runs_dir)
     discovery = stored_discovery(suite, args.runs_dir)
     report = Report(suite=suite, methods=methods, distance_name=distance_name, note=note,
                     detection=detection, localization=localization, tables=tables,
-                    implants={s.name: read_implant(suite, s, args.runs_dir) for s in suite.anomalies},
+                    implants=implants,
                     image_sets=load_image_sets(suite, args.runs_dir), runs_root=args.runs_dir,
                     examples=args.examples, image_side=args.image_side, discovery=discovery)
     output = Path(args.output) if args.output else suite.root(args.runs_dir) / "report" / "report.html"
@@ -285,7 +290,8 @@ class Report:
     def html(self) -> str:
         sections = [self.header(), self.detection_section(), self.localization_section(),
                     self.implant_section(), self.detection_examples(), self.localization_examples(),
-                    self.distributions(), self.roc_section(), self.discovery_section()]
+                    self.distributions(), self.roc_section(), self.dose_section(),
+                    self.discovery_section()]
         title = f"counteraudit report: {self.suite.name}"
         return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
                 f"<title>{escape(title)}</title>\n<script>{SCRIPT}</script>\n<style>{STYLE}</style></head>\n"
@@ -315,6 +321,8 @@ class Report:
                    ("implants", "Implant verification"), ("detection-examples", "Detection examples"),
                    ("localization-examples", "Localization examples"),
                    ("distributions", "Score distributions"), ("roc", "ROC curves")]
+        if self.suite.sweeps:
+            entries.append(("dose", "Dose-response"))
         if self.discovery is not None:
             entries.append(("discovery", "Failure discovery (Tables 3 and 4)"))
         if not self.localizable:
@@ -322,6 +330,13 @@ class Report:
         lines.append("<nav><ul>" + "".join(f'<li><a href="#{i}">{escape(t)}</a></li>' for i, t in entries)
                      + "</ul></nav>")
         return "<header>" + "\n".join(lines) + "</header>"
+
+    def dose_section(self) -> str:
+        name = f"dose-{self.distance_name}"
+        if name not in self.tables:
+            return ""
+        from counteraudit.evaluate.report_dose import dose_section
+        return dose_section(self.tables[name], self.table("dose-thresholds"), html_table)
 
     def discovery_section(self) -> str:
         if self.discovery is None:

@@ -171,7 +171,8 @@ def line_plot(x_values: Sequence[float], series: Sequence[Series], *, x_label: s
     legend_width = 150
     left, top, right, bottom = 48, 22, width - legend_width, height - 34
     xs = np.log10(np.asarray(x_values, float)) if log_x else np.asarray(x_values, float)
-    everything = [float(v) for s in series for part in (s.values, s.low or [], s.high or [])
+    everything = [float(v) for s in series
+                  for part in (s.values, [] if s.low is None else s.low, [] if s.high is None else s.high)
                   for v in part]
     if reference is not None:
         everything.append(float(reference))
