@@ -117,3 +117,43 @@ def print_power(tables: dict[str, pd.DataFrame], suite, args: argparse.Namespace
           f"random subsets of that size and of every larger size measured (tables above); "
           f"'> N': not even with all N the suite has\n")
     print(to_markdown(tables["needs"]))
+
+
+def power_section(tables_dir, distance_name: str, html_table) -> str:
+    """The report's power section from the power-* tables evaluate/reference_count.py wrote, or
+    a line saying how to make them."""
+    from html import escape
+    from pathlib import Path
+    from counteraudit.evaluate.report_svg import Series, line_plot
+    def read(name):
+        path = Path(tables_dir) / f"power-{name}-{distance_name}.csv"
+        return pd.read_csv(path, keep_default_na=False, na_values=[""]) if path.is_file() else None
+    needs = read("needs")
+    if needs is None:
+        return ('<section id="power"><h2>Power</h2><p class="note">No power tables for this suite '
+                "yet: python evaluate/reference_count.py adds how many references and images each "
+                "method needs to see each defect.</p></section>")
+    plots = []
+    for name, size, value, what in [("detection-by-n", "n", "fraction_detected", "detected"),
+                                    ("detection-by-m", "m", "fraction_detected", "detected"),
+                                    ("localization-by-n-power", "n", "fraction_reaching",
+                                     "AUROC reached"),
+                                    ("localization-by-p", "p", "fraction_reaching", "AUROC reached")]:
+        frame = read(name)
+        if frame is None:
+            continue
+        for model, group in frame.groupby("model", sort=False):
+            sizes = sorted(group[size].unique())
+            series = [Series(method, rows.set_index(size)[value].reindex(sizes).to_numpy(float))
+                      for method, rows in group.groupby("method", sort=False)]
+            plots.append(line_plot(sizes, series, x_label=size, y_label=f"share {what}",
+                                   reference=None, title=f"{model}: {what} against {size}",
+                                   width=380, height=200))
+    return ('<section id="power"><h2>Power</h2><p class="note">How many references (n), detection '
+            "images (m) and abnormal images (p) a method needs: the smallest size at which it "
+            "detects the model (localizes it at the AUROC target) in at least the chosen share of "
+            "random subsets of that size and of every larger one; '&gt; N': not even with all N. "
+            "From python evaluate/reference_count.py.</p>"
+            + html_table(needs, caption="What each method needs to see each defect")
+            + f'<details><summary>{len(plots)} curves: share of subsets against n, m, p</summary>'
+            f'<div class="plots">{"".join(plots)}</div></details></section>')

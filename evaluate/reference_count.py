@@ -165,7 +165,13 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
                           detection_by_n=pd.concat(detected, ignore_index=True) if detected else None,
                           localization_by_n=pd.DataFrame(located) if located else None, rng=rng)
     print_power(tables, suite, args)
-    return {"localization-by-n": table, **tables}
+    from counteraudit.evaluate.pipeline import write_tables
+    tables = {"localization-by-n": table, **tables}
+    # runs/<suite>/tables/power-*: the report's power section reads them
+    write_tables(suite, {f"power-{name}-{distance_name}": frame for name, frame in tables.items()},
+                 args.runs_dir)
+    print(f"\ntables: {suite.root(args.runs_dir) / 'tables'}/power-*")
+    return tables
 
 
 if __name__ == "__main__":

@@ -291,6 +291,7 @@ class Report:
         sections = [self.header(), self.detection_section(), self.localization_section(),
                     self.implant_section(), self.detection_examples(), self.localization_examples(),
                     self.distributions(), self.roc_section(), self.dose_section(),
+                    self.power_section(),
                     self.discovery_section()]
         title = f"counteraudit report: {self.suite.name}"
         return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -323,6 +324,7 @@ class Report:
                    ("distributions", "Score distributions"), ("roc", "ROC curves")]
         if self.suite.sweeps:
             entries.append(("dose", "Dose-response"))
+        entries.append(("power", "Power"))
         if self.discovery is not None:
             entries.append(("discovery", "Failure discovery (Tables 3 and 4)"))
         if not self.localizable:
@@ -330,6 +332,11 @@ class Report:
         lines.append("<nav><ul>" + "".join(f'<li><a href="#{i}">{escape(t)}</a></li>' for i, t in entries)
                      + "</ul></nav>")
         return "<header>" + "\n".join(lines) + "</header>"
+
+    def power_section(self) -> str:
+        from counteraudit.evaluate.power_report import power_section
+        from counteraudit.evaluate.pipeline import TABLES
+        return power_section(self.suite.root(self.runs_root) / TABLES, self.distance_name, html_table)
 
     def dose_section(self) -> str:
         name = f"dose-{self.distance_name}"
