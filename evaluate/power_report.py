@@ -147,7 +147,7 @@ def power_section(tables_dir, distance_name: str, html_table) -> str:
             series = [Series(method, rows.set_index(size)[value].reindex(sizes).to_numpy(float))
                       for method, rows in group.groupby("method", sort=False)]
             plots.append(line_plot(sizes, series, x_label=size, y_label=f"share {what}",
-                                   reference=None, title=f"{model}: {what} against {size}",
+                                   y_range=(0, 1), title=f"{model}: {what} against {size}",
                                    width=380, height=200))
     return ('<section id="power"><h2>Power</h2><p class="note">How many references (n), detection '
             "images (m) and abnormal images (p) a method needs: the smallest size at which it "

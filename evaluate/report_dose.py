@@ -45,6 +45,7 @@ def sweep_panel(dose: pd.DataFrame, limits: pd.DataFrame, sweep: str, html_table
                                by_method[m]["auroc_low"].to_numpy(float),
                                by_method[m]["auroc_high"].to_numpy(float)) for m in methods],
             x_label=label, y_label="localization AUROC", reference=0.5, reference_label="chance",
+            y_range=(0, 1),
             title=f"{sweep}: localization AUROC (95% band)", log_x=log_x))
     own = limits[limits["sweep"] == sweep]
     shown = pd.DataFrame({

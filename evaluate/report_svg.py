@@ -165,9 +165,11 @@ class Series:
 
 def line_plot(x_values: Sequence[float], series: Sequence[Series], *, x_label: str, y_label: str,
               title: str, reference: float | None = None, reference_label: str = "",
-              log_x: bool = False, width: int = 420, height: int = 230) -> str:
+              log_x: bool = False, y_range: tuple[float, float] | None = None, width: int = 420,
+              height: int = 230) -> str:
     """Lines over shared x values (log-spaced when ``log_x``), each with a shaded band where it
-    has one, a dashed horizontal ``reference`` line (e.g. margin 1, AUROC 0.5) and a legend."""
+    has one, a dashed horizontal ``reference`` line (e.g. margin 1, AUROC 0.5) and a legend.
+    ``y_range``: fixed axis limits (e.g. (0, 1) for shares and AUROCs), else the data's."""
     legend_width = 150
     left, top, right, bottom = 48, 22, width - legend_width, height - 34
     xs = np.log10(np.asarray(x_values, float)) if log_x else np.asarray(x_values, float)
@@ -176,7 +178,7 @@ def line_plot(x_values: Sequence[float], series: Sequence[Series], *, x_label: s
                   for v in part]
     if reference is not None:
         everything.append(float(reference))
-    y_low, y_high = _range(everything)
+    y_low, y_high = _range(everything) if y_range is None else _range(list(y_range))
     x_low, x_high = _range(list(xs))
     px = lambda v: left + (v - x_low) / (x_high - x_low) * (right - left)  # noqa: E731
     py = lambda v: bottom - (v - y_low) / (y_high - y_low) * (bottom - top)  # noqa: E731

@@ -107,3 +107,16 @@ def test_needs_table_names_each_methods_smallest_counts():
     assert needs.to_dict("records") == [{"method": "a", "model": "x", "detect: n": "4",
                                          "detect: m": "> 12", "localize: n": "-",
                                          "localize: p": "4"}]
+
+
+def test_the_report_power_section_reads_the_tables_reference_count_wrote(tmp_path):
+    from counteraudit.evaluate.power_report import power_section
+    from counteraudit.evaluate.report import html_table
+    assert "python evaluate/reference_count.py adds" in power_section(tmp_path, "l2", html_table)
+    by_n = pd.DataFrame({"method": ["a", "a", "b", "b"], "model": "x", "n": [3, 4, 3, 4],
+                         "fraction_detected": [0.5, 1.0, 0.0, 0.25]})
+    by_n.to_csv(tmp_path / "power-detection-by-n-l2.csv", index=False)
+    needs_table(by_n, None, None, None, 0.8).to_csv(tmp_path / "power-needs-l2.csv", index=False)
+    html = power_section(tmp_path, "l2", html_table)
+    assert html.count("<svg") == 1 and html.count("<polyline") == 2  # one model, two methods
+    assert "<td>a</td><td>x</td><td>4</td>" in html and "<td>b</td><td>x</td><td>&gt; 4</td>" in html
