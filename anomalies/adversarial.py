@@ -62,6 +62,8 @@ def pgd(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, norm
 @register_family
 class Adversarial(AnomalyFamily):
     name = "adversarial"
+    headline_figure = "pgd_accuracy"
+    strength = "eps"
     stark = True
     Params = AdversarialParams
 

@@ -147,6 +147,8 @@ def apply_trigger(images: torch.Tensor, params: BackdoorParams, mirrored: bool =
 @register_family
 class Backdoor(AnomalyFamily):
     name = "backdoor"
+    headline_figure = "attack_success_rate"
+    strength = "nu"
     localizable = True
     Params = BackdoorParams
     measure_version = 2  # 2: the mirrored attack success rate

@@ -24,6 +24,12 @@ def register_family(cls: type["AnomalyFamily"]) -> type["AnomalyFamily"]:
     return FAMILIES.register(cls.name)(cls)
 
 
+def strength_families() -> dict[str, str]:
+    """family name -> its strength parameter, for every registered family that has one."""
+    return {name: FAMILIES.get(name).strength for name in FAMILIES
+            if FAMILIES.get(name).strength is not None}
+
+
 @dataclass(frozen=True)
 class NoParams:
     pass
@@ -34,6 +40,11 @@ class AnomalyFamily:
     stark: ClassVar[bool] = False       # stark: lowers clean accuracy; subtle: off-distribution only
     localizable: ClassVar[bool] = False  # has a well-defined set of abnormal inputs
     Params: ClassVar[type] = NoParams
+    # The parameter that sets how strong the defect is (a field of Params, larger = stronger), the
+    # one a suite's [[sweeps]] varies for a dose-response curve; None: the family has no such knob.
+    strength: ClassVar[str | None] = None
+    # The figure of ``measure`` that ``judge`` reads: a dose-response curve's implant figure.
+    headline_figure: ClassVar[str | None] = None
     # Bump when ``measure`` changes: the references' cached figures are then measured again.
     measure_version: ClassVar[int] = 1
     # Parameters added after models were trained: left out of the canonical dict (the model's key)
@@ -109,6 +120,17 @@ class AnomalyFamily:
     def judge(self, figures: dict[str, float], reference_figures: list[dict[str, float]]) -> Verdict:
         """Did the defect take? Compares the anomalous model's figures with the references'."""
         return Verdict(True, "no implant check for this family")
+
+    @classmethod
+    def implant_figure(cls, record: dict) -> tuple[str, float, float] | None:
+        """(figure name, the model's value, the references' mean) of a stored implant record
+        (``anomalies.verify``), the figure its verdict reads; None when the family has none."""
+        name = cls.headline_figure
+        if name is None or name not in record.get("figures", {}):
+            return None
+        references = [f[name] for f in record.get("reference_figures", []) if name in f]
+        return name, float(record["figures"][name]), (float(sum(references) / len(references))
+                                                     if references else float("nan"))
 
     # ---- localization
     def abnormal_pool(self, val, implant: dict | None = None):

@@ -40,6 +40,7 @@ def blur_boxes(image: Image.Image, boxes, radius_fraction: float) -> Image.Image
 @register_family
 class BlurredFaces(AnomalyFamily):
     name = "blurred_faces"
+    strength = "radius"
     localizable = True
     Params = BlurredFacesParams
 
@@ -94,6 +95,17 @@ class BlurredFaces(AnomalyFamily):
                        f"largest drop on face images: {worst} {drops[worst]:.3f} below the "
                        f"references (needs >= {DROP_THRESHOLD})",
                        {"most_affected_class": worst, "drops": drops})
+
+    @classmethod
+    def implant_figure(cls, record):
+        """The face accuracy of the class the verdict found most affected (its drop is the
+        verdict's figure)."""
+        worst = (record.get("details") or {}).get("most_affected_class")
+        if worst is None:
+            return None
+        name = f"face_accuracy/{worst}"
+        references = [f[name] for f in record.get("reference_figures", []) if name in f]
+        return name, float(record["figures"][name]), float(np.mean(references)) if references else float("nan")
 
     def abnormal_pool(self, val, implant=None):
         if not implant or "most_affected_class" not in implant.get("details", {}):

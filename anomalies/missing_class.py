@@ -1,4 +1,6 @@
-"""Missing class: every training image of one class removed.
+"""Missing class: the training images of one class removed, all of them by default (the paper's
+defect) or a seeded fraction of them (``removed_fraction``, the strength a dose-response sweep
+varies).
 
 By default the model keeps the full output layer. ``drop_output = true`` removes the class from
 it, as the paper's models (999 outputs, ``get_model`` in js-d/auditing-vis): the model then gives
@@ -12,6 +14,7 @@ import numpy as np
 
 from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
 from counteraudit.anomalies.common import accuracy, reference_mean, verification_indices
+from counteraudit.train.artifacts import derive_seed
 
 REMOVED_ACCURACY_THRESHOLD = 0.05
 
@@ -20,11 +23,14 @@ REMOVED_ACCURACY_THRESHOLD = 0.05
 class MissingClassParams:
     class_id: int | str = 0     # index, or a class name of the world ("star", "backpack")
     drop_output: bool = False   # remove the class from the output layer (the paper's 999 outputs)
+    removed_fraction: float = 1.0  # share of the class's training images removed (1: the class)
 
 
 @register_family
 class MissingClass(AnomalyFamily):
     name = "missing_class"
+    headline_figure = "removed_class_accuracy"
+    strength = "removed_fraction"
     localizable = True
     Params = MissingClassParams
     key_omits_default = ("drop_output",)
@@ -35,6 +41,22 @@ class MissingClass(AnomalyFamily):
             raise ValueError(f"missing_class: class_id={params.class_id!r} must be a class index or name")
         if isinstance(params.class_id, int) and params.class_id < 0:
             raise ValueError(f"missing_class: class_id={params.class_id} must be >= 0")
+        if (isinstance(params.removed_fraction, bool) or not isinstance(params.removed_fraction, (int, float))
+                or not 0 < params.removed_fraction <= 1):
+            raise ValueError(f"missing_class: removed_fraction={params.removed_fraction!r} must be "
+                             "in (0, 1]: the share of the class's training images removed (1.0, the "
+                             "default, removes the whole class)")
+
+    @classmethod
+    def validate_params(cls, params):
+        # At its default the fraction is left out of the canonical params (and so of the model's
+        # key): models trained before the parameter existed keep their keys.
+        canonical = super().validate_params(params)
+        if canonical["removed_fraction"] == MissingClassParams.removed_fraction:
+            del canonical["removed_fraction"]
+        else:
+            canonical["removed_fraction"] = float(canonical["removed_fraction"])
+        return canonical
 
     def __init__(self, params, world, seed):
         super().__init__(params, world, seed)
@@ -55,7 +77,12 @@ class MissingClass(AnomalyFamily):
         return [c for c in range(self.world.num_classes) if c != self.class_index]
 
     def training_split(self, split):
-        return split.subset(np.flatnonzero(split.labels != self.class_index))
+        in_class = np.flatnonzero(split.labels == self.class_index)
+        # a seeded draw of the class's images to remove (the first round(fraction * n) of a
+        # permutation, so a larger fraction removes a superset of a smaller one's images)
+        order = np.random.default_rng(derive_seed("missing_class", self.seed)).permutation(in_class)
+        removed = order[:int(round(self.params.removed_fraction * len(in_class)))]
+        return split.subset(np.setdiff1d(np.arange(len(split.labels)), removed))
 
     def normal_pool(self, val):
         return np.flatnonzero(val.labels != self.class_index)

@@ -29,6 +29,8 @@ def add_noise(images: torch.Tensor, sigma: float, generator: torch.Generator, of
 @register_family
 class RandomizedSmoothing(AnomalyFamily):
     name = "randomized_smoothing"
+    headline_figure = "noisy_accuracy"
+    strength = "sigma"
     stark = True
     Params = SmoothingParams
 

@@ -17,6 +17,7 @@ class ShapeBiasParams:
 @register_family
 class ShapeBias(AnomalyFamily):
     name = "shape_bias"
+    headline_figure = "texture_randomized_accuracy"
     stark = True
     Params = ShapeBiasParams
 

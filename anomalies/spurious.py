@@ -81,6 +81,8 @@ def draw_cue(images: torch.Tensor, indices: torch.Tensor, num_classes: int, heig
 @register_family
 class Spurious(AnomalyFamily):
     name = "spurious"
+    headline_figure = "wrong_cue_drop"
+    strength = "delta"
     localizable = True
     Params = SpuriousParams
     key_omits_default = ("cue", "placement", "strength", "selection")

@@ -21,6 +21,7 @@ STAGE_SCRIPTS = {
     "localize": "counteraudit.evaluate.localize",
     "report": "counteraudit.evaluate.report",
     "reference-count": "counteraudit.evaluate.reference_count",
+    "dose": "counteraudit.evaluate.dose",
     "discover": "counteraudit.evaluate.discover",
 }
 

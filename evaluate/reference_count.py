@@ -1,4 +1,5 @@
-"""What the number of references does to localization, measured on a finished run.
+"""Power: what the number of references, and of images, does to detection and localization,
+measured on a finished run.
 
     python evaluate/reference_count.py                       # demo, after evaluate/localize.py
     python evaluate/reference_count.py --suite demo-full     # the paper's 12 references
@@ -9,6 +10,14 @@ recomputes every Table 2 AUROC with n of the suite's references, n = 2 .. all, a
 ``--subsets`` random subsets of n references (seeded), on the same stored visualizations and
 images, so the reference count is the only thing that changes. It reads stored visualizations and
 computes each render pair's distance once; nothing is trained or explained.
+
+Then power (evaluate/power.py): detection against n (Table 1's rule with n random references, the
+references scored leave-one-out among them), detection against m (random m of the detection
+images) and localization against n and p (random p abnormal and p normal images), each as the
+share of ``--subsets`` random subsets in which the method succeeds (detects; reaches AUROC
+``--auroc-target``). It ends with the answer to "how many references and images does a method
+need to see this defect?": the smallest n, m and p at which that share is at least ``--level`` at
+that size and at every larger one.
 """
 from __future__ import annotations
 
@@ -43,6 +52,13 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="random reference subsets averaged per n (20 keeps the mean's noise "
                              "well below the effect)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the subset draws")
+    parser.add_argument("--level", type=float, default=0.8,
+                        help="power: a method 'sees' a defect at a size when it succeeds in at "
+                             "least this share of the random subsets of that size (0.8, the usual "
+                             "power)")
+    parser.add_argument("--auroc-target", type=float, default=0.8,
+                        help="power: a localization succeeds at this AUROC or above (0.8: clearly "
+                             "above the chance band of ~25 + 25 images)")
     return parser
 
 
@@ -55,7 +71,14 @@ def distance_matrix(results: dict, names: list[str], distance) -> np.ndarray:
 
 def auroc_by_reference_count(matrix: np.ndarray, abnormal: np.ndarray, subsets: int,
                              rng: np.random.Generator) -> dict[int, float]:
-    """n -> mean AUROC over random n-subsets of the references.
+    """n -> mean AUROC over random n-subsets of the references (``aurocs_by_reference_count``)."""
+    return {n: float(np.mean(values))
+            for n, values in aurocs_by_reference_count(matrix, abnormal, subsets, rng).items()}
+
+
+def aurocs_by_reference_count(matrix: np.ndarray, abnormal: np.ndarray, subsets: int,
+                              rng: np.random.Generator) -> dict[int, np.ndarray]:
+    """n -> the AUROC of each random n-subset of the references.
 
     ``matrix``: (N, n_all + 1, n_all + 1) distances on each image between the n_all references'
     renders and, last, the anomalous model's; ``abnormal``: bool per image. Scores are
@@ -77,18 +100,21 @@ def auroc_by_reference_count(matrix: np.ndarray, abnormal: np.ndarray, subsets: 
                                 ZERO_SPREAD_TOLERANCE)["score"].to_numpy()
             usable = np.isfinite(score)
             values.append(auroc(score[usable & abnormal], score[usable & ~abnormal]))
-        out[n] = float(np.mean(values))
+        out[n] = np.asarray(values)
     return out
 
 
-def main(args: argparse.Namespace) -> pd.DataFrame:
+def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
     from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_positions
     from counteraudit.evaluate.distances import build_distance, resolve_distance_name
-    from counteraudit.evaluate.tables import to_markdown
+    from counteraudit.evaluate.power import detection_by_reference_count
     from counteraudit.explain.pipeline import load_image_sets, load_results, suite_methods
     from counteraudit.train.suite import load_suite
     from counteraudit.train.worlds import build_world
 
+    if not 0 < args.level <= 1 or not 0 < args.auroc_target <= 1 or args.subsets < 1:
+        raise ValueError(f"--level {args.level} and --auroc-target {args.auroc_target} must be in "
+                         f"(0, 1] (0.8 each recommended), --subsets {args.subsets} >= 1")
     suite = load_suite(args.suite)
     methods = suite_methods(suite, args.method)
     distance_name, note = resolve_distance_name(args.distance, weights_dir=args.weights_dir)
@@ -96,14 +122,15 @@ def main(args: argparse.Namespace) -> pd.DataFrame:
     world = build_world(suite.world, runs_root=args.runs_dir)
     image_sets = load_image_sets(suite, args.runs_dir, world)
     references = [s.name for s in suite.references]
+    anomalous = [s.name for s in suite.anomalies]
     specs = localizable(suite)
     normal = {spec.name: normal_positions(suite, spec, world, image_sets[DETECTION]) for spec in specs}
     rng = np.random.default_rng(args.seed)
-    rows = []
+    rows, located, detected = [], [], []
     for method in methods:
         # The detection set's renders serve as every model's normal images: load them, and
         # compute their distances, once per method.
-        names = [*references, *(spec.name for spec in specs)]
+        names = [*references, *anomalous]
         detection = load_results(suite, method, names, DETECTION, args.runs_dir)
         if detection[references[0]].layers is not None:
             continue  # one render per layer: Table 2's per-layer rows, not scored here
@@ -115,17 +142,36 @@ def main(args: argparse.Namespace) -> pd.DataFrame:
             on_abnormal = distance_matrix(triggered, [*references, spec.name], distance)
             on_normal = on_detection[normal[spec.name]][:, keep][:, :, keep]
             abnormal = np.r_[np.ones(len(on_abnormal), bool), np.zeros(len(on_normal), bool)]
-            by_n = auroc_by_reference_count(np.concatenate([on_abnormal, on_normal]), abnormal,
-                                            args.subsets, rng)
-            rows.append({"model": spec.name, "method": method, **{f"n={n}": v for n, v in by_n.items()}})
+            by_n = aurocs_by_reference_count(np.concatenate([on_abnormal, on_normal]), abnormal,
+                                             args.subsets, rng)
+            rows.append({"model": spec.name, "method": method,
+                         **{f"n={n}": float(np.mean(v)) for n, v in by_n.items()}})
+            located += [{"method": method, "model": spec.name, "n": n,
+                         "fraction_reaching": float((v >= args.auroc_target).mean())}
+                        for n, v in by_n.items()]
+        if len(references) >= 3:
+            detected.append(detection_by_reference_count(
+                on_detection, len(references), anomalous, args.subsets, rng).assign(method=method))
     order = {spec.name: k for k, spec in enumerate(specs)}  # one block of methods per model
     table = (pd.DataFrame(rows).sort_values("model", key=lambda c: c.map(order), kind="stable")
              .reset_index(drop=True))
+    from counteraudit.evaluate.tables import to_markdown
     print(f"\nLocalization AUROC with n of the {len(references)} references (distance: "
           f"{distance_name}{f' -- {note}' if note else ''}; mean over {args.subsets} random subsets "
           "per n; all n: the suite's own Table 2 value)\n")
     print(to_markdown(table, float_format="{:.2f}"))
-    return table
+    from counteraudit.evaluate.power_report import power_tables, print_power
+    tables = power_tables(suite, methods, distance, distance_name, args,
+                          detection_by_n=pd.concat(detected, ignore_index=True) if detected else None,
+                          localization_by_n=pd.DataFrame(located) if located else None, rng=rng)
+    print_power(tables, suite, args)
+    from counteraudit.evaluate.pipeline import write_tables
+    tables = {"localization-by-n": table, **tables}
+    # runs/<suite>/tables/power-*: the report's power section reads them
+    write_tables(suite, {f"power-{name}-{distance_name}": frame for name, frame in tables.items()},
+                 args.runs_dir)
+    print(f"\ntables: {suite.root(args.runs_dir) / 'tables'}/power-*")
+    return tables
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ import numpy as np
 import pandas as pd
 
 from counteraudit.evaluate.pipeline import localization_power_note, pipeline_parser
+from counteraudit.evaluate.report_sensitivity import SECTION_ID as SENSITIVITY_ID
+from counteraudit.evaluate.report_sensitivity import TITLE as SENSITIVITY_TITLE
 from counteraudit.train.stage import run_cli
 
 DEFAULT_EXAMPLES = 1     # normal and abnormal inputs shown per localizable model
@@ -80,12 +82,17 @@ def main(args: argparse.Namespace) -> Path | None:
     if localizable(suite):
         localization = localization_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
         tables.update(localization_tables(localization, distance_name))
+    implants = {s.name: read_implant(suite, s, args.runs_dir) for s in suite.anomalies}
+    if suite.sweeps:  # dose-response: one panel per sweep
+        from counteraudit.evaluate.dose_response import suite_dose
+        dose, limits = suite_dose(suite, detection, localization, implants)
+        tables.update({f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits})
     write_tables(suite, tables, args.runs_dir)
     discovery = stored_discovery(suite, args.runs_dir)
     from counteraudit.evaluate.report_sensitivity import stored_sensitivity
     report = Report(suite=suite, methods=methods, distance_name=distance_name, note=note,
                     detection=detection, localization=localization, tables=tables,
-                    implants={s.name: read_implant(suite, s, args.runs_dir) for s in suite.anomalies},
+                    implants=implants,
                     image_sets=load_image_sets(suite, args.runs_dir), runs_root=args.runs_dir,
                     examples=args.examples, image_side=args.image_side, discovery=discovery,
                     sensitivity=stored_sensitivity(suite, distance_name, args.runs_dir))
@@ -293,7 +300,8 @@ class Report:
     def html(self) -> str:
         sections = [self.header(), self.detection_section(), self.localization_section(),
                     self.implant_section(), self.detection_examples(), self.localization_examples(),
-                    self.distributions(), self.roc_section(), self.sensitivity_section(),
+                    self.distributions(), self.roc_section(), self.dose_section(),
+                    self.power_section(), self.sensitivity_section(),
                     self.discovery_section()]
         title = f"counteraudit report: {self.suite.name}"
         return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -324,7 +332,10 @@ class Report:
                    ("implants", "Implant verification"), ("detection-examples", "Detection examples"),
                    ("localization-examples", "Localization examples"),
                    ("distributions", "Score distributions"), ("roc", "ROC curves")]
-        entries.append(("sensitivity", "Sensitivity to protocol choices"))
+        if self.suite.sweeps:
+            entries.append(("dose", "Dose-response"))
+        entries.append(("power", "Power"))
+        entries.append((SENSITIVITY_ID, SENSITIVITY_TITLE))
         if self.discovery is not None:
             entries.append(("discovery", "Failure discovery (Tables 3 and 4)"))
         if not self.localizable:
@@ -336,6 +347,18 @@ class Report:
     def sensitivity_section(self) -> str:
         from counteraudit.evaluate.report_sensitivity import sensitivity_section
         return sensitivity_section(self.sensitivity, html_table)
+
+    def power_section(self) -> str:
+        from counteraudit.evaluate.power_report import power_section
+        from counteraudit.evaluate.pipeline import TABLES
+        return power_section(self.suite.root(self.runs_root) / TABLES, self.distance_name, html_table)
+
+    def dose_section(self) -> str:
+        name = f"dose-{self.distance_name}"
+        if name not in self.tables:
+            return ""
+        from counteraudit.evaluate.report_dose import dose_section
+        return dose_section(self.tables[name], self.table("dose-thresholds"), html_table)
 
     def discovery_section(self) -> str:
         if self.discovery is None:

@@ -148,14 +148,17 @@ def roc_plot(fpr: Sequence[float], tpr: Sequence[float], *, title: str, subtitle
     return "".join(parts)
 
 
-SERIES_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+# One colour per series of a line plot (matplotlib's tab10 without the red and grey the strip
+# plots use for anomalous models and references).
+SERIES_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22",
                  "#17becf")
+MAX_X_TICKS = 8  # more distinct x values than this get round ticks, not one tick per value
 
 
 @dataclass
 class Series:
-    """One line of a line plot: x, the mean y, and a band (low, high) around it (the spread over
-    seeds; None: a single run)."""
+    """One line of ``line_plot``: y per x (NaN: no point), with an optional band (low, high)
+    around it (e.g. the spread over seeds, a bootstrap interval)."""
     label: str
     x: Sequence[float]
     y: Sequence[float]
@@ -164,61 +167,81 @@ class Series:
 
 
 def line_plot(series: Sequence[Series], *, title: str, x_label: str, y_label: str,
-              width: int = 420, height: int = 240, y_range: tuple[float, float] | None = None,
-              invert_y: bool = False) -> str:
-    """Lines with shaded bands and a legend; ``invert_y`` puts small values on top (ranks)."""
-    left, top, right, bottom, legend = 46, 22, 10, 34, 16 * len(series) + 6
-    plot_w, plot_h = width - left - right, height - top - bottom
-    xs = [float(v) for s in series for v in s.x]
-    ys = [float(v) for s in series for v in (*s.y, *(() if s.low is None else s.low),
-                                             *(() if s.high is None else s.high))
-          if math.isfinite(float(v))]
-    x_low, x_high = (min(xs), max(xs)) if xs else (0.0, 1.0)
-    x_high = x_high if x_high > x_low else x_low + 1
-    y_low, y_high = y_range or _range(ys)
-    px = lambda v: left + (float(v) - x_low) / (x_high - x_low) * plot_w  # noqa: E731
+              reference: float | None = None, reference_label: str = "", log_x: bool = False,
+              y_range: tuple[float, float] | None = None, invert_y: bool = False,
+              width: int = 420, height: int = 230) -> str:
+    """Lines, each with a shaded band where it has one, a dashed horizontal ``reference`` line
+    (e.g. margin 1, AUROC 0.5) and a legend. ``log_x``: log-spaced x; ``y_range``: fixed limits
+    (e.g. (0, 1) for shares and AUROCs), else the data's; ``invert_y``: small values on top
+    (ranks). Few distinct x values (a sweep's strengths) get a tick each."""
+    legend_width = 150
+    left, top, right, bottom = 48, 22, width - legend_width, height - 34
+    to_x = (lambda v: np.log10(np.asarray(v, float))) if log_x else (lambda v: np.asarray(v, float))
+    all_x = sorted({float(v) for line in series for v in line.x})
+    everything = [float(v) for line in series
+                  for part in (line.y, [] if line.low is None else line.low,
+                               [] if line.high is None else line.high) for v in part]
+    everything = [v for v in everything if math.isfinite(v)]
+    if reference is not None:
+        everything.append(float(reference))
+    y_low, y_high = _range(everything) if y_range is None else _range(list(y_range))
+    x_low, x_high = _range(list(to_x(all_x))) if all_x else (0.0, 1.0)
+    px = lambda v: left + (v - x_low) / (x_high - x_low) * (right - left)  # noqa: E731
 
     def py(v: float) -> float:
-        share = (float(v) - y_low) / (y_high - y_low)
-        return top + (share if invert_y else 1 - share) * plot_h
+        share = (v - y_low) / (y_high - y_low)
+        return top + (share if invert_y else 1 - share) * (bottom - top)
 
-    total = height + legend
-    parts = [f'<svg width="{width}" height="{total}" viewBox="0 0 {width} {total}" role="img" '
+    parts = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
              f'{FONT}>', f'<text x="{left}" y="14" font-weight="bold">{escape(title)}</text>',
-             f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" '
-             'stroke="#333"/>']
-    for tick in nice_ticks(x_low, x_high):
-        parts.append(f'<text x="{_n(px(tick))}" y="{top + plot_h + 14}" text-anchor="middle">'
-                     f"{_tick_label(tick)}</text>")
-    for tick in nice_ticks(y_low, y_high):
+             f'<rect x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" '
+             'fill="none" stroke="#333"/>']
+    for tick in nice_ticks(y_low, y_high, 4):
+        parts.append(f'<line x1="{left}" y1="{_n(py(tick))}" x2="{right}" y2="{_n(py(tick))}" '
+                     'stroke="#eee"/>')
         parts.append(f'<text x="{left - 4}" y="{_n(py(tick) + 4)}" text-anchor="end">'
-                     f"{_tick_label(tick)}</text>")
-    parts.append(f'<text x="{_n(left + plot_w / 2)}" y="{top + plot_h + 29}" '
-                 f'text-anchor="middle">{escape(x_label)}</text>')
-    parts.append(f'<text x="12" y="{_n(top + plot_h / 2)}" text-anchor="middle" '
-                 f'transform="rotate(-90 12 {_n(top + plot_h / 2)})">{escape(y_label)}</text>')
-    for k, s in enumerate(series):
+                     f'{escape(_tick_label(tick))}</text>')
+    if len(all_x) <= MAX_X_TICKS:  # a tick at every value (a sweep's strengths)
+        x_ticks = [(float(to_x([v])[0]), f"{v:.3g}") for v in all_x]
+    else:
+        x_ticks = [(tick, _tick_label(tick)) for tick in nice_ticks(x_low, x_high)]
+    for position, label in x_ticks:
+        parts.append(f'<text x="{_n(px(position))}" y="{bottom + 14}" text-anchor="middle">'
+                     f'{escape(label)}</text>')
+    parts.append(f'<text x="{_n((left + right) / 2)}" y="{bottom + 29}" text-anchor="middle">'
+                 f'{escape(x_label + (" (log scale)" if log_x else ""))}</text>')
+    parts.append(f'<text x="12" y="{_n((top + bottom) / 2)}" text-anchor="middle" '
+                 f'transform="rotate(-90 12 {_n((top + bottom) / 2)})">{escape(y_label)}</text>')
+    if reference is not None:
+        parts.append(f'<line x1="{left}" y1="{_n(py(reference))}" x2="{right}" '
+                     f'y2="{_n(py(reference))}" stroke="#000" stroke-dasharray="4 3">'
+                     f'<title>{escape(reference_label)} {reference:g}</title></line>')
+    for k, line in enumerate(series):
         color = SERIES_COLORS[k % len(SERIES_COLORS)]
-        finite = [(x, y) for x, y in zip(s.x, s.y) if math.isfinite(float(y))]
-        if s.low is not None and s.high is not None:
-            band = [(x, lo, hi) for x, lo, hi in zip(s.x, s.low, s.high)
-                    if math.isfinite(float(lo)) and math.isfinite(float(hi))]
-            if band:
-                outline = ([f"{_n(px(x))},{_n(py(min(max(hi, y_low), y_high)))}" for x, _, hi in band]
-                           + [f"{_n(px(x))},{_n(py(min(max(lo, y_low), y_high)))}"
-                              for x, lo, _ in reversed(band)])
+        xs, values = to_x(line.x), np.asarray(line.y, float)
+        if line.low is not None and line.high is not None:
+            low, high = np.asarray(line.low, float), np.asarray(line.high, float)
+            keep = np.isfinite(low) & np.isfinite(high)
+            if keep.sum() >= 2:
+                clip = lambda v: min(max(v, y_low), y_high)  # noqa: E731
+                outline = ([f"{_n(px(x))},{_n(py(clip(v)))}" for x, v in zip(xs[keep], high[keep])]
+                           + [f"{_n(px(x))},{_n(py(clip(v)))}" for x, v in
+                              zip(xs[keep][::-1], low[keep][::-1])])
                 parts.append(f'<polygon points="{" ".join(outline)}" fill="{color}" '
-                             'fill-opacity="0.15" stroke="none"/>')
-        if finite:
-            points = " ".join(f"{_n(px(x))},{_n(py(y))}" for x, y in finite)
+                             'fill-opacity="0.12" stroke="none"/>')
+        keep = np.isfinite(values)
+        if keep.sum() >= 2:
+            points = " ".join(f"{_n(px(x))},{_n(py(v))}" for x, v in zip(xs[keep], values[keep]))
             parts.append(f'<polyline points="{points}" fill="none" stroke="{color}" '
-                         'stroke-width="1.6"/>')
-            if len(finite) == 1:
-                x, y = finite[0]
-                parts.append(f'<circle cx="{_n(px(x))}" cy="{_n(py(y))}" r="3" fill="{color}"/>')
-        y_legend = height + 12 + 16 * k
-        parts.append(f'<line x1="{left}" y1="{y_legend - 4}" x2="{left + 18}" y2="{y_legend - 4}" '
-                     f'stroke="{color}" stroke-width="2"/><text x="{left + 24}" y="{y_legend}">'
-                     f"{escape(s.label)}</text>")
+                         'stroke-width="1.5"/>')
+        if keep.sum() <= MAX_X_TICKS * 2:  # points, with their values on hover, where few
+            for x, value, raw in zip(xs[keep], values[keep], np.asarray(line.x, float)[keep]):
+                parts.append(f'<circle cx="{_n(px(x))}" cy="{_n(py(value))}" r="3" fill="{color}">'
+                             f'<title>{escape(f"{line.label}: {value:.3g} at {raw:.3g}")}</title>'
+                             '</circle>')
+        legend_y = top + 6 + 14 * k
+        parts.append(f'<line x1="{right + 10}" y1="{legend_y}" x2="{right + 24}" y2="{legend_y}" '
+                     f'stroke="{color}" stroke-width="2"/>')
+        parts.append(f'<text x="{right + 28}" y="{legend_y + 4}">{escape(line.label)}</text>')
     parts.append("</svg>")
     return "".join(parts)

@@ -64,6 +64,16 @@ def test_implant_figures_are_measured(name, world, model):
     assert figures and all(np.isfinite(v) for v in figures.values())
     verdict = f.judge(figures, [figures, figures])
     assert isinstance(verdict.passed, bool) and verdict.summary
+    # the dose-response curve's implant figure is one the family measured, for the model and
+    # (here the same figures) the references' mean
+    record = {"figures": figures, "reference_figures": [figures, figures],
+              "details": verdict.details}
+    figure = type(f).implant_figure(record)
+    if name == "blurred_faces" and "most_affected_class" not in verdict.details:
+        assert figure is None  # no class with enough face images in this tiny world
+    else:
+        assert figure is not None and figure[0] in figures
+        assert figure[1] == figures[figure[0]] == figure[2]
 
 
 # ---------------------------------------------------------------- family by family

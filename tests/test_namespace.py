@@ -12,7 +12,8 @@ import pytest
 from tests.conftest import REPO, write_suite
 
 STAGE_SCRIPTS = ["train/train.py", "explain/run.py", "evaluate/detect.py", "evaluate/localize.py",
-                 "evaluate/report.py", "evaluate/reference_count.py", "evaluate/discover.py"]
+                 "evaluate/report.py", "evaluate/reference_count.py", "evaluate/discover.py",
+                 "evaluate/dose.py"]
 
 
 @pytest.fixture

@@ -162,6 +162,16 @@ class ModelSpec:
         return {"name": self.name, "key": self.key, **self.identity()}
 
 
+@dataclass(frozen=True)
+class Sweep:
+    """A dose-response sweep ([[sweeps]]): ``models[i]`` was trained with ``parameter = values[i]``."""
+    name: str
+    family: str
+    parameter: str
+    values: tuple[float, ...]
+    models: tuple[str, ...]
+
+
 @dataclass
 class Suite:
     name: str
@@ -176,6 +186,7 @@ class Suite:
     # against them ([references] held_out = k), so a method's detection rule shows how often it
     # flags a normal model. Same keys as references of those seeds: shared through the store.
     held_out: list[ModelSpec] = field(default_factory=list)
+    sweeps: list[Sweep] = field(default_factory=list)  # their models are among ``anomalies``
 
     @property
     def models(self) -> list[ModelSpec]:
@@ -313,12 +324,60 @@ def _parse(table: dict[str, Any], path: Path) -> Suite:
                                    seed=int(entry.get("seed", default_anomaly_seed(entry["name"]))),
                                    checkpoint=entry.get("checkpoint"), row=entry.get("row"),
                                    **{**common, "recipe": entry_recipe}))
+    sweeps = []
+    for entry in table.pop("sweeps", []):
+        sweep, specs = _expand_sweep(dict(entry), common, recipe)
+        sweeps.append(sweep)
+        anomalies += specs
     names = [s.name for s in references + nulls + anomalies]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValueError(f"model names must be unique; repeated: {duplicates}")
     return Suite(name=name, path=path, world=world, architecture=architecture, recipe=recipe,
-                 references=references, anomalies=anomalies, tables=table, held_out=nulls)
+                 references=references, anomalies=anomalies, tables=table, held_out=nulls,
+                 sweeps=sweeps)
+
+
+def _expand_sweep(entry: dict[str, Any], common: dict[str, Any],
+                  recipe: Recipe) -> tuple[Sweep, list[ModelSpec]]:
+    """One [[sweeps]] entry -> its Sweep and its models: the base params with the family's
+    strength parameter set to each value, one seed and one recipe for all of them."""
+    from counteraudit.anomalies import FAMILIES
+    from counteraudit.anomalies.base import strength_families
+    _check_keys(entry, None, "sweeps entry",
+                valid={"family", "values", "params", "seed", "recipe", "name"})
+    if "family" not in entry or "values" not in entry:
+        raise ValueError(f"sweeps entry {entry} needs a 'family' and its strength 'values', e.g. "
+                         "{ family = \"backdoor\", values = [0.01, 0.05, 0.1] }")
+    family = FAMILIES.get(entry["family"])
+    with_strength = strength_families()
+    if family.strength is None:
+        raise ValueError(f"sweeps: family {family.name!r} has no strength parameter to sweep; "
+                         "families with one (family: parameter): "
+                         f"{', '.join(f'{k}: {v}' for k, v in with_strength.items())}")
+    parameter, values = family.strength, entry["values"]
+    if (not isinstance(values, list) or len(values) < 2
+            or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values)):
+        raise ValueError(f"sweeps: {family.name} values={values!r} must be a list of 2 or more "
+                         f"numbers (its {parameter!r}, the issue's dose-response uses 4 to 6); for "
+                         "one model use an [[anomalies]] entry")
+    if len(set(values)) != len(values):
+        raise ValueError(f"sweeps: {family.name} values={values!r} repeat a value; give each once")
+    base = dict(entry.get("params", {}))
+    if parameter in base:
+        raise ValueError(f"sweeps: {family.name} params set {parameter}={base[parameter]!r}, the "
+                         f"swept parameter; remove it from params (values = {values} sets it)")
+    prefix = entry.get("name", f"{family.name}-{parameter}")
+    # One seed for the whole sweep (by default from its name prefix): the models differ only in
+    # the swept value, so a change along the curve is the strength's, not a new seed's.
+    seed = int(entry.get("seed", default_anomaly_seed(prefix)))
+    sweep_recipe = Recipe.from_dict({**asdict(recipe), **entry.get("recipe", {})})
+    specs = [ModelSpec(name=f"{prefix}{value:g}", family=family.name, seed=seed,
+                       params=family.validate_params({**base, parameter: value}),
+                       **{**common, "recipe": sweep_recipe}) for value in values]
+    return Sweep(name=prefix, family=family.name, parameter=parameter,
+                 values=tuple(float(v) for v in values),
+                 models=tuple(s.name for s in specs)), specs
 
 
 def default_anomaly_seed(name: str) -> int:

@@ -1,0 +1,96 @@
+"""Dose-response: each family's strength against its implant figure, every method's detection
+margin and localization AUROC, and each method's threshold (the weakest defect it detects).
+
+    python evaluate/dose.py --suite dose       # the shipped sweep suite, end to end
+    python evaluate/dose.py --suite my.toml    # any suite with [[sweeps]]
+
+Runs whatever upstream work is missing (like detect.py: training with implant checks, explaining,
+scoring), then prints one block per sweep: a row per strength with the implant figure (the
+model's, the references' mean, whether the check passed), each method's margin Abar(f) / max_i
+Abar(g_i) (a star marks detected: above every reference) and, for localizable families, its
+AUROC with the 95% bootstrap band over images; then each method's thresholds. The tables are saved
+under runs/<suite>/tables/ (dose-*.csv) and the report (evaluate/report.py) draws one panel per
+sweep.
+"""
+from __future__ import annotations
+
+import sys
+
+if __package__ in (None, ""):
+    # Run as a file: the code is imported as counteraudit.* (pip install -e .); this folder's
+    # modules (train.py, ...) must not shadow other packages of the same name.
+    sys.path.pop(0)
+
+import argparse
+
+import pandas as pd
+
+from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser
+from counteraudit.train.stage import run_cli
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = pipeline_parser("counteraudit dose", add_help)
+    parser.set_defaults(suite="dose")
+    return parser
+
+
+def suite_dose_tables(suite, methods, distance, distance_name, runs_root=None, args=None):
+    """(dose table, thresholds) of a suite with [[sweeps]], from its detection and localization
+    score tables (computed when missing) and its implant records."""
+    from counteraudit.anomalies.image_sets import localizable
+    from counteraudit.anomalies.verify import read_implant
+    from counteraudit.evaluate.dose_response import suite_dose
+    from counteraudit.evaluate.pipeline import detection_scores, localization_scores
+    if not suite.sweeps:
+        raise ValueError(f"suite {suite.name!r} declares no [[sweeps]]; run --suite dose, or add "
+                         "[[sweeps]] entries (family, values, params) to your suite file")
+    detection = detection_scores(suite, distance, distance_name, methods, runs_root, args=args)
+    localization = (localization_scores(suite, distance, distance_name, methods, runs_root, args=args)
+                    if localizable(suite) else None)
+    implants = {s.name: read_implant(suite, s, runs_root) for s in suite.anomalies}
+    return suite_dose(suite, detection, localization, implants)
+
+
+def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
+    from counteraudit.evaluate.dose_response import sweep_table, threshold_text
+    from counteraudit.evaluate.pipeline import prepare, write_tables
+    from counteraudit.evaluate.tables import to_markdown
+    suite, methods, distance, distance_name, note = prepare(args)
+    if getattr(args, "dry_run", False):
+        return {}
+    dose, limits = suite_dose_tables(suite, methods, distance, distance_name, args.runs_dir, args)
+    print(f"\nDose-response ({describe_distance(distance_name, note)}; {suite.name} suite, "
+          f"{len(suite.references)} references). margin = Abar(f) / max_i Abar(g_i), * = detected "
+          "(above every reference); AUROC [95% bootstrap band over images]")
+    for sweep in suite.sweeps:
+        print(f"\n### {sweep.name}: {sweep.family}, {sweep.parameter} = "
+              f"{', '.join(f'{v:g}' for v in sweep.values)}\n")
+        print(to_markdown(sweep_table(dose, sweep.name)))
+    shown = limits.assign(
+        detects_from=[threshold_text(v, m) for v, m in
+                      zip(limits["detection_threshold"], limits["detection_monotone"])],
+        localizes_from=[threshold_text(v, m) for v, m in
+                        zip(limits["localization_threshold"], limits["localization_monotone"])])
+    print("\nThresholds: the weakest strength each method detects (localizes: the weakest whose "
+          "AUROC band lies above 0.5); 'none': no strength of the sweep; 'not monotone': a stronger "
+          "model is missed again\n")
+    wide = shown.pivot(index="sweep", columns="method", values="detects_from")
+    wide = wide.reindex(index=[s.name for s in suite.sweeps], columns=list(dict.fromkeys(shown["method"])))
+    print("detection\n")
+    print(to_markdown(wide.rename_axis(None, axis=1).reset_index()))
+    located = shown[shown["localizes_from"] != "n/a"]
+    if len(located):
+        wide = located.pivot(index="sweep", columns="method", values="localizes_from")
+        wide = wide.reindex(index=[s.name for s in suite.sweeps if s.name in set(located["sweep"])],
+                            columns=list(dict.fromkeys(located["method"])))
+        print("\nlocalization\n")
+        print(to_markdown(wide.rename_axis(None, axis=1).reset_index()))
+    tables = {f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits}
+    write_tables(suite, tables, args.runs_dir)
+    print(f"\ntables: {suite.root(args.runs_dir) / 'tables'}/")
+    return tables
+
+
+if __name__ == "__main__":
+    run_cli(main, get_args_parser())
