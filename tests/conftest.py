@@ -74,10 +74,10 @@ localization_images = 4
 """
 
 
-def run_script(script, *args):
+def run_script(script, *args, timeout: float = 600):
     """Run a repository script in a subprocess; asserts it succeeded, returns its stdout."""
     result = subprocess.run([sys.executable, str(REPO / script), *map(str, args)],
-                            capture_output=True, text=True, timeout=600)
+                            capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout
 
