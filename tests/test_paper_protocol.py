@@ -158,8 +158,10 @@ def test_dropped_output_layer_maps_class_indices(world):
     labels = np.full(20, star + 1)
     assert accuracy(model, images, labels) == 1.0
     assert evaluate_accuracy(model, images, labels)["accuracy"] == 1.0
+    from counteraudit.explain.base import BatchContext
     from counteraudit.explain.methods.outputs_only import OutputsOnly
-    raw = OutputsOnly.__new__(OutputsOnly).visualize(model, images[:2], torch.zeros(2)).raw
+    raw = OutputsOnly.__new__(OutputsOnly).visualize(model, images[:2], torch.zeros(2),
+                                                     BatchContext(range(2))).raw
     assert raw.shape == (2, world.num_classes) and raw[:, star + 1].min() > raw[:, star].max()
     # an entry without drop_output keeps its key (the parameter is left out at its default)
     assert "drop_output" not in FAMILIES.get("missing_class").validate_params({"class_id": 3})
