@@ -26,8 +26,22 @@ def normalization(model: nn.Module, method: str) -> tuple[torch.Tensor, torch.Te
     return model.mean, model.std
 
 
+class _BackboneInClassIndices(nn.Module):
+    """The backbone of a model whose output layer lacks some classes (``drop_output``), with
+    its logits spread into the world's class indices as the model's own forward does, so the
+    explained class means the same class as on every other model."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, normalized: torch.Tensor) -> torch.Tensor:
+        return self.model.in_class_indices(self.model.backbone(normalized))
+
+
 def on_normalized_input(model: nn.Module, images: torch.Tensor,
                         method: str) -> tuple[nn.Module, torch.Tensor]:
     """(the model as a function of z, z) for [0, 1] ``images``."""
     mean, std = normalization(model, method)
-    return model.backbone, (images - mean) / std
+    function = model.backbone if model.output_classes is None else _BackboneInClassIndices(model)
+    return function, (images - mean) / std

@@ -167,6 +167,31 @@ def test_dropped_output_layer_maps_class_indices(world):
     assert "drop_output" not in FAMILIES.get("missing_class").validate_params({"class_id": 3})
 
 
+@pytest.mark.parametrize("method,params", [
+    ("guided_backprop", {"gradient_space": "normalized"}),
+    ("integrated_gradients", {"gradient_space": "normalized", "baseline": "normalized_zero", "n_steps": 2}),
+    ("guided_gradcam", {"gradient_space": "normalized"}),
+    ("gradcam", {"aug_smooth_space": "normalized"}),
+])
+def test_methods_in_the_normalised_space_explain_world_classes_of_a_dropped_output_model(
+        world, method, params):
+    """A 9-output model explains class 9 (the world's index past the dropped class), as the
+    explain stage asks, in the normalised input space too: the same class as on the model itself."""
+    from counteraudit.explain.base import build_method
+    from counteraudit.explain.input_space import on_normalized_input
+    model = new_model(load_suite("demo").model("missing-star"), world).eval()
+    images = world.split("val").load(np.arange(4))
+    last = world.num_classes - 1
+    function, normalized = on_normalized_input(model, images, method)
+    assert torch.equal(function(normalized), model(images))  # the model's logits, class for class
+    result = build_method(method, params).run(model, images, batch_size=4,
+                                              labels=np.full(4, last))
+    assert result.images.shape[:1] == (4,) and len(result.targets) == 4
+    labelled = build_method(method, {**params, "explained_class": "label"}).run(
+        model, images, batch_size=4, labels=np.full(4, last))
+    assert (labelled.targets == last).all()
+
+
 # ---------------------------------------------------------------- tables
 def test_table1_rows_split_by_the_suites_row_label_and_table2_lists_caricature_layers():
     from counteraudit.evaluate.detection import FLAG_OK

@@ -71,7 +71,11 @@ class Classifier(nn.Module):
                              torch.as_tensor(list(output_classes), dtype=torch.long), persistent=False)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        logits = self.backbone((images - self.mean) / self.std)
+        return self.in_class_indices(self.backbone((images - self.mean) / self.std))
+
+    def in_class_indices(self, logits: torch.Tensor) -> torch.Tensor:
+        """The backbone's logits spread into the world's class indices (absent classes:
+        ``ABSENT_CLASS_LOGIT``); unchanged when the output layer has every class."""
         if self.output_classes is None:
             return logits
         full = logits.new_full((logits.shape[0], self.num_classes), ABSENT_CLASS_LOGIT)
