@@ -23,6 +23,7 @@ STAGE_SCRIPTS = {
     "reference-count": "counteraudit.evaluate.reference_count",
     "dose": "counteraudit.evaluate.dose",
     "discover": "counteraudit.evaluate.discover",
+    "sensitivity": "counteraudit.evaluate.sensitivity",
 }
 
 

@@ -2,6 +2,7 @@
 path (Hugging Face's `evaluate` is in many ML environments), every counteraudit module still
 imports, and the stage scripts and the `counteraudit` command still run, from any folder."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,9 +12,11 @@ import pytest
 
 from tests.conftest import REPO, write_suite
 
-STAGE_SCRIPTS = ["train/train.py", "explain/run.py", "evaluate/detect.py", "evaluate/localize.py",
-                 "evaluate/report.py", "evaluate/reference_count.py", "evaluate/discover.py",
-                 "evaluate/dose.py"]
+from counteraudit.evaluate.cli import STAGE_SCRIPTS as COMMANDS
+
+# every subcommand's script file: counteraudit.evaluate.detect -> evaluate/detect.py
+STAGE_SCRIPTS = [module.removeprefix("counteraudit.").replace(".", "/") + ".py"
+                 for module in COMMANDS.values()]
 
 
 @pytest.fixture
@@ -54,16 +57,40 @@ print(len(names))
     assert imported >= 60  # every module of the five packages (about 70 today)
 
 
+# Every stage script's --help, each run as `python <script>` would run it (argv, sys.path[0] its
+# folder, __main__), in one interpreter: one import of torch instead of one per script. The real
+# run of train.py below is a separate `python train/train.py` process.
+HELP_OF_EVERY_SCRIPT = """
+import contextlib, io, os, runpy, sys
+scripts = sys.argv[1:]
+for script in scripts:
+    saved_path, saved_argv = list(sys.path), sys.argv
+    sys.path[0], sys.argv = os.path.dirname(script), [script, "--help"]
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as exit:
+            assert exit.code in (0, None), (script, exit.code)
+    sys.path[:], sys.argv = saved_path, saved_argv
+    assert "--suite" in shown.getvalue(), (script, shown.getvalue())
+    impostors = {"evaluate", "train", "explain", "slurm", "anomalies"} & set(sys.modules)
+    assert not impostors, (script, impostors)
+print(len(scripts))
+"""
+
+
 def test_stage_scripts_and_the_command_run_from_another_folder(shadowed, tmp_path):
-    for script in STAGE_SCRIPTS:
-        assert "--suite" in python(str(REPO / script), "--help", env=shadowed, cwd=tmp_path).stdout
+    shown = python(HELP_OF_EVERY_SCRIPT, *(REPO / script for script in STAGE_SCRIPTS),
+                   env=shadowed, cwd=tmp_path)
+    assert shown.stdout.strip() == str(len(STAGE_SCRIPTS))
     command = shutil.which("counteraudit", path=str(Path(sys.executable).parent))
     assert command, "the counteraudit console script is not installed beside this python"
     listed = subprocess.run([command, "--help"], env=shadowed, cwd=tmp_path, capture_output=True,
                             text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
-    for name in ("train", "explain", "detect", "localize", "report", "discover"):
-        assert f"\n    {name} " in listed.stdout, listed.stdout
+    for name in COMMANDS:
+        assert re.search(rf"\n    {name}\s", listed.stdout), (name, listed.stdout)
     # a real run of a stage script, and of the same stage through the command
     suite = write_suite(tmp_path / "tiny.toml", references=2, epochs=1)
     out = python(str(REPO / "train/train.py"), "--suite", suite, "--runs-dir", tmp_path / "runs",
@@ -77,7 +104,7 @@ def test_stage_scripts_and_the_command_run_from_another_folder(shadowed, tmp_pat
 
 
 def test_the_command_uses_the_scripts_parsers_and_reports_errors_as_they_do(tmp_path):
-    from counteraudit.evaluate.cli import STAGE_SCRIPTS as COMMANDS, get_args_parser
+    from counteraudit.evaluate.cli import get_args_parser
     import importlib
     parser = get_args_parser()
     for name, module_name in COMMANDS.items():
