@@ -53,9 +53,12 @@ IMAGE_SETS = "image_sets"
 
 
 def suite_methods(suite: Suite, only: list[str] | None = None) -> list[str]:
+    """The methods a suite explains with (``only``: a subset), each built from its
+    ``[methods.<name>]`` table: an unknown method, parameter, choice or renderer fails here, when
+    the suite is read, with the valid names, and not after the models are trained."""
     names = only or suite.tables.get("explain", {}).get("methods") or METHODS.names()
     for name in names:
-        METHODS.get(name)  # unknown names list the valid ones
+        build_method(name, method_params(suite, name))
     return list(names)
 
 

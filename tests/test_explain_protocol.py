@@ -381,3 +381,23 @@ def test_per_row_grids_at_once_equal_the_grids_one_at_a_time():
                       for draw in draws]
         assert torch.equal(grid, torch.cat([g for g, _ in one_by_one]))
         assert torch.equal(mask, torch.cat([m for _, m in one_by_one]))
+
+
+@pytest.mark.parametrize("table, error, valid", [
+    ({"guided_backprop": {"renderer": "captum_figur"}}, UnknownNameError, "captum_figure, hot_overlay"),
+    ({"integrated_gradients": {"baseline": "zero"}}, ValueError, "'normalized_zero', 'black'"),
+])
+def test_a_bad_method_table_fails_when_the_suite_is_read_before_any_training(tmp_path, runs, table,
+                                                                              error, valid):
+    """The main job reads the methods before stage 1: a typo costs seconds, not a training run."""
+    from counteraudit.evaluate.detect import get_args_parser, main
+    from tests.conftest import write_suite
+    (method, params), = table.items()
+    body = "[explain]\nmethods = [\"guided_backprop\", \"integrated_gradients\"]\n" + \
+        f"[methods.{method}]\n" + "\n".join(f'{k} = "{v}"' for k, v in params.items())
+    suite = write_suite(tmp_path / "typo.toml", body=body)
+    args = get_args_parser().parse_args(["--suite", str(suite), "--runs-dir", str(runs),
+                                         "--distance", "l2", "--no-progress"])
+    with pytest.raises(error, match=valid):
+        main(args)
+    assert not runs.exists() or not any(runs.rglob("*.pth")), "models were trained before the error"

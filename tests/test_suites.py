@@ -26,6 +26,14 @@ def test_shipped_suites():
     assert len(keys) == len(paper.models), "every model has its own artifact folder"
 
 
+
+@pytest.mark.parametrize("name", available_suites())
+def test_every_shipped_suites_method_tables_build(name):
+    """Each shipped suite's [methods.*] tables are valid (params, choices, renderers): a typo in
+    one would otherwise surface only in a user's run."""
+    from counteraudit.explain.pipeline import suite_methods
+    assert suite_methods(load_suite(name))
+
 def test_demo_full_is_the_demo_at_the_papers_counts():
     demo, full = load_suite("demo"), load_suite("demo-full")
     assert full.name == "demo-full" and len(full.references) == 12
