@@ -27,7 +27,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -35,8 +35,8 @@ from PIL import Image
 
 from counteraudit.anomalies.base import FAMILIES
 from counteraudit.train.artifacts import (atomic_save_npz, atomic_write_bytes, atomic_write_json,
-                                          derive_seed, file_sha256, intact, read_marker,
-                                          stable_hash)
+                                          derive_seed, file_sha256, find_or_make, intact,
+                                          lock_beside, read_marker, stable_hash)
 from counteraudit.train.suite import ModelSpec, Suite
 from counteraudit.train.worlds import World
 
@@ -134,6 +134,13 @@ def _load(root: Path, name: str, expected_id: str) -> ImageSet | None:
                     np.asarray(index["labels"]), index["recipe"])
 
 
+def _load_or_make(root: Path, name: str, set_id: str, make: Callable[[], ImageSet]) -> ImageSet:
+    """The stored set, else ``make()`` (which stores it): once, when two runs need it at once."""
+    return find_or_make(lambda: _load(root, name, set_id), make,
+                        lock_beside(root / set_id, "image sets",
+                                    f"making the image set {name} in {root / set_id}"))
+
+
 def same_lineage(root: Path, image_set: ImageSet) -> list[ImageSet]:
     """The other stored sets of ``image_set``'s lineage (the same draw with another count), each
     checked to start with the images they share with it."""
@@ -158,15 +165,15 @@ def detection_set(suite: Suite, world: World, root: Path) -> ImageSet:
     recipe = {"kind": DETECTION, "world": suite.world, "m": m, "seed": image_set_seed(suite),
               "draw": DRAW}
     set_id = stable_hash(recipe)
-    cached = _load(root, DETECTION, set_id)
-    if cached is not None:
-        return cached
-    rng = np.random.default_rng(derive_seed(image_set_seed(suite), DETECTION))
-    indices = nested_draw(np.arange(len(val)), m, rng)
-    image_set = ImageSet(DETECTION, set_id, _to_uint8(val.load(indices)), indices,
-                         val.labels[indices], recipe)
-    _save(root, image_set)
-    return image_set
+
+    def make() -> ImageSet:
+        rng = np.random.default_rng(derive_seed(image_set_seed(suite), DETECTION))
+        indices = nested_draw(np.arange(len(val)), m, rng)
+        image_set = ImageSet(DETECTION, set_id, _to_uint8(val.load(indices)), indices,
+                             val.labels[indices], recipe)
+        _save(root, image_set)
+        return image_set
+    return _load_or_make(root, DETECTION, set_id, make)
 
 
 def abnormal_set(suite: Suite, spec: ModelSpec, world: World, root: Path,
@@ -183,19 +190,19 @@ def abnormal_set(suite: Suite, spec: ModelSpec, world: World, root: Path,
               "draw": DRAW}
     name = abnormal_set_name(spec)
     set_id = stable_hash(recipe)
-    cached = _load(root, name, set_id)
-    if cached is not None:
-        return cached
-    rng = np.random.default_rng(derive_seed(image_set_seed(suite), name))
-    pool = family.abnormal_pool(val, implant)
-    if pool is None or len(pool) == 0:
-        raise ValueError(f"{spec.name}: its family {spec.family} found no abnormal val images")
-    indices = nested_draw(pool, p, rng)
-    labels = val.labels[indices]
-    images = family.abnormal_images(val.load(indices), torch.as_tensor(labels))
-    image_set = ImageSet(name, set_id, _to_uint8(images), indices, labels, recipe)
-    _save(root, image_set)
-    return image_set
+
+    def make() -> ImageSet:
+        rng = np.random.default_rng(derive_seed(image_set_seed(suite), name))
+        pool = family.abnormal_pool(val, implant)
+        if pool is None or len(pool) == 0:
+            raise ValueError(f"{spec.name}: its family {spec.family} found no abnormal val images")
+        indices = nested_draw(pool, p, rng)
+        labels = val.labels[indices]
+        images = family.abnormal_images(val.load(indices), torch.as_tensor(labels))
+        image_set = ImageSet(name, set_id, _to_uint8(images), indices, labels, recipe)
+        _save(root, image_set)
+        return image_set
+    return _load_or_make(root, name, set_id, make)
 
 
 def normal_positions(suite: Suite, spec: ModelSpec, world: World, detection: ImageSet) -> np.ndarray:

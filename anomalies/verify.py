@@ -15,7 +15,8 @@ from typing import Any
 
 from counteraudit.anomalies.base import FAMILIES
 from counteraudit.anomalies.common import VERIFY_IMAGES
-from counteraudit.train.artifacts import atomic_write_json, read_marker, stable_hash
+from counteraudit.train.artifacts import (artifact_lock, atomic_write_json, find_or_make, read_marker,
+                                          stable_hash)
 from counteraudit.train.checkpoint import is_trained, model_dir, read_metrics
 from counteraudit.train.suite import ModelSpec, Suite
 from counteraudit.train.trainer import load_trained_model, pick_device
@@ -54,11 +55,18 @@ def verify_one(item: dict[str, Any]) -> dict[str, Any]:
     spec = suite.model(item["model"])
     runs_root = item.get("runs_dir")
     directory = model_dir(runs_root, spec)
+    # two runs that need the record at once measure the models once; the second reads it
+    return find_or_make(lambda: read_implant(suite, spec, runs_root),
+                        lambda: _check_implant(suite, spec, runs_root, item.get("device")),
+                        artifact_lock(directory, "implant.lock", "verify",
+                                      f"checking the implant of {spec.name} ({directory})"))
+
+
+def _check_implant(suite: Suite, spec: ModelSpec, runs_root, device: str | None) -> dict[str, Any]:
+    """Measure the model and the suite's references, judge, store the record."""
+    directory = model_dir(runs_root, spec)
     path = implant_path(suite, spec, runs_root)
-    record = read_marker(path, "implant record")
-    if record is not None:
-        return {**record, "name": spec.name}
-    device = pick_device(item.get("device"))
+    device = pick_device(device)
     world = build_world(suite.world, runs_root=runs_root)
     reference_dirs = [(ref, model_dir(runs_root, ref)) for ref in suite.references]
     family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from counteraudit.explain.auditors import AUDITORS, AuditResult, Finding, build_auditor
-from counteraudit.train.artifacts import (atomic_write_json, file_sha256, intact, read_json,
-                                          read_marker, stable_hash, store_dir)
+from counteraudit.train.artifacts import (atomic_write_json, file_sha256, find_or_make, intact,
+                                          lock_beside, read_json, read_marker, stable_hash,
+                                          store_dir)
 from counteraudit.train.suite import ModelSpec, Suite
 
 FINDINGS = "findings"
@@ -142,13 +143,18 @@ def discover_one(item: dict[str, Any]) -> dict[str, int]:
         for auditor, budget, seed in planned(suite, world, item["auditors"]):
             key = findings_key(auditor.describe(), spec, suite.world, budget, seed)
             directory = findings_dir(runs_root, key)
-            if is_stored(directory, key):
-                counts["stored"] += 1
-                continue
-            if model is None:
-                model = load_trained_model(model_dir(runs_root, spec), spec, world, device)
-            save_findings(directory, key, auditor.run(model, world, budget, seed))
-            counts["computed"] += 1
+
+            def audit() -> str:
+                nonlocal model
+                if model is None:  # once per item, and only if something is missing
+                    model = load_trained_model(model_dir(runs_root, spec), spec, world, device)
+                save_findings(directory, key, auditor.run(model, world, budget, seed))
+                return "computed"
+            # two runs that need the findings at once compute them once; the second reads them
+            lock = lock_beside(directory, "discover", f"auditing {spec.name} with {auditor.name} "
+                                                      f"({directory})")
+            counts[find_or_make(lambda: "stored" if is_stored(directory, key) else None, audit,
+                                lock)] += 1
     return counts
 
 

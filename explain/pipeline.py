@@ -28,12 +28,17 @@ computes when a is a multiple of the batch size (``shared_rows``), so a missing 
 and explains only its other images; a chunked run stores them as the parts they cover. CPU work runs on
 the model's ``recipe.cpu_threads`` threads, as training does, since some CPU kernels reduce in a
 thread-dependent order: local, ``--jobs`` and Slurm runs store the same bits.
+
+Two runs at once (two suites, two shells on one runs folder) compute each result, or part, once:
+it is computed under a lock (``result_lock``, ``part_lock``); the second run to need it waits,
+then finds it stored. A full disk stops the stage at the first write that fails (slurm/executor.py);
+the message says about how much the unfinished items need (``space_needed``).
 """
 from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +46,11 @@ from counteraudit.anomalies.image_sets import (DETECTION, ImageSet, abnormal_set
                                                build_image_sets, localizable, same_lineage,
                                                set_sizes)
 from counteraudit.explain.base import METHODS, Explanation, ExplanationMethod, build_method
-from counteraudit.explain.store import (concatenate, gather_parts, is_stored, load_explanation,
-                                        part_dir, part_key, result_key, row_range,
-                                        save_explanation)
-from counteraudit.train.artifacts import link_into_store, stable_hash, store_dir
+from counteraudit.explain.store import (ARRAYS_FILE, PARAMS_FILE, concatenate, gather_parts,
+                                        is_stored, load_explanation, part_dir, part_key,
+                                        result_key, row_range, save_explanation)
+from counteraudit.train.artifacts import (artifact_lock, find_or_make, link_into_store, lock_beside,
+                                          read_json, stable_hash, store_dir)
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.suite import ModelSpec, Suite, load_suite
 
@@ -259,6 +265,10 @@ class _Item:
         key = result_key(self.description, self.spec.key, image_set.id)
         return image_set, stored_result_dir(self.runs_root, key), key
 
+    def what(self, set_name: str) -> str:
+        """The result of one set, for people: "<method> for <model> on <set>"."""
+        return f"{self.method.name} for {self.spec.name} on {set_name}"
+
     @property
     def description(self) -> dict[str, Any]:
         return self.method.describe(self.spec.architecture, self.batch_size)
@@ -279,6 +289,18 @@ class _Item:
         return self._model
 
 
+def result_lock(directory: Path, what: str) -> AbstractContextManager[None]:
+    """Held while this process computes the result stored in ``directory``, so that two runs
+    that need it at once (two suites, two shells on one runs folder) compute it once: the second
+    waits, then finds it stored. Hidden beside the result's folder, which holds only its files."""
+    return lock_beside(directory, "explain", f"explaining {what} ({directory})")
+
+
+def part_lock(folder: Path, what: str) -> AbstractContextManager[None]:
+    """``result_lock`` of a part: inside the part's folder, removed with it once gathered."""
+    return artifact_lock(folder, ".explaining.lock", "explain", f"explaining {what} ({folder})")
+
+
 def explain_one(item: dict[str, Any]) -> dict[str, int]:
     """Work item: one model, one method, all of that model's image sets (missing ones only)."""
     work = _Item(item)
@@ -287,18 +309,21 @@ def explain_one(item: dict[str, Any]) -> dict[str, int]:
     with _item_context(work.spec, work.device):
         for set_name in sets_for(work.suite, work.spec):
             image_set, directory, key = work.target(set_name)
-            if is_stored(directory, key):
-                counts["stored"] += 1
-                continue
-            prefix = shared_rows(work.runs_root, work.description, work.spec.key, image_set, batch)
-            explanation = explain_after(prefix, len(image_set.images),
-                                        lambda start: work.run_from(image_set, start))
-            reused = 0 if prefix is None else len(prefix.targets)
-            counts["reused_images"] += reused
-            counts["explained_images"] += len(image_set.images) - reused
-            save_explanation(directory, explanation, work.spec.key, image_set.id)
-            gather_parts(directory, key, [])  # removes parts a chunked run may have left
-            counts["computed"] += 1
+
+            def explain_set() -> str:
+                prefix = shared_rows(work.runs_root, work.description, work.spec.key, image_set,
+                                     batch)
+                explanation = explain_after(prefix, len(image_set.images),
+                                            lambda start: work.run_from(image_set, start))
+                reused = 0 if prefix is None else len(prefix.targets)
+                counts["reused_images"] += reused
+                counts["explained_images"] += len(image_set.images) - reused
+                save_explanation(directory, explanation, work.spec.key, image_set.id)
+                gather_parts(directory, key, [])  # removes parts a chunked run may have left
+                return "computed"
+            done = find_or_make(lambda: "stored" if is_stored(directory, key) else None,
+                                explain_set, result_lock(directory, work.what(set_name)))
+            counts[done] += 1
     return counts
 
 
@@ -311,13 +336,23 @@ def explain_part(item: dict[str, Any]) -> dict[str, int]:
     whole = (start, stop) == (0, len(image_set.images))
     folder, folder_key = (directory, key) if whole else (part_dir(directory, start, stop),
                                                          part_key(key, start, stop))
-    if is_stored(directory, key) or is_stored(folder, folder_key):
-        return {"computed": 0, "stored": 1, "explained_images": 0}
-    with _item_context(work.spec, work.device):
-        explanation = work.run_from(image_set, start, stop)
-    save_explanation(folder, explanation, work.spec.key, image_set.id,
-                     image_range=None if whole else (start, stop))
-    return {"computed": 1, "stored": 0, "explained_images": stop - start}
+
+    def explain_range() -> dict[str, int]:
+        with _item_context(work.spec, work.device):
+            explanation = work.run_from(image_set, start, stop)
+        save_explanation(folder, explanation, work.spec.key, image_set.id,
+                         image_range=None if whole else (start, stop))
+        return {"computed": 1, "stored": 0, "explained_images": stop - start}
+
+    def stored() -> dict[str, int] | None:
+        if is_stored(directory, key) or is_stored(folder, folder_key):
+            return {"computed": 0, "stored": 1, "explained_images": 0}
+        return None
+
+    what = work.what(item["image_set"])
+    lock = (result_lock(directory, what) if whole
+            else part_lock(folder, f"{what}, images {start}-{stop}"))
+    return find_or_make(stored, explain_range, lock)
 
 
 def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
@@ -395,7 +430,7 @@ def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | N
     set of the same lineage (``shared_rows``). If some items fail,
     the complete results are still gathered before ``ItemsFailedError`` is raised, and a rerun
     submits only the missing items."""
-    from counteraudit.slurm.errors import ItemsFailedError
+    from counteraudit.slurm.errors import ItemsFailedError, OutOfSpaceError
     from counteraudit.slurm.executor import run_items
     from counteraudit.train.stage import executor_config
     methods = suite_methods(suite, methods)
@@ -409,9 +444,13 @@ def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | N
                  "device": getattr(args, "device", None)}
     items, gathers, stored, reused = plan_explanations(suite, methods, specs, image_sets, chunk,
                                                        base_item)
+
+    def needed(unfinished: list[dict[str, Any]]) -> int | None:
+        return space_needed(suite, image_sets, runs_dir, unfinished)
     if not chunk:
         results = run_items(explain_one, items, config, "explain",
-                            item_name=lambda item: f"{item['model']}/{item['method']}")
+                            item_name=lambda item: f"{item['model']}/{item['method']}",
+                            space_needed=needed)
         return {"computed": sum(r["computed"] for r in results),
                 "stored": stored + sum(r["stored"] for r in results), "parts": 0,
                 "explained_images": sum(r["explained_images"] for r in results),
@@ -420,19 +459,74 @@ def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | N
     def name(item: dict[str, Any]) -> str:
         return f"{item['model']}/{item['method']}/{item['image_set']}/{item['start']}-{item['stop']}"
 
+    def gather_one(directory: Path, key: dict[str, Any], ranges: list[tuple[int, int]]) -> bool:
+        with lock_beside(directory, "explain", f"gathering the parts of {directory}"):
+            return gather_parts(directory, key, ranges)
+
     def gather() -> int:  # how many results are complete now (a one-part set is written whole)
-        return sum(gather_parts(directory, key, ranges) for directory, key, ranges in gathers)
+        return sum(gather_one(directory, key, ranges) for directory, key, ranges in gathers)
 
     try:
-        results = run_items(explain_part, items, config, "explain", item_name=name)
-    except ItemsFailedError:
-        gather()  # keep what is complete; a rerun submits only the failed parts
+        results = run_items(explain_part, items, config, "explain", item_name=name,
+                            space_needed=needed)
+    except ItemsFailedError as error:
+        if not isinstance(error, OutOfSpaceError):  # no space to gather: the parts wait for a rerun
+            gather()  # keep what is complete; a rerun submits only the failed parts
         raise
     if config.dry_run:
         return {"computed": 0, "stored": 0, "parts": 0, "explained_images": 0, "reused_images": 0}
     return {"computed": gather(), "stored": stored, "parts": sum(r["computed"] for r in results),
             "explained_images": sum(r["explained_images"] for r in results),
             "reused_images": reused}
+
+
+def space_needed(suite: Suite, image_sets: dict[str, ImageSet], runs_root,
+                 items: list[dict[str, Any]]) -> int | None:
+    """About how many bytes the results of ``items`` (work items not finished) will take: the
+    images they have left to explain times the stored bytes per image of their method's finished
+    results (for a method without any yet, the largest of the other methods': better too much
+    than a second full disk); None before any result is stored."""
+    stored = store_dir(runs_root) / VISUALIZATIONS
+    per_image = {folder.name: _stored_bytes_per_image(folder)
+                 for folder in (sorted(stored.iterdir()) if stored.is_dir() else [])}
+    known = [size for size in per_image.values() if size is not None]
+    if not known:
+        return None
+    total = 0.0
+    for item in items:
+        size = per_image.get(item["method"]) or max(known)
+        total += size * _images_left(suite, image_sets, runs_root, item)
+    return round(total)
+
+
+def _stored_bytes_per_image(method_folder: Path, sample: int = 100) -> float | None:
+    """Mean size per image of the arrays of (up to ``sample``) stored results of a method."""
+    sizes, images = 0, 0
+    for params in sorted(method_folder.glob(f"*/{PARAMS_FILE}"))[:sample]:
+        try:
+            shape = read_json(params)["images_shape"]
+            sizes += (params.parent / ARRAYS_FILE).stat().st_size
+        except (OSError, ValueError, KeyError):  # being rewritten, or not a finished result
+            continue
+        images += shape[-4]  # (layers,) images, height, width, channels
+    return sizes / images if images else None
+
+
+def _images_left(suite: Suite, image_sets: dict[str, ImageSet], runs_root,
+                 item: dict[str, Any]) -> int:
+    """Images a work item has left to explain: its range (a chunked run's part), or the images of
+    the sets of its (model, method) that are not stored."""
+    if "start" in item:
+        return int(item["stop"]) - int(item["start"])
+    spec = suite.model(item["model"])
+    method = build_method(item["method"], method_params(suite, item["method"]))
+    description = method.describe(spec.architecture, method_batch_size(suite, item["method"]))
+    left = 0
+    for set_name in sets_for(suite, spec):
+        key = result_key(description, spec.key, image_sets[set_name].id)
+        if not is_stored(stored_result_dir(runs_root, key), key):
+            left += len(image_sets[set_name].images)
+    return left
 
 
 def explained_images_line(counts: dict[str, int]) -> str:

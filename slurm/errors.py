@@ -8,6 +8,8 @@ All derive from ExecutorError, so a command-line script can print them without a
 
 from __future__ import annotations
 
+import errno
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,5 +82,73 @@ class ItemsFailedError(ExecutorError):
             lines.append(f"  - {failure.item_name} ({where}): {failure.reason}{logs}")
         lines.append(
             "Fix the cause and rerun the same command: finished items are skipped, only the failed ones are redone."
+        )
+        return "\n".join(lines)
+
+
+# A write that fails for lack of space: the disk is full, or the user's quota is used up.
+OUT_OF_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def out_of_space(error: BaseException | None) -> OSError | None:
+    """The OSError "no space left on device" or "disk quota exceeded" behind ``error`` (itself, or
+    one it was raised from or while handling), else None."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in OUT_OF_SPACE_ERRNOS:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def size_text(size: float) -> str:
+    """Bytes for people: 1.2 GB, 350 MB, 12 kB (powers of 1000, as df -H and file managers)."""
+    units = ("B", "kB", "MB", "GB", "TB")
+    power = 0
+    while abs(size) >= 1000 and power < len(units) - 1:
+        size, power = size / 1000, power + 1
+    return f"{size:.0f} B" if power == 0 else f"{size:.1f} {units[power]}"
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Free space of the file system holding ``path`` (its nearest existing folder)."""
+    for folder in (path, *path.parents):
+        if folder.is_dir():
+            return shutil.disk_usage(folder).free
+    return None
+
+
+class OutOfSpaceError(ItemsFailedError):
+    """A write found no space left (full disk or used-up quota), so the stage stopped scheduling
+    items: every further item would compute its work only to fail at the same write. What was
+    finished is stored; a rerun after freeing space does only the rest."""
+
+    def __init__(self, *failed: Any, cause: OSError, needed_bytes: int | None) -> None:
+        """``failed``: ItemsFailedError's arguments; ``cause``: the write that found no space;
+        ``needed_bytes``: about what the unfinished items need (None: no estimate)."""
+        self.cause = cause
+        self.path = Path(cause.filename) if cause.filename else None
+        self.free_bytes = _free_bytes(self.path) if self.path else None
+        self.needed_bytes = needed_bytes
+        super().__init__(*failed)
+
+    @property
+    def unfinished_count(self) -> int:
+        return self.item_count - len(self.results_by_index)
+
+    def _message(self) -> str:
+        what = (self.cause.strerror or "no space left").lower()
+        where = f" writing {self.path}" if self.path else ""
+        lines = [f"stage '{self.stage_name}' stopped: {what}{where}."]
+        free = (f"{size_text(self.free_bytes)} free in {self.path.parent}; " if self.free_bytes is not None
+                else "")
+        need = (f"need about {size_text(self.needed_bytes)}" if self.needed_bytes is not None
+                else "need more (no estimate)")
+        lines.append(f"{free}the {self.unfinished_count} unfinished item(s) {need}.")
+        lines.append(
+            f"Free {'that much' if self.needed_bytes is not None else 'some'} space (or use a --runs-dir "
+            f"on a larger disk) and rerun the same command: the {len(self.results_by_index)} finished "
+            "item(s) are stored and are not computed again."
         )
         return "\n".join(lines)

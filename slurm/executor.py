@@ -5,11 +5,13 @@
     config = executor_config_from(args, suite.get("slurm"), stage_name="train")
     results = run_items(train_model, specs_to_train, config, "train")
 
-Local: fn(item) runs in this process, item after item. Slurm: one submitit job array with one
+Local: fn(item) runs in this process, item after item, or with --jobs N in N worker processes
+that end with this one (slurm/worker_pool.py). Slurm: one submitit job array with one
 task per item (at most config.array_parallelism at once), logs in <log_dir>/<stage>/, and this
 process waits for all of them. Either way every item is attempted; if some fail, ItemsFailedError
 lists them and keeps the others' results, and a rerun redoes only what is missing (the stage
-functions skip finished artifacts).
+functions skip finished artifacts). One exception, locally: once a write finds no space left, no
+further item starts (OutOfSpaceError says how much the rest needs).
 
 To chain stages on Slurm without waiting in between, submit the first and pass it as `after`:
 the second array then starts only once the first one has fully succeeded (afterok).
@@ -25,7 +27,7 @@ import multiprocessing
 import os
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import as_completed
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -33,10 +35,12 @@ import submitit
 
 from counteraudit.slurm.checkpointing import resumable
 from counteraudit.slurm.cluster import max_array_size
-from counteraudit.slurm.errors import ExecutorConfigError, ItemFailure, NoGpuError, SlurmUnreachableError, SubmissionError
+from counteraudit.slurm.errors import (ExecutorConfigError, ItemFailure, NoGpuError, OutOfSpaceError,
+                                      SlurmUnreachableError, SubmissionError, out_of_space)
 from counteraudit.slurm.executor_config import ExecutorConfig, add_executor_args, executor_config_from
 from counteraudit.slurm.request_checks import check_local_gpus, check_local_layout, check_slurm_request, sbatch_parameters
 from counteraudit.slurm.stage_run import FinishedStageRun, SlurmStageRun, StageRun, default_item_name, say
+from counteraudit.slurm.worker_pool import worker_pool
 
 __all__ = [
     "ExecutorConfig",
@@ -107,45 +111,94 @@ def local_job_count(config: ExecutorConfig, item_count: int) -> int:
     return max(1, min(config.local_jobs or 1, item_count))
 
 
-def _limit_threads(threads: int) -> None:
+# In a worker process of _run_locally: set once an item found no space to write, so the items
+# already queued to the workers are skipped instead of computed to fail at the same write.
+_stop_scheduling = None
+
+
+def _start_worker(threads: int, stop_scheduling) -> None:
     import torch
 
+    global _stop_scheduling
     torch.set_num_threads(threads)
+    _stop_scheduling = stop_scheduling
 
 
-def _call_with_traceback(fn: Callable[[Any], Any], item: Any) -> tuple[bool, Any]:
-    """Runs in a worker process: (True, result) or (False, (reason, traceback))."""
+# What became of an item: its result, an exception, a write without space, or not run at all.
+DONE, FAILED, NO_SPACE, NOT_RUN = "done", "failed", "no space", "not run"
+
+
+def _call_with_traceback(fn: Callable[[Any], Any], item: Any) -> tuple[str, Any]:
+    """Runs in a worker process: (DONE, result), (FAILED or NO_SPACE, (reason, traceback,
+    exception)), or (NOT_RUN, None) once another item found no space."""
+    if _stop_scheduling is not None and _stop_scheduling.is_set():
+        return NOT_RUN, None
     try:
-        return True, fn(item)
+        return DONE, fn(item)
     except Exception as error:
-        return False, (f"{type(error).__name__}: {error}", traceback.format_exc(), error)
+        reason = f"{type(error).__name__}: {error}"
+        no_space = out_of_space(error)
+        if no_space is None:
+            return FAILED, (reason, traceback.format_exc(), error)
+        if _stop_scheduling is not None:
+            _stop_scheduling.set()
+        # the OSError itself: an exception's chain does not survive the way back from a worker
+        return NO_SPACE, (reason, traceback.format_exc(), no_space)
+
+
+def _outcomes_in_workers(fn: Callable[[Any], Any], items: list[Any], stage_name: str,
+                         jobs: int) -> dict[int, tuple[str, Any]]:
+    """Each item's outcome, from ``jobs`` worker processes that end with this one; once an item
+    finds no space, no further item starts (the running ones finish)."""
+    # spawn, not fork: a forked child of a process that already ran OpenMP threads can hang.
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    say(stage_name, f"running {len(items)} items, {jobs} at a time ({threads} thread(s) each)")
+    stop_scheduling = multiprocessing.get_context("spawn").Event()
+    outcomes: dict[int, tuple[str, Any]] = {}
+    with worker_pool(jobs, "spawn", _start_worker, (threads, stop_scheduling)) as pool:
+        futures = {pool.submit(_call_with_traceback, fn, item): index for index, item in enumerate(items)}
+        for future in as_completed(futures):
+            if future.cancelled():
+                continue
+            outcomes[futures[future]] = outcome = future.result()
+            if outcome[0] == NO_SPACE:
+                stop_scheduling.set()
+                for waiting in futures:
+                    waiting.cancel()
+    return outcomes
 
 
 def _run_locally(
-    fn: Callable[[Any], Any], items: list[Any], item_names: list[str], stage_name: str, jobs: int = 1
+    fn: Callable[[Any], Any], items: list[Any], item_names: list[str], stage_name: str, jobs: int = 1,
+    space_needed: Callable[[list[Any]], int | None] | None = None,
 ) -> FinishedStageRun:
+    if jobs > 1:
+        outcomes = _outcomes_in_workers(fn, items, stage_name, jobs)
+    else:
+        outcomes = {}
+        for index, item in enumerate(items):  # KeyboardInterrupt still stops the run
+            outcomes[index] = _call_with_traceback(fn, item)
+            if outcomes[index][0] == NO_SPACE:
+                break
     results_by_index: dict[int, Any] = {}
     failures: list[ItemFailure] = []
     first_exception: BaseException | None = None
-    if jobs > 1:
-        # spawn, not fork: a forked child of a process that already ran OpenMP threads can hang.
-        threads = max(1, (os.cpu_count() or 1) // jobs)
-        say(stage_name, f"running {len(items)} items, {jobs} at a time ({threads} thread(s) each)")
-        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_limit_threads, initargs=(threads,))
-        with pool:
-            outcomes = list(pool.map(_call_with_traceback, [fn] * len(items), items))
-    else:
-        outcomes = (_call_with_traceback(fn, item) for item in items)
-    for index, (ok, value) in enumerate(outcomes):
-        if ok:
+    for index in sorted(outcomes):
+        kind, value = outcomes[index]
+        if kind == DONE:
             results_by_index[index] = value
-            continue
-        reason, trace, error = value  # every item is attempted; KeyboardInterrupt still stops the run
-        first_exception = first_exception or error
-        failures.append(ItemFailure(index=index, item_name=item_names[index], reason=reason, details=trace))
-        say(stage_name, f"item {item_names[index]} failed: {reason}")
-    return FinishedStageRun(stage_name, item_names, results_by_index, failures, first_exception)
+        elif kind != NOT_RUN:
+            reason, trace, error = value  # every item is attempted, unless the disk is full
+            first_exception = first_exception or error
+            failures.append(ItemFailure(index=index, item_name=item_names[index], reason=reason, details=trace))
+            say(stage_name, f"item {item_names[index]} failed: {reason}")
+    no_space = next((value[2] for kind, value in outcomes.values() if kind == NO_SPACE), None)
+    if no_space is None:
+        return FinishedStageRun(stage_name, item_names, results_by_index, failures, first_exception)
+    unfinished = [item for index, item in enumerate(items) if index not in results_by_index]
+    error = OutOfSpaceError(stage_name, failures, results_by_index, len(items), cause=no_space,
+                            needed_bytes=space_needed(unfinished) if space_needed else None)
+    return FinishedStageRun(stage_name, item_names, results_by_index, failures, first_exception, error)
 
 
 def _remove_stale_results(jobs: list[submitit.Job], submitted_at: float) -> None:
@@ -178,11 +231,16 @@ def submit_items(
     *,
     item_name: Callable[[Item], str] = default_item_name,
     after: Sequence[StageRun] = (),
+    space_needed: Callable[[list[Item]], int | None] | None = None,
 ) -> StageRun:
     """Starts fn(item) for every item and returns without waiting on Slurm (locally, the items
     run right away). `after`: stages that must succeed first (Slurm: an afterok dependency;
     locally: their results() is awaited). fn and the items must be picklable for Slurm (module
-    functions, functools.partial, dataclasses); fn(item) should skip work that is already done."""
+    functions, functools.partial, dataclasses); fn(item) should skip work that is already done.
+
+    Locally, once an item fails for lack of space (ENOSPC, EDQUOT), no further item starts and
+    results() raises OutOfSpaceError, whose message gives `space_needed(unfinished items)`: the
+    bytes they would store (None: no estimate)."""
     _check_stage_name(stage_name)
     items = list(items)
     item_names = [item_name(item) for item in items]
@@ -206,7 +264,8 @@ def submit_items(
         check_local_gpus(config)
         for earlier_stage in after:
             earlier_stage.results()
-        return _run_locally(fn, items, item_names, stage_name, local_job_count(config, len(items)))
+        return _run_locally(fn, items, item_names, stage_name, local_job_count(config, len(items)),
+                            space_needed)
 
     for earlier_stage in after:
         if isinstance(earlier_stage, FinishedStageRun):
@@ -265,11 +324,14 @@ def run_items(
     *,
     item_name: Callable[[Item], str] = default_item_name,
     after: Sequence[StageRun] = (),
+    space_needed: Callable[[list[Item]], int | None] | None = None,
 ) -> list[Result]:
     """fn(item) for every item, locally or on Slurm per config; results in item order.
 
-    Raises ItemsFailedError (carrying the successful items' results) if any item failed, and
+    Raises ItemsFailedError (carrying the successful items' results) if any item failed; its
+    subclass OutOfSpaceError when a local run stopped for lack of space (see submit_items); and
     before running anything: UnknownPartitionError, SlurmUnreachableError, NoGpuError,
     SubmissionError. With config.dry_run, prints the plan and returns [].
     """
-    return submit_items(fn, items, config, stage_name, item_name=item_name, after=after).results()
+    return submit_items(fn, items, config, stage_name, item_name=item_name, after=after,
+                        space_needed=space_needed).results()

@@ -78,14 +78,18 @@ class FinishedStageRun(StageRun):
         results_by_index: dict[int, Any],
         failures: list[ItemFailure],
         first_exception: BaseException | None = None,
+        stopped: ItemsFailedError | None = None,
     ) -> None:
         self.stage_name = stage_name
         self.item_names = item_names
         self._results_by_index = results_by_index
         self._failures = failures
         self._first_exception = first_exception
+        self._stopped = stopped  # why the run stopped before every item was attempted
 
     def results(self) -> list[Any]:
+        if self._stopped is not None:
+            raise self._stopped from self._first_exception
         if self._failures:
             raise ItemsFailedError(
                 self.stage_name, self._failures, dict(self._results_by_index), len(self.item_names)

@@ -74,6 +74,40 @@ localization_images = 4
 """
 
 
+# Two references, two cheap methods, 8 detection images: four visualization sets, seconds to make.
+PAIR_BODY = """
+[explain]
+methods = ["guided_backprop", "outputs_only"]
+
+[evaluate]
+detection_images = 8
+localization_images = 4
+"""
+
+
+def trained_suite(suite_path: Path, runs: Path) -> tuple[Path, Path]:
+    """Every model of a suite trained (in this process) and its image sets made, nothing
+    explained: (suite file, runs root)."""
+    from counteraudit.explain.pipeline import load_image_sets
+    from counteraudit.train.stage import train_one
+    from counteraudit.train.suite import load_suite
+    suite = load_suite(suite_path)
+    for spec in suite.models:
+        train_one({"suite": str(suite_path), "model": spec.name, "runs_dir": str(runs),
+                   "progress": False})
+    load_image_sets(suite, runs)
+    return suite_path, runs
+
+
+@pytest.fixture(scope="session")
+def trained_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """``trained_suite`` of PAIR_BODY's two references. Shared: copy the runs root before
+    changing it."""
+    base = tmp_path_factory.mktemp("pair")
+    return trained_suite(write_suite(base / "pair.toml", body=PAIR_BODY, references=2, epochs=1),
+                         base / "runs")
+
+
 def run_script(script, *args, timeout: float = 600):
     """Run a repository script in a subprocess; asserts it succeeded, returns its stdout."""
     result = subprocess.run([sys.executable, str(REPO / script), *map(str, args)],

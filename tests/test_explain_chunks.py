@@ -24,8 +24,7 @@ from counteraudit.explain.pipeline import (chunk_images, explain_suite, image_ra
 from counteraudit.explain.run import get_args_parser
 from counteraudit.explain.store import ARRAYS_FILE, PARAMS_FILE, PARTS_DIR
 from counteraudit.slurm.errors import ItemsFailedError
-from tests.conftest import write_suite
-from counteraudit.train.stage import train_one
+from tests.conftest import trained_suite, write_suite
 from counteraudit.train.suite import load_suite
 
 METHODS = ["guided_backprop", "caricature"]
@@ -49,16 +48,9 @@ localization_images = 4
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> tuple[Path, Path]:
     """A suite of 3 tiny references, trained, with its image sets: (suite file, runs root)."""
-    from counteraudit.explain.pipeline import load_image_sets
     base = tmp_path_factory.mktemp("chunks")
-    suite_path = write_suite(base / "chunks.toml", body=BODY, references=3, epochs=1)
-    runs = base / "trained"
-    suite = load_suite(suite_path)
-    for spec in suite.models:
-        train_one({"suite": str(suite_path), "model": spec.name, "runs_dir": str(runs),
-                   "progress": False})
-    load_image_sets(suite, runs)
-    return suite_path, runs
+    return trained_suite(write_suite(base / "chunks.toml", body=BODY, references=3, epochs=1),
+                         base / "trained")
 
 
 def copy_of(trained_runs: Path, destination: Path) -> Path:

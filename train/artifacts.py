@@ -1,4 +1,5 @@
-"""Atomic artifact writes, seed derivation and the run-folder layout.
+"""Atomic artifact writes, locks on the making of an artifact, seed derivation and the run-folder
+layout.
 
 Every write goes to a temporary file in the destination folder and is renamed into place, so a
 killed process never leaves a half-written file that a later run would take for a finished one.
@@ -10,6 +11,8 @@ import io
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -43,9 +46,15 @@ def _atomic(path: Path, write: Callable[[io.BufferedWriter], None]) -> Path:
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes it owner-only; give it a normal file's mode
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        # "[Errno 28] No space left on device" names no file: name the one being written (torch.save
+        # reports a failed write as a RuntimeError raised while handling the OSError)
+        failed = error if isinstance(error, OSError) else error.__context__
+        if isinstance(error, Exception) and isinstance(failed, OSError) and \
+                failed.errno is not None and failed.filename is None:
+            raise OSError(failed.errno, failed.strerror, str(path)) from error
         raise
     return path
 
@@ -69,6 +78,51 @@ def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
 
 def atomic_save_npz(path: str | os.PathLike, **arrays: np.ndarray) -> Path:
     return _atomic(Path(path), lambda h: np.savez(h, **arrays))
+
+
+@contextmanager
+def artifact_lock(directory: str | os.PathLike, name: str, stage: str, what: str) -> Iterator[None]:
+    """Held while this process makes one artifact, so that two runs that need it at once (two
+    suites, two users, two shells on one runs folder) make it once: the second waits here,
+    saying so, then must check again whether the artifact is there before making it.
+
+    The lock is ``directory/name``, an advisory lock (flock) that the OS releases when the
+    process ends, so a killed run never blocks others; the file stays (removing it would race
+    with a process that just opened it). Where several processes make one artifact together
+    (the ranks of one distributed training run), they must not take it: they would wait on each
+    other. ``what`` completes "another process is ..." in the message."""
+    import fcntl  # POSIX; imported here so that reading artifacts works everywhere
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / name, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"[{stage}] another process is {what}; waiting for it", flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def lock_beside(directory: str | os.PathLike, stage: str, what: str) -> AbstractContextManager[None]:
+    """``artifact_lock`` on a hidden file next to the artifact's folder (``.<folder>.lock``): the
+    folder itself holds only the artifact's files."""
+    directory = Path(directory)
+    return artifact_lock(directory.parent, f".{directory.name}.lock", stage, what)
+
+
+def find_or_make(find: Callable[[], Any], make: Callable[[], Any],
+                 lock: AbstractContextManager[None]) -> Any:
+    """``find()`` (the finished artifact, None while there is none), else ``make()`` under
+    ``lock`` (``artifact_lock``), unless the process this one waited for made it meanwhile."""
+    found = find()
+    if found is not None:
+        return found
+    with lock:
+        found = find()
+        return found if found is not None else make()
 
 
 def read_json(path: str | os.PathLike) -> Any:

@@ -19,15 +19,14 @@ moved into the store the first time a suite needs it)
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from counteraudit.train.artifacts import (atomic_torch_save, intact, link_into_store, read_marker,
-                                          set_aside, store_dir)
+from counteraudit.train.artifacts import (artifact_lock, atomic_torch_save, intact, link_into_store,
+                                          read_marker, set_aside, store_dir)
 from counteraudit.train.suite import ModelSpec, Suite
 
 CHECKPOINT_NAME = "checkpoint.pth"
@@ -87,24 +86,11 @@ def read_metrics(directory: Path) -> dict[str, Any]:
     return metrics
 
 
-@contextmanager
-def training_lock(directory: Path) -> Iterator[None]:
+def training_lock(directory: Path) -> AbstractContextManager[None]:
     """Held while this process trains the model in ``directory``. A second process that needs it
-    waits here (saying so), then finds it trained. An advisory lock (flock) on a file in the
-    model's folder: released by the OS if the process dies, so a killed run never blocks others."""
-    import fcntl
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / LOCK_NAME, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"[train] another process is training the model in {directory}; waiting for it",
-                  flush=True)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    waits here (saying so), then finds it trained (``artifact_lock`` on the model's
+    ``training.lock``: released by the OS if the process dies, so a killed run never blocks others)."""
+    return artifact_lock(directory, LOCK_NAME, "train", f"training the model in {directory}")
 
 
 # Wrappers that training code or other libraries put around a backbone's parameter names:

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from counteraudit.train.artifacts import store_dir
-from counteraudit.train.checkpoint import is_trained, link_suite_models, model_dir, read_metrics
+from counteraudit.train.checkpoint import (METRICS_NAME, MODELS, is_trained, link_suite_models,
+                                           model_dir, read_metrics)
 from counteraudit.train.suite import ModelSpec, Suite, available_suites, load_suite
 
 
@@ -72,6 +73,19 @@ def train_one(item: dict[str, Any]) -> dict[str, Any]:
     finally:
         if joined_here:  # leave a process group the caller made to the caller
             cleanup_distributed()
+
+
+def models_space_needed(runs_root, count: int, sample: int = 100) -> int | None:
+    """About the bytes ``count`` models still to train will store: each the mean size of (up to
+    ``sample``) trained models' folders in the store (weights, last checkpoint, metrics); None
+    before any model is trained."""
+    sizes = []
+    for metrics in sorted((store_dir(runs_root) / MODELS).glob(f"*/{METRICS_NAME}"))[:sample]:
+        try:
+            sizes.append(sum(path.stat().st_size for path in metrics.parent.iterdir() if path.is_file()))
+        except OSError:  # being rewritten
+            continue
+    return round(sum(sizes) / len(sizes) * count) if sizes else None
 
 
 def executor_config(suite: Suite, args: argparse.Namespace, stage: str):
@@ -187,7 +201,8 @@ def train_models(suite: Suite, specs: list[ModelSpec], args: argparse.Namespace)
     items = [{"suite": str(suite.path.resolve()), "model": spec.name, "runs_dir": runs_dir,
               "device": getattr(args, "device", None),
               "progress": not args.no_progress and not parallel} for spec in todo]
-    run_items(train_one, items, config, "train", item_name=lambda item: item["model"])
+    run_items(train_one, items, config, "train", item_name=lambda item: item["model"],
+              space_needed=lambda unfinished: models_space_needed(args.runs_dir, len(unfinished)))
     if config.dry_run:
         return []
     # the suite's own names: another suite may have trained (and named) a shared model

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from counteraudit.slurm.worker_pool import end_with_parent
 from counteraudit.train.artifacts import derive_seed
 from counteraudit.train.worlds import decoding
 from counteraudit.train.worlds.base import WORLDS, Batch, Split, World, part_bounds
@@ -163,6 +165,7 @@ class ImageFolderSplit(Split):
         loader = torch.utils.data.DataLoader(
             dataset, batch_sampler=[chosen for _, _, chosen in rows],
             num_workers=self.world.config.num_workers, pin_memory=torch.cuda.is_available(),
+            worker_init_fn=partial(end_with_parent, os.getpid()),  # at once, not after a batch
             **({"collate_fn": _collate_files} if decode == "nvjpeg" else {}))
         for (first, size, _), loaded in zip(rows, loader):
             if decode == "nvjpeg":

@@ -21,6 +21,7 @@ import math
 import multiprocessing
 import os
 import time
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -29,8 +30,10 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from counteraudit.train.artifacts import (atomic_save_npz, atomic_write_json, derive_seed,
-                                          read_json, runs_dir, stable_hash)
+from counteraudit.slurm.worker_pool import worker_pool
+from counteraudit.train.artifacts import (artifact_lock, atomic_save_npz, atomic_write_json,
+                                          derive_seed, find_or_make, read_json, runs_dir,
+                                          stable_hash)
 from counteraudit.train.worlds.base import WORLDS, Batch, Split, World, part_bounds
 
 # Bump when rendering changes: it is part of the cache key, so old caches are never reused.
@@ -332,14 +335,22 @@ def map_in_processes(function: Callable, jobs: list, workers: int | None = None)
         return [function(job) for job in jobs]
     # fork: workers inherit the imported modules, no re-import cost; results do not depend on it.
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    pool = multiprocessing.get_context(method).Pool(workers)
-    try:
-        return pool.map(function, jobs)
-    finally:
-        # close + join, not terminate: inside a submitit job the workers inherit a handler that
-        # ignores SIGTERM, and a terminated pool would wait for them forever.
-        pool.close()
-        pool.join()
+    with worker_pool(min(workers, len(jobs)), method) as pool:  # workers that end with this process
+        return list(pool.map(function, jobs))
+
+
+def load_cached(arrays: Path, notes: Path) -> tuple[np.ndarray, np.ndarray, list[dict]] | None:
+    """Cached (images, labels, annotations) of ``save_cached``; None while they are not there."""
+    if not (arrays.exists() and notes.exists()):
+        return None
+    with np.load(arrays) as data:
+        return data["images"], data["labels"], read_json(notes)
+
+
+def save_cached(arrays: Path, notes: Path, images: np.ndarray, labels: np.ndarray,
+                annotations: list[dict]) -> None:
+    atomic_write_json(notes, annotations)  # annotations first: the .npz marks completion
+    atomic_save_npz(arrays, images=images, labels=labels)
 
 
 class InMemorySplit(Split):
@@ -444,14 +455,25 @@ class SyntheticWorld(World):
 
     def _load_or_generate(self, name: str, key: str, texture_randomized: bool) -> InMemorySplit:
         arrays, notes = self.cache_dir / f"{key}.npz", self.cache_dir / f"{key}-annotations.json"
-        if arrays.exists() and notes.exists():
-            with np.load(arrays) as data:
-                return InMemorySplit(data["images"], data["labels"], read_json(notes),
-                                     hflip=name == "train")
+
+        def load() -> InMemorySplit | None:
+            cached = load_cached(arrays, notes)
+            return None if cached is None else InMemorySplit(*cached, hflip=name == "train")
+
+        return find_or_make(load, lambda: self._generate(name, key, texture_randomized, arrays, notes),
+                            self.generation_lock(key))
+
+    def generation_lock(self, key: str) -> AbstractContextManager[None]:
+        """Held while this process generates a split (``key``: its name, or its texture-randomized
+        copy's): two runs that need it at once generate it once, the second reads it."""
+        return artifact_lock(self.cache_dir, f".{key}.lock", "world",
+                             f"generating the synthetic world's {key} split in {self.cache_dir}")
+
+    def _generate(self, name: str, key: str, texture_randomized: bool, arrays: Path,
+                  notes: Path) -> InMemorySplit:
         started = time.perf_counter()
         images, labels, annotations = generate(self.config, name, texture_randomized)
-        atomic_write_json(notes, annotations)  # annotations first: the .npz marks completion
-        atomic_save_npz(arrays, images=images, labels=labels)
+        save_cached(arrays, notes, images, labels, annotations)
         atomic_write_json(self.cache_dir / "config.json",
                           {"version": GENERATOR_VERSION, **asdict(self.config)})
         if self.verbose:

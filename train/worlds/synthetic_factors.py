@@ -39,9 +39,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from counteraudit.train.artifacts import (atomic_save_npz, atomic_write_bytes, atomic_write_json, derive_seed,
-                                          read_json, stable_hash)
-from counteraudit.train.worlds.synthetic import map_in_processes
+from counteraudit.train.artifacts import (artifact_lock, atomic_write_bytes, derive_seed,
+                                          find_or_make, read_json, stable_hash)
+from counteraudit.train.worlds.synthetic import load_cached, map_in_processes, save_cached
 
 # Bump when the factor definitions, the pool or the composition change: part of every cache key.
 FACTORS_VERSION = 1
@@ -156,13 +156,21 @@ class FactorPool:
         self.cfg, self.grid, self.per_class = cfg, grid, per_class
         self.names = list(grid)
         path = Path(cache_dir) / f"factor-pool-v{FACTORS_VERSION}-{per_class}.pkl"
-        if path.exists():
+
+        def load() -> tuple[np.ndarray, list] | None:
+            if not path.exists():
+                return None
             with open(path, "rb") as handle:
-                self.codes, self.draws = pickle.load(handle)
-        else:
-            self.codes, self.draws = self._draw()
-            atomic_write_bytes(path, pickle.dumps((self.codes, self.draws),
-                                                  protocol=pickle.HIGHEST_PROTOCOL))
+                return pickle.load(handle)
+
+        def draw() -> tuple[np.ndarray, list]:
+            drawn = self._draw()
+            atomic_write_bytes(path, pickle.dumps(drawn, protocol=pickle.HIGHEST_PROTOCOL))
+            return drawn
+
+        self.codes, self.draws = find_or_make(load, draw, artifact_lock(
+            cache_dir, f".{path.stem}.lock", "world",
+            f"drawing the synthetic world's factor pool in {cache_dir}"))
         self._masks: dict[tuple, np.ndarray] = {}
         self.cache_dir = Path(cache_dir)
         _POOLS[(str(self.cache_dir), per_class)] = self  # worker processes find it (fork)
@@ -315,10 +323,11 @@ def cached_generation(cfg, pool: Callable[[], FactorPool], cache_dir: Path,
                        "conditions": conditions, "n": n, "seed": seed}, length=16)
     folder = Path(cache_dir) / "generated"
     arrays, notes = folder / f"{key}.npz", folder / f"{key}-annotations.json"
-    if arrays.exists() and notes.exists():
-        with np.load(arrays) as data:
-            return data["images"], data["labels"], read_json(notes)
-    images, labels, annotations = generate_images(cfg, pool(), conditions, n, seed)
-    atomic_write_json(notes, annotations)  # annotations first: the .npz marks completion
-    atomic_save_npz(arrays, images=images, labels=labels)
-    return images, labels, read_json(notes)  # as a later read gives them (tuples are lists)
+
+    def make():
+        images, labels, annotations = generate_images(cfg, pool(), conditions, n, seed)
+        save_cached(arrays, notes, images, labels, annotations)
+        return images, labels, read_json(notes)  # as a later read gives them (tuples are lists)
+
+    return find_or_make(lambda: load_cached(arrays, notes), make, artifact_lock(
+        folder, f".{key}.lock", "world", f"generating images {conditions} in {folder}"))
