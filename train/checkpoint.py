@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from counteraudit.train.artifacts import (atomic_torch_save, intact, link_into_store, read_marker,
-                                          set_aside, store_dir)
+from counteraudit.train.artifacts import (atomic_torch_save, intact, link_into_store, marker_says,
+                                          read_marker, set_aside, store_dir)
 from counteraudit.train.suite import ModelSpec, Suite
 
 CHECKPOINT_NAME = "checkpoint.pth"
@@ -51,7 +51,7 @@ def link_suite_models(suite: Suite, specs: list[ModelSpec], runs_root=None) -> N
     real folder there (an older version's layout) is moved into the store, so it is not retrained."""
     for spec in specs:
         link_into_store(suite.root(runs_root) / MODELS / f"{spec.name}-{spec.key}",
-                        model_dir(runs_root, spec))
+                        model_dir(runs_root, spec), runs_root, marker_says(SPEC_NAME, "key", spec.key))
 
 
 def is_trained(directory: Path) -> bool:
