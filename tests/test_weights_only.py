@@ -25,6 +25,7 @@ from counteraudit.train.checkpoint import (CHECKPOINT_NAME, WEIGHTS_NAME, check_
                                            load_backbone_weights, load_training_state, model_dir,
                                            save_training_state)
 from counteraudit.train.suite import load_suite
+from counteraudit.train.suite_schema import SuiteFileError
 from counteraudit.train.trainer import train_model
 from counteraudit.train.worlds import build_world, synthetic_factors
 from counteraudit.train.worlds.synthetic import SyntheticConfig, SyntheticWorld
@@ -80,20 +81,37 @@ def test_crafted_external_checkpoint_runs_no_code_and_names_the_conversion(tmp_p
 
 
 def test_crafted_external_checkpoint_in_a_suite_trains_nothing_and_runs_no_code(tmp_path, runs):
+    """The suite is refused when it is read (its checkpoint = is checked as weights only), and
+    the trainer, given the model anyway, refuses it too."""
     marker = tmp_path / "marker"
     path = crafted_checkpoint(tmp_path / "downloaded.pth", marker,
                               {"state_dict": small_state_dict()})
-    suite = load_suite(write_suite(tmp_path / "ext.toml", references=2, body=f"""
+    entry = """
 [[anomalies]]
 name = "downloaded"
 family = "backdoor"
-params = {{ nu = 0.1 }}
-checkpoint = "{path}"
-"""))
-    spec = suite.model("downloaded")
+params = { nu = 0.1 }
+checkpoint = "PATH"
+"""
+    with pytest.raises(SuiteFileError, match=r"(?s)\(downloaded\) checkpoint: .*convert_checkpoint.py"):
+        load_suite(write_suite(tmp_path / "ext.toml", references=2, body=entry.replace("PATH", str(path))))
+    assert not marker.exists()
+    suite = load_suite(write_suite(tmp_path / "ext.toml", references=2,
+                                   body=entry.replace("checkpoint", "# checkpoint")))
+    spec = replace(suite.model("downloaded"), checkpoint=str(path))
     with pytest.raises(ValueError, match="convert_checkpoint.py"):
         train_model(spec, model_dir(runs, spec), progress=False, runs_root=runs)
     assert not marker.exists()
+
+
+def test_a_missing_external_checkpoint_fails_when_the_suite_is_read(tmp_path):
+    with pytest.raises(SuiteFileError, match=r"checkpoint: .*nowhere.pth does not exist"):
+        load_suite(write_suite(tmp_path / "ext.toml", references=2, body=f"""
+[[anomalies]]
+name = "downloaded"
+family = "randomized_smoothing"
+checkpoint = "{tmp_path / 'nowhere.pth'}"
+"""))
 
 
 @pytest.mark.parametrize("content", [b"model weights: see README\n",
