@@ -165,8 +165,29 @@ def check_table(schema: type[BaseModel], table: Any, where: str) -> list[str]:
     try:
         schema.model_validate_json(json.dumps(table, default=str))
     except ValidationError as error:
-        return [_describe(problem, schema, table, where) for problem in error.errors()]
+        problems: dict[tuple, list[dict[str, Any]]] = {}
+        for problem in error.errors():  # one line per key, whichever union members it failed
+            problems.setdefault(_real_loc(table, problem["loc"]), []).append(problem)
+        return [_describe({**group[0], "loc": loc, "alternatives": group}, schema, table, where)
+                for loc, group in problems.items()]
     return []
+
+
+def _real_loc(table: Any, loc: tuple) -> tuple:
+    """``loc`` without the tags pydantic adds for union members ('int', 'str'): only the parts
+    that index into the file's data (a missing key is kept: it names what is absent)."""
+    real, node = [], table
+    for position, part in enumerate(loc):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        elif position == len(loc) - 1 and isinstance(node, dict):
+            pass  # a missing key
+        else:
+            continue
+        real.append(part)
+    return tuple(real)
 
 
 def raise_problems(path, problems: list[str]) -> typing.NoReturn:
@@ -275,7 +296,8 @@ def _describe(problem: dict[str, Any], schema: type[BaseModel], table: Any, wher
         return f"{key} = {_value_text(value)} is not {SAFE_NAME_RULE}"
     if kind in ("too_short", "too_long"):
         return f"{key} = {_value_text(value)}: {problem['msg'].lower()}{meaning}"
-    expected = _EXPECTED.get(kind, problem["msg"].lower())
+    expected = " or ".join(dict.fromkeys(_EXPECTED.get(p["type"], p["msg"].lower())
+                                         for p in problem.get("alternatives", [problem])))
     given = type(value).__name__
     given = {"str": "a string", "int": "a whole number", "float": "a number with a fraction",
              "bool": "true or false", "list": "a list", "dict": "a table"}.get(given, given)
