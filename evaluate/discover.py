@@ -49,13 +49,14 @@ def main(args: argparse.Namespace) -> dict:
     from counteraudit.evaluate.discovery import discovery_tables
     from counteraudit.evaluate.pipeline import write_tables
     from counteraudit.evaluate.tables import to_markdown
-    from counteraudit.explain.findings import discover_suite, load_suite_findings
+    from counteraudit.explain.findings import discover_suite, load_suite_findings, suite_auditors
     from counteraudit.train.suite import load_suite
     from counteraudit.train.train import train_and_check
     from counteraudit.train.worlds import build_world
     if args.quick and args.suite not in ("demo", "quick"):
         raise ValueError(f"--quick runs the 'quick' suite; drop --suite {args.suite} or --quick")
     suite = load_suite("quick" if args.quick else args.suite)
+    suite_auditors(suite, args.auditor)  # an unknown --auditor fails here, not after training
     train_and_check(suite, suite.models, args)
     started = time.perf_counter()
     counts = discover_suite(suite, args, auditors=args.auditor)  # a dry run prints its plan

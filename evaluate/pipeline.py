@@ -32,6 +32,7 @@ from counteraudit.explain.store import stored_key
 from counteraudit.train.artifacts import (atomic_write_json, atomic_write_text, file_sha256, intact,
                                           read_marker, stable_hash)
 from counteraudit.train.suite import PAPER_REFERENCES, Suite
+from counteraudit.train.suite_schema import MIN_SCORED_REFERENCES, SuiteFileError
 
 SCORES = "scores"
 TABLES = "tables"
@@ -236,6 +237,7 @@ def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], Any, str, str |
     if args.quick and args.suite not in ("demo", "quick"):
         raise ValueError(f"--quick runs the 'quick' suite; drop --suite {args.suite} or --quick")
     suite = load_suite("quick" if args.quick else args.suite)
+    check_scorable(suite)
     distance_name, note = resolve_distance_name(args.distance, weights_dir=args.weights_dir)
     distance = build_distance(distance_name, weights_dir=args.weights_dir)
     methods = suite_methods(suite, args.method)
@@ -250,6 +252,16 @@ def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], Any, str, str |
           f"in {time.perf_counter() - started:.0f}s; {explained_images_line(counts)}")
     _stage(f"3/3 scoring with {distance_name}" + (f" ({note})" if note else ""))
     return suite, methods, distance, distance_name, note
+
+
+def check_scorable(suite: Suite) -> None:
+    """Fail before training when the score stage could not use the suite's references."""
+    if len(suite.references) < MIN_SCORED_REFERENCES:
+        raise SuiteFileError(
+            f"suite file {suite.path}: [references] count = {len(suite.references)} is too few to "
+            f"score: each reference is scored against the others with it left out, so at least "
+            f"{MIN_SCORED_REFERENCES} are needed; set count = {MIN_SCORED_REFERENCES} or more (the "
+            "paper: 12, the demo: 5). Nothing was run.")
 
 
 def _stage(text: str) -> None:

@@ -108,6 +108,7 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
     from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_positions
     from counteraudit.evaluate.distances import build_distance, resolve_distance_name
     from counteraudit.evaluate.power import detection_by_reference_count
+    from counteraudit.evaluate.pipeline import check_scorable
     from counteraudit.explain.pipeline import load_image_sets, load_results, suite_methods
     from counteraudit.train.suite import load_suite
     from counteraudit.train.worlds import build_world
@@ -116,6 +117,7 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
         raise ValueError(f"--level {args.level} and --auroc-target {args.auroc_target} must be in "
                          f"(0, 1] (0.8 each recommended), --subsets {args.subsets} >= 1")
     suite = load_suite(args.suite)
+    check_scorable(suite)
     methods = suite_methods(suite, args.method)
     distance_name, note = resolve_distance_name(args.distance, weights_dir=args.weights_dir)
     distance = build_distance(distance_name, weights_dir=args.weights_dir)

@@ -49,7 +49,7 @@ def best_time(function: Callable[[], object], repeats: int) -> float:
 
 def load_model(checkpoint: Path, world: SyntheticWorld) -> torch.nn.Module:
     model = build_model(ARCHITECTURE, world.num_classes, world.mean, world.std)
-    model.load_state_dict(torch.load(checkpoint, map_location="cpu"))
+    model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True))
     return model.eval()
 
 

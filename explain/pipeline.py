@@ -46,11 +46,11 @@ from counteraudit.anomalies.image_sets import (DETECTION, ImageSet, abnormal_set
                                                build_image_sets, localizable, same_lineage,
                                                set_sizes)
 from counteraudit.explain.base import METHODS, Explanation, ExplanationMethod, build_method
-from counteraudit.explain.store import (ARRAYS_FILE, PARAMS_FILE, concatenate, gather_parts,
-                                        is_stored, load_explanation, part_dir, part_key,
-                                        result_key, row_range, save_explanation)
+from counteraudit.explain.store import (ARRAYS_FILE, PARAMS_FILE, as_stored, concatenate,
+                                        gather_parts, is_stored, load_explanation, part_dir,
+                                        part_key, result_key, row_range, save_explanation)
 from counteraudit.train.artifacts import (artifact_lock, find_or_make, link_into_store, lock_beside,
-                                          read_json, stable_hash, store_dir)
+                                          marker_says, read_json, stable_hash, store_dir)
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.suite import ModelSpec, Suite, load_suite
 
@@ -106,7 +106,8 @@ def load_image_sets(suite: Suite, runs_root=None, world=None) -> dict[str, Image
     store = store_dir(runs_root) / IMAGE_SETS
     sets = build_image_sets(suite, world, store, {k: v for k, v in implants.items() if v})
     for name, image_set in sets.items():
-        link_into_store(suite.root(runs_root) / IMAGE_SETS / name, store / image_set.id)
+        link_into_store(suite.root(runs_root) / IMAGE_SETS / name, store / image_set.id, runs_root,
+                        marker_says("index.json", "id", image_set.id))
     return sets
 
 
@@ -389,7 +390,8 @@ def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
                 key = result_key(description, spec.key, image_set.id)
                 directory = stored_result_dir(runs_root, key)
                 # the suite's name for it; an older layout's result there is moved into the store
-                link_into_store(result_dir(root, name, spec.name, set_name), directory)
+                link_into_store(result_dir(root, name, spec.name, set_name), directory, runs_root,
+                                marker_says(PARAMS_FILE, "key", as_stored(key)))
                 if gather_parts(directory, key, []):  # stored (leftover parts are removed)
                     already += 1
                 else:

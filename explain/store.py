@@ -42,8 +42,9 @@ def result_key(description: dict[str, Any], model_id: str, image_set_id: str) ->
     return {**description, "model_id": model_id, "image_set_id": image_set_id}
 
 
-def _normalised(obj: Any) -> Any:
-    """JSON round trip, so tuples and lists (and int/float keys) compare as stored."""
+def as_stored(obj: Any) -> Any:
+    """A key as ``params.json`` stores it: a JSON round trip, so tuples and lists (and int/float
+    keys) compare as stored."""
     return json.loads(json.dumps(obj, sort_keys=True))
 
 
@@ -77,7 +78,7 @@ def save_explanation(directory: str | os.PathLike, explanation: Explanation, mod
     if image_range is not None:
         key = part_key(key, *image_range)
     return atomic_write_json(params_path, {
-        "key": _normalised(key),
+        "key": as_stored(key),
         "arrays_sha256": file_sha256(arrays_path),
         "images_shape": list(explanation.images.shape),
         "layers": list(explanation.layers) if explanation.layers is not None else None,
@@ -88,7 +89,7 @@ def is_stored(directory: str | os.PathLike, key: dict[str, Any]) -> bool:
     """True if ``directory`` holds a finished result whose key equals ``key`` (see ``result_key``)."""
     directory = Path(directory)
     params = read_marker(directory / PARAMS_FILE, "visualization index")
-    if params is None or params.get("key") != _normalised(key):
+    if params is None or params.get("key") != as_stored(key):
         return False
     if intact(directory / ARRAYS_FILE, params.get("arrays_sha256"), "visualization"):
         return True

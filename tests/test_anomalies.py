@@ -1,5 +1,7 @@
 """Every anomaly family changes training data exactly as specified, reproducibly, and refuses
 invalid parameters with a message naming the value."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -43,8 +45,18 @@ def _changed(a, b):
 def test_defaults_validate_and_unknown_parameters_are_named(name):
     cls = FAMILIES.get(name)
     assert isinstance(cls.validate_params({}), dict)
-    with pytest.raises(ValueError, match="unknown parameter.*'bogus'"):
+    with pytest.raises(ValueError, match=f"{name} params bogus: unknown key"):
         cls.validate_params({"bogus": 1})
+
+
+@pytest.mark.parametrize("name", FAMILIES.names())
+def test_every_parameter_of_the_wrong_type_is_named(name):
+    """Generated from each family's parameter dataclass: a list where a value belongs fails with
+    the parameter's name (a string where a number belongs used to fail deep inside a check)."""
+    cls = FAMILIES.get(name)
+    for field in dataclasses.fields(cls.Params):
+        with pytest.raises(ValueError, match=f"{name} params {field.name} = \\[1\\] must be"):
+            cls.validate_params({field.name: [1]})
 
 
 @pytest.mark.parametrize("name", FAMILIES.names())

@@ -63,8 +63,8 @@ params = {{ class_id = "star" }}
 
 
 @pytest.mark.parametrize("body, message", [
-    ('family = "backdoor"\nvalues = [0.1]', r"values=\[0\.1\] must be a list of 2 or more"),
-    ('family = "backdoor"\nvalues = 0.1', r"values=0\.1 must be a list of 2 or more"),
+    ('family = "backdoor"\nvalues = [0.1]', r"values = \[0\.1\] must hold at least 2 items"),
+    ('family = "backdoor"\nvalues = 0.1', r"values = 0\.1 must be a list"),
     ('family = "backdoor"\nvalues = [0.1, 0.1]', r"repeat a value"),
     ('family = "backdoor"\nvalues = [0.1, 0.2]\nparams = { nu = 0.3 }', r"set nu=0\.3, the swept"),
     ('family = "backdoor"\nvalues = [0.1, 2.0]', r"nu"),  # a value the family itself rejects

@@ -22,6 +22,7 @@ from counteraudit.explain.pipeline import method_params
 from counteraudit.explain.renderers import RENDERERS, build_renderer
 from counteraudit.train.architectures import ARCHITECTURES, build_model, resolve_layer
 from counteraudit.train.registry import UnknownNameError
+from counteraudit.train.suite_schema import SuiteFileError
 from counteraudit.train.suite import load_suite
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -384,7 +385,7 @@ def test_per_row_grids_at_once_equal_the_grids_one_at_a_time():
 
 
 @pytest.mark.parametrize("table, error, valid", [
-    ({"guided_backprop": {"renderer": "captum_figur"}}, UnknownNameError, "captum_figure, hot_overlay"),
+    ({"guided_backprop": {"renderer": "captum_figur"}}, SuiteFileError, "captum_figure, hot_overlay"),
     ({"integrated_gradients": {"baseline": "zero"}}, ValueError, "'normalized_zero', 'black'"),
 ])
 def test_a_bad_method_table_fails_when_the_suite_is_read_before_any_training(tmp_path, runs, table,

@@ -100,10 +100,10 @@ def test_paper_fast_dry_run_on_slurm_lists_the_36_jobs_with_the_fast_recipe(tmp_
 
 
 @pytest.mark.parametrize("schedule,message", [
-    ("[{ epochs = 2, size = 24 }]", "covers 2 epochs but recipe.epochs = 3; make its segments' "
+    ("[{ epochs = 2, size = 24 }]", "covers 2 epochs but epochs = 3; make its segments' "
                                     "epochs add up to 3"),
-    ("[{ epochs = 3, size = 0 }]", "segment \\(3, 0\\) must give whole epochs >= 1"),
-    ("[{ epochs = 3, px = 24 }]", "unknown resolution_schedule segment option"),
+    ("[{ epochs = 3, size = 0 }]", "resolution_schedule entry 1, size = 0 must be >= 1"),
+    ("[{ epochs = 3, px = 24 }]", "resolution_schedule entry 1, px: unknown key"),
 ])
 def test_a_bad_resolution_schedule_is_one_clear_error(tmp_path, schedule, message):
     path = tmp_path / "bad.toml"

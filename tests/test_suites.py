@@ -84,7 +84,7 @@ def test_unknown_names_list_the_valid_ones(tmp_path):
     with pytest.raises(ValueError, match="valid architecture names: resnet50, small_resnet"):
         load_suite(bad)
     typo = write_suite(tmp_path / "typo.toml", body="[[anomalies]]\nname='x'\nfamily='backdor'\n")
-    with pytest.raises(ValueError, match="unknown anomaly family 'backdor'; valid anomaly family names"):
+    with pytest.raises(ValueError, match=r"unknown anomaly family 'backdor' \(did you mean 'backdoor'\?\); valid anomaly family names"):
         load_suite(typo)
 
 

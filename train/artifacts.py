@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -21,9 +22,32 @@ import numpy as np
 DEFAULT_RUNS_DIR = "runs"
 
 
+class RunsFolderError(ValueError):
+    """A path the tool would write outside its runs folder, or a folder in its way that it did
+    not create: the tool stops rather than write there, move or delete it."""
+
+
 def runs_dir(explicit: str | os.PathLike | None = None) -> Path:
     """Root of all artifacts: --runs-dir, else $COUNTERAUDIT_RUNS, else ./runs."""
-    return Path(explicit or os.environ.get("COUNTERAUDIT_RUNS") or DEFAULT_RUNS_DIR)
+    root = Path(explicit or os.environ.get("COUNTERAUDIT_RUNS") or DEFAULT_RUNS_DIR)
+    if root.exists() and not root.is_dir():
+        source = ("--runs-dir" if explicit else "$COUNTERAUDIT_RUNS"
+                  if os.environ.get("COUNTERAUDIT_RUNS") else "the default runs folder")
+        raise RunsFolderError(f"{source} {root} is a file, not a folder; give a folder for the "
+                              "artifacts (it is made if missing), e.g. --runs-dir runs")
+    return root
+
+
+def inside_runs(path: str | os.PathLike, runs_root: str | os.PathLike | None = None) -> Path:
+    """``path`` if it lies inside the runs folder once resolved (symbolic links and '..'
+    followed); else a RunsFolderError. Every folder the tool writes is built through a check
+    like this, so no name in a suite file can reach outside the runs folder."""
+    path, root = Path(path), runs_dir(runs_root)
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise RunsFolderError(f"{path} resolves to {path.resolve()}, outside the runs folder "
+                              f"{root.resolve()}; counteraudit writes only inside it (check the "
+                              "names in the suite file and any symbolic links in the runs folder)")
+    return path
 
 
 def _current_umask() -> int:
@@ -164,23 +188,47 @@ STORE = "store"
 
 def store_dir(runs_root: str | os.PathLike | None = None) -> Path:
     """The one store of a runs root: <runs root>/store/."""
-    return runs_dir(runs_root) / STORE
+    return inside_runs(runs_dir(runs_root) / STORE, runs_root)
 
 
-def link_into_store(link: str | os.PathLike, target: str | os.PathLike) -> Path:
-    """Make ``link`` a relative symlink to ``target`` (a store folder), atomically.
+def marker_says(marker: str, field: str, expected: Any) -> Callable[[Path], bool]:
+    """Whether a folder is one counteraudit wrote: its JSON ``marker`` file records ``field`` =
+    ``expected`` (a model's key, an image set's id, a visualization's key)."""
+    def is_own(folder: Path) -> bool:
+        try:
+            recorded = read_json(folder / marker)
+        except (OSError, ValueError):
+            return False
+        return isinstance(recorded, dict) and recorded.get(field) == expected
+    is_own.marker = f"{marker} with {field} {expected!r}"  # type: ignore[attr-defined]
+    return is_own
 
-    A real folder at ``link`` is what an older counteraudit wrote there (before the store): if
-    the store has no ``target`` yet, the folder is moved there (adopted: nothing is recomputed);
-    otherwise it duplicates ``target`` and is removed."""
-    import shutil
+
+def link_into_store(link: str | os.PathLike, target: str | os.PathLike,
+                    runs_root: str | os.PathLike | None, is_own: Callable[[Path], bool]) -> Path:
+    """Make ``link`` a relative symlink to ``target`` (a store folder), atomically; both must lie
+    inside the runs folder.
+
+    A real folder at ``link`` is what an older counteraudit wrote there (before the store), if
+    ``is_own`` says so (``marker_says``: its marker file records the same key): if the store has
+    no ``target`` yet, the folder is moved there (adopted: nothing is recomputed); otherwise it
+    duplicates ``target`` and is removed. Anything else in the way (a folder that is not one of
+    its own, a file) stops the run with a RunsFolderError, untouched."""
     link, target = Path(link), Path(target)
+    inside_runs(link.parent, runs_root)
+    inside_runs(target, runs_root)
     link.parent.mkdir(parents=True, exist_ok=True)
     relative = os.path.relpath(target, link.parent)
-    if link.is_symlink():
+    if link.is_symlink():  # replacing a link never touches what it points to
         if os.readlink(link) == relative:
             return link
-    elif link.is_dir():
+    elif link.exists():
+        if not link.is_dir() or not is_own(link):
+            marker = getattr(is_own, "marker", "its marker file")
+            raise RunsFolderError(
+                f"{link} is in the way of a link into the store, and it is not a folder "
+                f"counteraudit wrote (no {marker}); nothing was changed: move it out of the "
+                "runs folder, or use another --runs-dir")
         if target.exists():
             shutil.rmtree(link)
         else:

@@ -16,9 +16,22 @@ moved into the store the first time a suite needs it)
                        set aside and made again (from the last epoch's checkpoint: no training)
 - ``training.lock``    held while a process trains the model: two runs that need the same model
                        (two suites, say) never train it both; the second waits and reads it
+
+Every ``.pth`` is read with ``torch.load(weights_only=True)``: tensors, numbers, strings, lists and
+dicts only. A runs folder or a suite's ``checkpoint =`` file may come from a stranger, and
+unpickling anything else can run code (a crafted .pth can call ``os.system``). So the training
+state holds only such values (``save_training_state`` refuses others), a stored file holding other
+objects is set aside and training starts over, and an external checkpoint holding them is refused
+with the command that converts a trusted one (train/convert_checkpoint.py).
 """
 from __future__ import annotations
 
+import pickle
+import re
+import shlex
+import warnings
+import zipfile
+from collections import OrderedDict
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -26,7 +39,7 @@ from typing import Any
 import torch
 
 from counteraudit.train.artifacts import (artifact_lock, atomic_torch_save, intact, link_into_store,
-                                          read_marker, set_aside, store_dir)
+                                          marker_says, read_marker, set_aside, store_dir)
 from counteraudit.train.suite import ModelSpec, Suite
 
 CHECKPOINT_NAME = "checkpoint.pth"
@@ -37,6 +50,10 @@ LOCK_NAME = "training.lock"
 MODELS = "models"
 # Epochs between checkpoints. One: a preempted job loses at most one epoch.
 CHECKPOINT_EVERY_EPOCHS = 1
+# What the trainer's resume reads from a training checkpoint (train/trainer.py writes them).
+TRAINING_STATE_KEYS = frozenset({"spec_key", "epoch", "model", "optimizer", "scheduler",
+                                 "torch_rng", "history", "train_seconds", "images_seen"})
+CONVERT_SCRIPT = "train/convert_checkpoint.py"
 
 
 def model_dir(runs_root: str | Path | None, spec: ModelSpec) -> Path:
@@ -50,7 +67,7 @@ def link_suite_models(suite: Suite, specs: list[ModelSpec], runs_root=None) -> N
     real folder there (an older version's layout) is moved into the store, so it is not retrained."""
     for spec in specs:
         link_into_store(suite.root(runs_root) / MODELS / f"{spec.name}-{spec.key}",
-                        model_dir(runs_root, spec))
+                        model_dir(runs_root, spec), runs_root, marker_says(SPEC_NAME, "key", spec.key))
 
 
 def is_trained(directory: Path) -> bool:
@@ -61,21 +78,92 @@ def is_trained(directory: Path) -> bool:
                                           "model weights")
 
 
+class CheckpointNotLoaded(ValueError):
+    """``torch.load(weights_only=True)`` refused a file or could not read it. ``objects``: the
+    Python objects beyond tensors it holds, which were not unpickled (empty: the file is no
+    PyTorch checkpoint at all); ``problem``: why, in a few words."""
+
+    def __init__(self, path: Path, problem: str, objects: list[str]):
+        super().__init__(f"{path}: {problem}")
+        self.path, self.problem, self.objects = path, problem, objects
+
+
+# How torch's weights-only unpickler names what it refused: "Unsupported global: GLOBAL
+# argparse.Namespace was not an allowed global" / "unsupported GLOBAL posix.system whose module".
+_REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def load_weights_only(path: str | Path, mmap: bool = False) -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU: only tensors, numbers, strings, lists
+    and dicts are unpickled, never other objects (unpickling those can run code). ``mmap``: map
+    the tensors' storage instead of reading it (zip-format files only), to check a file cheaply.
+    Raises CheckpointNotLoaded, a ValueError naming the file."""
+    path = Path(path)
+    try:
+        with warnings.catch_warnings():  # torch's note on a file of another pickle protocol
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as error:
+        objects = sorted(set(_REFUSED_GLOBAL.findall(str(error))))
+        if objects:
+            raise CheckpointNotLoaded(
+                path, f"it holds Python objects beyond tensors ({', '.join(objects)}), so it was "
+                      "not loaded: unpickling them could run code", objects) from None
+        reason = error.__context__ or error  # torch's own reason, without its advice to unpickle
+        raise CheckpointNotLoaded(path, f"it is not a PyTorch checkpoint ({reason})", []) from None
+    except Exception as error:  # text, truncated zip, empty file: torch raises several kinds
+        first = str(error).strip().split("\n")[0].split(". ")[0][:200]  # torch's, then advice
+        reason = ": ".join([type(error).__name__, first])
+        raise CheckpointNotLoaded(path, "it is not a PyTorch checkpoint torch.load can read "
+                                        f"({reason.rstrip(': ')})", []) from None
+
+
+def _check_weights_only_values(value: Any, where: str) -> None:
+    """Refuse what ``torch.load(weights_only=True)`` would refuse to read back (a numpy array or
+    scalar, a tuple subclass, any other object), so no checkpoint is written that resuming would
+    set aside: the run would silently start over at every resume."""
+    if torch.is_tensor(value) or type(value) in (str, int, float, bool, type(None)):
+        return
+    if type(value) in (dict, OrderedDict):
+        for key, item in value.items():
+            _check_weights_only_values(key, f"{where} key {key!r}")
+            _check_weights_only_values(item, f"{where}[{key!r}]")
+    elif type(value) in (list, tuple):
+        for index, item in enumerate(value):
+            _check_weights_only_values(item, f"{where}[{index}]")
+    else:
+        raise TypeError(f"training state {where} is a {type(value).__module__}."
+                        f"{type(value).__name__}; a checkpoint holds only tensors, numbers, "
+                        "strings, lists and dicts, which load with weights_only=True (convert it, "
+                        "e.g. a numpy RNG state to a tensor or a list)")
+
+
 def save_training_state(directory: Path, state: dict[str, Any]) -> Path:
+    _check_weights_only_values(state, "state")
     return atomic_torch_save(directory / CHECKPOINT_NAME, state)
 
 
 def load_training_state(directory: Path) -> dict[str, Any] | None:
-    """The last saved training state, or None (none yet, or unreadable: set aside, so training
-    starts over instead of failing)."""
+    """The last saved training state, or None: none yet, or unreadable (truncated, not a
+    checkpoint, not a training state, or holding Python objects beyond tensors, as a planted file
+    may: never unpickled). An unreadable one is set aside, so training starts over instead of
+    failing. Checkpoints of earlier versions hold only tensors and plain values: they resume."""
     path = directory / CHECKPOINT_NAME
     if not path.is_file():
         return None
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as error:  # truncated zip, bad pickle: torch raises several kinds
-        set_aside(path, f"{type(error).__name__}: {error}", "training checkpoint")
+        state = load_weights_only(path)
+    except CheckpointNotLoaded as error:
+        set_aside(path, f"{error.problem}; training starts over from the first epoch",
+                  "training checkpoint")
         return None
+    missing = TRAINING_STATE_KEYS - set(state) if isinstance(state, dict) else TRAINING_STATE_KEYS
+    if missing or not torch.is_tensor(state["torch_rng"]):
+        absent = ", ".join(sorted(missing)) or "RNG state"
+        set_aside(path, f"it holds no training state (no {absent}); training starts over from the "
+                        "first epoch", "training checkpoint")
+        return None
+    return state
 
 
 def read_metrics(directory: Path) -> dict[str, Any]:
@@ -118,18 +206,65 @@ def clean_state_dict(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     return cleaned
 
 
-def load_backbone_weights(model: torch.nn.Module, path: str | Path) -> None:
-    """Load an external checkpoint (ours, torchvision's, DDP-wrapped, robustness-library style)
-    into a Classifier's backbone, checking the class count and every parameter name."""
+def backbone_tensors(raw: Any, what: str) -> dict[str, torch.Tensor]:
+    """``clean_state_dict`` of what a checkpoint file holds; a ValueError naming ``what`` (the
+    file) where it holds no state dict."""
+    expected = "expected a state dict (or a dict with 'state_dict'/'model')"
+    if not isinstance(raw, dict):
+        raise ValueError(f"{what} holds a {type(raw).__name__}, {expected}")
+    state = clean_state_dict(raw)
+    if not state:
+        raise ValueError(f"{what} holds no tensors (keys: {sorted(map(str, raw))[:5]}); {expected}")
+    return state
+
+
+def conversion_command(path: str | Path) -> str:
+    """The command that converts a trusted full-pickle checkpoint into a weights-only one."""
+    path = Path(path)
+    converted = path.with_name(f"{path.stem}-weights{path.suffix or '.pth'}")
+    return f"python {CONVERT_SCRIPT} {shlex.quote(str(path))} {shlex.quote(str(converted))}"
+
+
+def _missing_external_checkpoint(path: Path) -> str:
+    return (f"external checkpoint {path} does not exist; give the path to a .pth/.pt file holding "
+            "a ResNet state dict")
+
+
+def _read_external_checkpoint(path: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
+    """The backbone state dict in an external checkpoint, read as weights only; one ValueError
+    naming the file (and, for a file holding Python objects, the command that converts it)."""
+    try:
+        raw = load_weights_only(path, mmap=mmap)
+    except CheckpointNotLoaded as error:
+        if error.objects:
+            raise ValueError(
+                f"external checkpoint {path}: {error.problem}. If you trust the file, convert it "
+                f"once into a weights-only state dict and give that file as checkpoint =:\n"
+                f"    {conversion_command(path)}") from None
+        raise ValueError(f"external checkpoint {path}: {error.problem}; give a .pth/.pt file "
+                         "written by torch.save, holding a ResNet state dict") from None
+    return backbone_tensors(raw, f"external checkpoint {path}")
+
+
+def check_external_checkpoint(path: str | Path) -> None:
+    """Whether an external checkpoint can be loaded, cheaply (its tensors are mapped, not read):
+    it exists, loads as weights only and holds a state dict. Raises a ValueError naming the file,
+    with the conversion command where it holds Python objects. The architecture and class count
+    are checked when the model is built (``load_backbone_weights``)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"external checkpoint {path} does not exist; give the path to a "
-                                ".pth/.pt file holding a ResNet state dict")
-    raw = torch.load(path, map_location="cpu", weights_only=False)
-    if not isinstance(raw, dict):
-        raise ValueError(f"external checkpoint {path} holds a {type(raw).__name__}, "
-                         "expected a state dict (or a dict with 'state_dict'/'model')")
-    state = clean_state_dict(raw)
+        raise ValueError(_missing_external_checkpoint(path))
+    _read_external_checkpoint(path, mmap=zipfile.is_zipfile(path))
+
+
+def load_backbone_weights(model: torch.nn.Module, path: str | Path) -> None:
+    """Load an external checkpoint (ours, torchvision's, DDP-wrapped, robustness-library style)
+    into a Classifier's backbone, checking the class count and every parameter name. Read as
+    weights only: a file holding other Python objects is refused, never unpickled."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(_missing_external_checkpoint(path))
+    state = _read_external_checkpoint(path)
     backbone = model.backbone
     fc_weight = state.get("fc.weight")
     expected_classes = backbone.fc.out_features

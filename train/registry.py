@@ -5,9 +5,16 @@ unknown name lists the valid ones, so a typo in a suite file fails with the fix 
 """
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+import difflib
+from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
+
+
+def nearest(name: object, valid: Iterable[str]) -> str:
+    """' (did you mean X?)' for the closest valid name, or ''."""
+    match = difflib.get_close_matches(str(name), list(valid), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 class UnknownNameError(LookupError):
@@ -33,8 +40,9 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except KeyError:
-            raise UnknownNameError(f"unknown {self.kind} {name!r}; valid {self.kind} names: "
-                           f"{', '.join(sorted(self._entries)) or '(none registered)'}") from None
+            raise UnknownNameError(f"unknown {self.kind} {name!r}{nearest(name, self._entries)}; "
+                                   f"valid {self.kind} names: "
+                                   f"{', '.join(sorted(self._entries)) or '(none registered)'}") from None
 
     def names(self) -> list[str]:
         return sorted(self._entries)

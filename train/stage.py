@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import shutil
 from pathlib import Path
 from typing import Any
 
-from counteraudit.train.artifacts import store_dir
+from counteraudit.train.artifacts import runs_dir, store_dir
 from counteraudit.train.checkpoint import (METRICS_NAME, MODELS, is_trained, link_suite_models,
                                            model_dir, read_metrics)
 from counteraudit.train.suite import ModelSpec, Suite, available_suites, load_suite
@@ -30,14 +32,35 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def run_cli(main, parser: argparse.ArgumentParser, args: argparse.Namespace | None = None):
-    """``main(args)`` with a user's mistake shown as one line and exit status 2 (``args`` None:
-    parsed from the command line by ``parser``)."""
+    """``main(args)`` with a user's mistake shown as one message and exit status 2, a full disk
+    as one message saying what to free, and Ctrl-C as one line (``args`` None: parsed from the
+    command line by ``parser``). Finished work is stored as it goes, so a rerun continues."""
     args = parser.parse_args() if args is None else args
     try:
         return main(args)
     except _user_errors() as error:
         message = error.args[0] if isinstance(error, LookupError) and error.args else error
         parser.exit(2, f"{parser.prog}: error: {message}\n")
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = error.filename or runs_dir(getattr(args, "runs_dir", None))
+        parser.exit(1, f"{parser.prog}: error: no space left on the device while writing "
+                       f"{where} ({disk_space_text(where)}); free some space (or use another "
+                       "--runs-dir) and run the same command again: everything finished so far "
+                       "is stored and is not computed again\n")
+    except KeyboardInterrupt:
+        parser.exit(130, f"\n{parser.prog}: interrupted; run the same command again to continue "
+                         "(finished work is stored)\n")
+
+
+def disk_space_text(path) -> str:
+    """'N GB free of M GB' on the file system that holds ``path`` (or its nearest parent)."""
+    folder = Path(path).resolve()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    usage = shutil.disk_usage(folder)
+    return f"{usage.free / 1e9:.2f} GB free of {usage.total / 1e9:.1f} GB there"
 
 
 def select_models(args: argparse.Namespace) -> tuple[Suite, list[ModelSpec]]:

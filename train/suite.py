@@ -11,12 +11,20 @@ name is never inherited: it is the file's own ``name`` or its file name.
 """
 from __future__ import annotations
 
+import re
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from counteraudit.train.artifacts import derive_seed, runs_dir, stable_hash
+from pydantic import Field
+
+from counteraudit.train.artifacts import derive_seed, inside_runs, runs_dir, stable_hash
+from counteraudit.train.registry import UnknownNameError
+from counteraudit.train.suite_schema import (SAFE_NAME_LENGTH, SAFE_NAME_PATTERN, SAFE_NAME_RULE,
+                                             ReferencesTable, ScheduleSegment, SuiteFileError,
+                                             SuiteTable, check_table, dataclass_table,
+                                             raise_problems)
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 REFERENCE = "reference"
@@ -27,27 +35,30 @@ PAPER_REFERENCES = 12  # SPEC: n = 12 reference models
 @dataclass(frozen=True)
 class Recipe:
     """SGD with step decay. Defaults: the paper's (torchvision's ResNet-50 recipe, batch 300)."""
-    epochs: int = 90
-    batch_size: int = 300
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    lr_step_epochs: int = 30   # multiply the learning rate by lr_gamma every this many epochs
-    lr_gamma: float = 0.1
+    epochs: Annotated[int, Field(ge=1, description="training epochs (the paper: 90)")] = 90
+    batch_size: Annotated[int, Field(ge=1, description="images per step (the paper: 300)")] = 300
+    lr: Annotated[float, Field(gt=0, description="the initial learning rate (the paper: 0.1)")] = 0.1
+    momentum: Annotated[float, Field(ge=0, lt=1, description="SGD momentum (the paper: 0.9)")] = 0.9
+    weight_decay: Annotated[float, Field(ge=0, description="the paper: 1e-4")] = 1e-4
+    # multiply the learning rate by lr_gamma every this many epochs
+    lr_step_epochs: Annotated[int, Field(ge=1, description=(
+        "epochs between learning-rate decays (the paper: 30)"))] = 30
+    lr_gamma: Annotated[float, Field(gt=0, le=1, description="the decay factor (the paper: 0.1)")] = 0.1
     # Linear learning-rate warmup over this many epochs (fractions allowed), from lr/steps to lr,
     # as torchvision's reference recipe offers (--lr-warmup-epochs). 0: none (the paper's recipe).
     # Short CPU schedules need it: without it some seeds stall in their first epoch at lr 0.1.
-    lr_warmup_epochs: float = 0.0
-    eval_batch_size: int = 100
+    lr_warmup_epochs: Annotated[float, Field(ge=0, description=(
+        "epochs of linear warmup, at most epochs (0: none, the paper's)"))] = 0.0
+    eval_batch_size: Annotated[int, Field(ge=1, description="images per evaluation batch")] = 100
     # Intra-op threads for CPU training. Part of the recipe because some CPU kernels reduce in a
     # thread-dependent order, so the thread count changes the weights' bits: fixing it makes the
     # same seed give the same weights on any machine and executor. Parallelism comes from
     # training several models at once (--jobs, Slurm arrays). Ignored on GPUs.
-    cpu_threads: int = 1
+    cpu_threads: Annotated[int, Field(ge=1, description="threads per CPU training (1)")] = 1
     # bfloat16 autocast for CPU training, as the recipe always does on GPUs: 1.8x the fp32
     # throughput of the small ResNet on a CPU with native bf16 (AVX512-BF16 or AMX, e.g. AMD Zen 4,
     # Intel Sapphire Rapids); older CPUs emulate it, so leave it off there. Changes the weights.
-    cpu_bf16: bool = False
+    cpu_bf16: Annotated[bool, Field(description="bfloat16 autocast on CPUs (false)")] = False
     # Progressive resizing: the side of the training crops, epoch by epoch, as segments in order,
     # [{ epochs = 12, size = 160 }, { epochs = 4, size = 192 }] (FFCV's ResNet-50 schedules:
     # 160 px for the first 75% of the epochs, then 192). The segments must cover every epoch.
@@ -55,28 +66,16 @@ class Recipe:
     resolution_schedule: tuple[tuple[int, int], ...] = ()
 
     @classmethod
-    def from_dict(cls, table: dict[str, Any]) -> "Recipe":
-        _check_keys(table, cls, "recipe")
+    def from_dict(cls, table: dict[str, Any], where: str = "[recipe]") -> "Recipe":
+        """A recipe from a suite's ``[recipe]`` table (every key checked by the schema, values
+        kept exactly as written: they are part of model keys)."""
+        problems = recipe_problems(table, where)
+        if problems:
+            raise ValueError("; ".join(problems))
         table = dict(table)
         if "resolution_schedule" in table:
             table["resolution_schedule"] = _resolution_segments(table["resolution_schedule"])
-        recipe = cls(**table)
-        covered = sum(epochs for epochs, _ in recipe.resolution_schedule)
-        if recipe.resolution_schedule and covered != recipe.epochs:
-            raise ValueError(
-                f"recipe.resolution_schedule covers {covered} epochs but recipe.epochs = "
-                f"{recipe.epochs}; make its segments' epochs add up to {recipe.epochs} (e.g. "
-                f"[{{ epochs = {recipe.epochs - recipe.epochs // 4}, size = 160 }}, "
-                f"{{ epochs = {recipe.epochs // 4}, size = 192 }}])")
-        for name in ("epochs", "batch_size", "lr_step_epochs", "eval_batch_size", "cpu_threads"):
-            if getattr(recipe, name) < 1:
-                raise ValueError(f"recipe.{name}={getattr(recipe, name)} must be >= 1")
-        if not 0 <= recipe.lr_warmup_epochs <= recipe.epochs:
-            raise ValueError(f"recipe.lr_warmup_epochs={recipe.lr_warmup_epochs} must be in "
-                             f"[0, epochs={recipe.epochs}] (0: no warmup)")
-        if recipe.lr <= 0:
-            raise ValueError(f"recipe.lr={recipe.lr} must be > 0 (the paper uses 0.1)")
-        return recipe
+        return cls(**table)
 
     def crop_size(self, epoch: int) -> int | None:
         """The training crop side of ``epoch`` (0-based) under the resolution schedule; None
@@ -105,22 +104,32 @@ _KEY_OMITS_DEFAULT = ("resolution_schedule",)
 
 def _resolution_segments(value: Any) -> tuple[tuple[int, int], ...]:
     """[{ epochs, size }, ...] (a suite file) or [(epochs, size), ...] (a Recipe's own) ->
-    ((epochs, size), ...), every number checked."""
-    example = "[{ epochs = 12, size = 160 }, { epochs = 4, size = 192 }]"
-    if not isinstance(value, (list, tuple)):
-        raise ValueError(f"recipe.resolution_schedule = {value!r} must be a list of segments, "
-                         f"e.g. {example}")
-    segments = []
-    for segment in value:
-        if isinstance(segment, dict):
-            _check_keys(segment, None, "resolution_schedule segment", valid={"epochs", "size"})
-            segment = (segment.get("epochs"), segment.get("size"))
-        if (not isinstance(segment, (list, tuple)) or len(segment) != 2
-                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in segment)):
-            raise ValueError(f"recipe.resolution_schedule segment {segment!r} must give whole "
-                             f"epochs >= 1 and a crop size >= 1 in pixels, e.g. {example}")
-        segments.append((int(segment[0]), int(segment[1])))
-    return tuple(segments)
+    ((epochs, size), ...); the schema has checked every number."""
+    return tuple((int(s["epochs"]), int(s["size"])) if isinstance(s, dict) else (int(s[0]), int(s[1]))
+                 for s in value)
+
+
+# The recipe's file form: resolution_schedule is written as a list of { epochs, size } tables.
+_RECIPE_FILE_FORM = (("resolution_schedule", list[ScheduleSegment | tuple[int, int]]),)
+
+
+def recipe_problems(table: dict[str, Any], where: str = "[recipe]") -> list[str]:
+    """What is wrong with a recipe table (every key's type and range, and how they fit)."""
+    problems = check_table(dataclass_table(Recipe, _RECIPE_FILE_FORM), table, where)
+    if problems:
+        return problems
+    epochs = table.get("epochs", Recipe.epochs)
+    if table.get("lr_warmup_epochs", 0) > epochs:
+        problems.append(f"{where} lr_warmup_epochs = {table['lr_warmup_epochs']!r} must be at most "
+                        f"epochs = {epochs} (0: no warmup)")
+    schedule = _resolution_segments(table.get("resolution_schedule", ()))
+    covered = sum(segment_epochs for segment_epochs, _ in schedule)
+    if schedule and covered != epochs:
+        problems.append(
+            f"{where} resolution_schedule covers {covered} epochs but epochs = {epochs}; make its "
+            f"segments' epochs add up to {epochs} (e.g. [{{ epochs = {epochs - epochs // 4}, "
+            f"size = 160 }}, {{ epochs = {epochs // 4}, size = 192 }}])")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -212,8 +221,16 @@ class Suite:
         return rows, sorted(first, key=first.__getitem__)
 
     def root(self, runs_root: str | Path | None = None) -> Path:
-        """Artifacts of this suite: runs/<suite>/."""
-        return runs_dir(runs_root) / self.name
+        """Artifacts of this suite: runs/<suite>/ (checked to lie inside the runs folder)."""
+        return inside_runs(runs_dir(runs_root) / safe_name(self.name, "suite name"), runs_root)
+
+
+def safe_name(name: str, what: str) -> str:
+    """``name`` if it is one safe path component (``SAFE_NAME_RULE``); else a ValueError."""
+    if not (isinstance(name, str) and len(name) <= SAFE_NAME_LENGTH
+            and re.fullmatch(SAFE_NAME_PATTERN, name)):
+        raise ValueError(f"{what} {name!r} is not {SAFE_NAME_RULE}")
+    return name
 
 
 def available_suites() -> list[str]:
@@ -248,8 +265,14 @@ def _read_table(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     if path.resolve() in chain:
         cycle = " -> ".join(str(p) for p in (*chain, path.resolve()))
         raise ValueError(f"suite files extend each other in a cycle: {cycle}")
-    with open(path, "rb") as handle:
-        table = tomllib.load(handle)
+    try:
+        with open(path, "rb") as handle:
+            table = tomllib.load(handle)
+    except tomllib.TOMLDecodeError as error:
+        raise SuiteFileError(f"suite file {path} is not valid TOML: {error}; fix that line "
+                             "(https://toml.io: key = value, [table], [[array of tables]])") from None
+    except OSError as error:
+        raise SuiteFileError(f"suite file {path} cannot be read: {error.strerror}") from None
     table.setdefault("name", path.stem)
     base_name = table.pop("extends", None)
     if base_name is None:
@@ -262,44 +285,79 @@ def _read_table(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 
 def load_suite(name_or_path: str | Path) -> Suite:
+    """The suite, every table and key checked (``train/suite_schema.py``) before anything runs:
+    one ``SuiteFileError`` lists every problem with its fix."""
     path = _suite_path(name_or_path)
     table = _read_table(path)
+    problems = check_table(SuiteTable, table, "")
+    if problems:  # with the recipe's and the world's, so one run of the tool lists them all
+        problems += _recipe_and_world_problems(table)
+        raise_problems(path, problems)
     try:
         return _parse(table, path)
+    except SuiteFileError:
+        raise
     except (TypeError, ValueError, LookupError) as error:
-        raise ValueError(f"suite file {path}: {error}") from error
+        message = error.args[0] if isinstance(error, LookupError) and error.args else error
+        raise SuiteFileError(f"suite file {path}: {message}") from error
+
+
+def _recipe_and_world_problems(table: dict[str, Any]) -> list[str]:
+    from counteraudit.train.worlds import WORLDS
+    problems = []
+    if isinstance(table.get("recipe", {}), dict):
+        problems += recipe_problems(table.get("recipe", {}))
+    world = table.get("world", {})
+    if isinstance(world, dict) and world.get("name", "synthetic") in WORLDS:
+        problems += WORLDS.get(world.get("name", "synthetic")).config_problems(
+            {k: v for k, v in world.items() if k != "name"})
+    return problems
 
 
 def _parse(table: dict[str, Any], path: Path) -> Suite:
+    """The suite's models from its checked table; every problem of the plug-in tables (the
+    world's options, each family's parameters, each model's recipe) is gathered and raised as
+    one error before anything is built."""
     from counteraudit.anomalies import FAMILIES  # late: anomalies imports train
     from counteraudit.train.architectures import ARCHITECTURES
+    from counteraudit.train.worlds import WORLDS
 
     table = dict(table)
-    name = table.pop("name", path.stem)
+    problems: list[str] = []
+    name = table.pop("name")
     world = table.pop("world", {"name": "synthetic"})
-    from counteraudit.train.worlds import WORLDS
     # The world's options checked now, reading no data: a bad one fails before any job starts.
     world_class = WORLDS.get(world.get("name", "synthetic"))
-    world_class.check_config({k: v for k, v in world.items() if k != "name"})
+    world_problems = world_class.config_problems({k: v for k, v in world.items() if k != "name"})
+    problems += world_problems
     architecture = table.pop("architecture", {}).get("name", "small_resnet")
     ARCHITECTURES.get(architecture)  # unknown names list the valid ones
-    recipe = Recipe.from_dict(table.pop("recipe", {}))
-    if recipe.resolution_schedule and not WORLDS.get(world.get("name", "synthetic")).crops_from_files:
+    recipe_table = table.pop("recipe", {})
+    problems += recipe_problems(recipe_table)
+    recipe_ok = not problems[len(world_problems):]
+    world_side = (None if world_problems else
+                  int(world.get("image_size", world_class.default_image_size)))
+    ref_table = {**ReferencesTable().model_dump(), **table.pop("references", {})}
+    count, seed_start, held_out = ref_table["count"], ref_table["seed_start"], ref_table["held_out"]
+    entries = [dict(entry) for entry in table.pop("anomalies", [])]
+    sweep_entries = [dict(entry) for entry in table.pop("sweeps", [])]
+    for position, entry in enumerate(entries):
+        where = f"[[anomalies]] entry {position + 1} ({entry['name']})"
+        problems += _entry_problems(entry, recipe_table if recipe_ok else None, world_side,
+                                    where, FAMILIES)
+    for position, entry in enumerate(sweep_entries):
+        if recipe_ok and entry.get("recipe"):
+            problems += recipe_problems({**recipe_table, **entry["recipe"]},
+                                        f"[[sweeps]] entry {position + 1} recipe")
+    problems += _plugin_problems(table)
+    if problems:
+        raise_problems(path, problems)
+
+    recipe = Recipe.from_dict(recipe_table)
+    if recipe.resolution_schedule and not world_class.crops_from_files:
         raise ValueError(f"recipe.resolution_schedule trains at several crop sizes, but the "
                          f"{world.get('name', 'synthetic')} world renders its images at one size; "
                          "remove the schedule (it is for worlds that crop from files: imagenet)")
-    ref_table = table.pop("references", {})
-    _check_keys(ref_table, None, "references", valid={"count", "seed_start", "held_out"})
-    count, seed_start = int(ref_table.get("count", 5)), int(ref_table.get("seed_start", 0))
-    held_out = ref_table.get("held_out", 0)
-    if isinstance(held_out, bool) or not isinstance(held_out, int) or held_out < 0:
-        raise ValueError(f"references.held_out={held_out!r} must be a whole number >= 0: how many "
-                         "more seeds to train like the references and score as null models "
-                         "(8 or more make the false-positive rate worth reading; 0: none)")
-    if count < 2:
-        raise ValueError(f"references.count={count}: the anomaly score needs at least 2 references "
-                         "(3 or more for leave-one-out scoring of references; the paper uses "
-                         f"{PAPER_REFERENCES})")
     common = {"world": world, "architecture": architecture, "recipe": recipe}
     references = [ModelSpec(name=f"reference-{i:02d}", family=REFERENCE, seed=seed_start + i, **common)
                   for i in range(count)]
@@ -307,26 +365,17 @@ def _parse(table: dict[str, Any], path: Path) -> Suite:
     nulls = [ModelSpec(name=f"{HELD_OUT}-{i:02d}", family=REFERENCE, seed=seed_start + count + i,
                        **common) for i in range(held_out)]
     anomalies = []
-    for entry in table.pop("anomalies", []):
-        entry = dict(entry)
-        _check_keys(entry, None, "anomalies entry",
-                    valid={"name", "family", "params", "seed", "checkpoint", "recipe", "row"})
-        if "name" not in entry or "family" not in entry:
-            raise ValueError(f"anomalies entry {entry} needs a 'name' and a 'family'")
+    for entry in entries:
         family = FAMILIES.get(entry["family"])
-        params = family.validate_params(dict(entry.get("params", {})))
-        entry_recipe = Recipe.from_dict({**asdict(recipe), **entry.get("recipe", {})})
-        # a trigger or watermark that does not fit the images or a training crop fails now
-        world_side = int(world.get("image_size", world_class.default_image_size))
-        for side in sorted({world_side, *(size for _, size in entry_recipe.resolution_schedule)}):
-            family.check_image_size(params, side, side)
-        anomalies.append(ModelSpec(name=entry["name"], family=entry["family"], params=params,
+        anomalies.append(ModelSpec(name=entry["name"], family=entry["family"],
+                                   params=family.validate_params(dict(entry.get("params", {}))),
                                    seed=int(entry.get("seed", default_anomaly_seed(entry["name"]))),
                                    checkpoint=entry.get("checkpoint"), row=entry.get("row"),
-                                   **{**common, "recipe": entry_recipe}))
+                                   **{**common, "recipe": Recipe.from_dict(
+                                       {**recipe_table, **entry.get("recipe", {})})}))
     sweeps = []
-    for entry in table.pop("sweeps", []):
-        sweep, specs = _expand_sweep(dict(entry), common, recipe)
+    for entry in sweep_entries:
+        sweep, specs = _expand_sweep(entry, common, recipe_table)
         sweeps.append(sweep)
         anomalies += specs
     names = [s.name for s in references + nulls + anomalies]
@@ -338,17 +387,99 @@ def _parse(table: dict[str, Any], path: Path) -> Suite:
                  sweeps=sweeps)
 
 
+def _named_problems(names, registry, where: str) -> list[str]:
+    """The registry's own message (with the nearest valid name) for each unknown name."""
+    problems = []
+    for name in names:
+        try:
+            registry.get(name)
+        except UnknownNameError as error:
+            problems.append(f"{where}: {error.args[0]}")
+    return problems
+
+
+def _built_problems(tables: dict[str, dict[str, Any]], registry, build, header: str) -> list[str]:
+    """Each ``[header.<name>]`` table against the registry, and its parameters built."""
+    problems = _named_problems(tables, registry, f"[{header}.<name>]")
+    for name, params in tables.items():
+        if name in registry:
+            try:
+                build(name, params)
+            except (TypeError, ValueError, LookupError) as error:
+                message = error.args[0] if isinstance(error, LookupError) and error.args else error
+                problems.append(f"[{header}.{name}] {message}")
+    return problems
+
+
+def _plugin_problems(tables: dict[str, Any]) -> list[str]:
+    """The tables of plug-ins (explanation methods, auditors, the executor) checked against their
+    registries and built, so a typo fails before training rather than after it."""
+    # late: explain and slurm import this module (issue 29 moves this check to the layer above)
+    from counteraudit.explain import auditors as _auditors  # noqa: F401  (registers them)
+    from counteraudit.explain import methods as _methods  # noqa: F401  (registers them)
+    from counteraudit.explain.auditors.base import AUDITORS, build_auditor
+    from counteraudit.explain.base import METHODS, build_method
+    from counteraudit.slurm.errors import ExecutorConfigError
+    from counteraudit.slurm.executor_config import executor_config_from
+    explain, discover = tables.get("explain", {}), tables.get("discover", {})
+    problems = _named_problems(explain.get("methods") or [], METHODS, "[explain] methods")
+    problems += _named_problems(explain.get("batch_sizes", {}), METHODS, "[explain] batch_sizes")
+    problems += _built_problems(tables.get("methods", {}), METHODS, build_method, "methods")
+    problems += _named_problems(discover.get("auditors") or [], AUDITORS, "[discover] auditors")
+    problems += _named_problems(discover.get("budget", {}), AUDITORS, "[discover] budget")
+    problems += _built_problems(tables.get("auditors", {}), AUDITORS, build_auditor, "auditors")
+    slurm = tables.get("slurm", {})
+    if "log_dir" in slurm or any(isinstance(v, dict) and "log_dir" in v for v in slurm.values()):
+        problems.append("[slurm] log_dir: a suite file cannot choose where logs are written (they "
+                        "go under the runs folder); remove it, and give --log-dir on the command "
+                        "line if you want them elsewhere")
+    for stage in [None, *(k for k, v in slurm.items() if isinstance(v, dict) and k != "slurm_extra")]:
+        try:
+            executor_config_from(None, slurm, stage_name=stage)
+        except (ExecutorConfigError, TypeError, ValueError) as error:
+            problems.append(f"[slurm{'.' + stage if stage else ''}] {error}")
+    return problems
+
+
+def _entry_problems(entry: dict[str, Any], recipe_table: dict[str, Any] | None,
+                    world_side: int | None, where: str, families) -> list[str]:
+    """What is wrong with one [[anomalies]] entry: its family's parameters, its recipe (None: the
+    suite's is wrong, said already), whether its cue fits the images and training crops, and its
+    external checkpoint."""
+    if entry["family"] not in families:
+        return _named_problems([entry["family"]], families, f"{where} family")
+    family = families.get(entry["family"])
+    entry_recipe = {**(recipe_table or {}), **entry.get("recipe", {})}
+    problems = (recipe_problems(entry_recipe, f"{where} recipe")
+                if recipe_table is not None and entry.get("recipe") else [])
+    try:
+        params = family.validate_params(dict(entry.get("params", {})))
+    except (TypeError, ValueError) as error:
+        return problems + [f"{where} params: {error}"]
+    # a trigger or watermark that does not fit the images or a training crop fails now
+    if world_side is not None and recipe_table is not None and not problems:
+        schedule = _resolution_segments(entry_recipe.get("resolution_schedule", ()))
+        for side in sorted({world_side, *(size for _, size in schedule)}):
+            try:
+                family.check_image_size(params, side, side)
+            except ValueError as error:
+                problems.append(f"{where}: {error}")
+    if entry.get("checkpoint") is not None:
+        # late: train.checkpoint imports this module
+        from counteraudit.train.checkpoint import check_external_checkpoint
+        try:
+            check_external_checkpoint(entry["checkpoint"])
+        except (OSError, ValueError) as error:
+            problems.append(f"{where} checkpoint: {error}")
+    return problems
+
+
 def _expand_sweep(entry: dict[str, Any], common: dict[str, Any],
-                  recipe: Recipe) -> tuple[Sweep, list[ModelSpec]]:
+                  recipe_table: dict[str, Any]) -> tuple[Sweep, list[ModelSpec]]:
     """One [[sweeps]] entry -> its Sweep and its models: the base params with the family's
     strength parameter set to each value, one seed and one recipe for all of them."""
     from counteraudit.anomalies import FAMILIES
     from counteraudit.anomalies.base import strength_families
-    _check_keys(entry, None, "sweeps entry",
-                valid={"family", "values", "params", "seed", "recipe", "name"})
-    if "family" not in entry or "values" not in entry:
-        raise ValueError(f"sweeps entry {entry} needs a 'family' and its strength 'values', e.g. "
-                         "{ family = \"backdoor\", values = [0.01, 0.05, 0.1] }")
     family = FAMILIES.get(entry["family"])
     with_strength = strength_families()
     if family.strength is None:
@@ -356,11 +487,6 @@ def _expand_sweep(entry: dict[str, Any], common: dict[str, Any],
                          "families with one (family: parameter): "
                          f"{', '.join(f'{k}: {v}' for k, v in with_strength.items())}")
     parameter, values = family.strength, entry["values"]
-    if (not isinstance(values, list) or len(values) < 2
-            or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values)):
-        raise ValueError(f"sweeps: {family.name} values={values!r} must be a list of 2 or more "
-                         f"numbers (its {parameter!r}, the issue's dose-response uses 4 to 6); for "
-                         "one model use an [[anomalies]] entry")
     if len(set(values)) != len(values):
         raise ValueError(f"sweeps: {family.name} values={values!r} repeat a value; give each once")
     base = dict(entry.get("params", {}))
@@ -371,8 +497,9 @@ def _expand_sweep(entry: dict[str, Any], common: dict[str, Any],
     # One seed for the whole sweep (by default from its name prefix): the models differ only in
     # the swept value, so a change along the curve is the strength's, not a new seed's.
     seed = int(entry.get("seed", default_anomaly_seed(prefix)))
-    sweep_recipe = Recipe.from_dict({**asdict(recipe), **entry.get("recipe", {})})
-    specs = [ModelSpec(name=f"{prefix}{value:g}", family=family.name, seed=seed,
+    sweep_recipe = Recipe.from_dict({**recipe_table, **entry.get("recipe", {})})
+    specs = [ModelSpec(name=safe_name(f"{prefix}{value:g}", f"[[sweeps]] {prefix} model name"),
+                       family=family.name, seed=seed,
                        params=family.validate_params({**base, parameter: value}),
                        **{**common, "recipe": sweep_recipe}) for value in values]
     return Sweep(name=prefix, family=family.name, parameter=parameter,
@@ -384,13 +511,6 @@ def default_anomaly_seed(name: str) -> int:
     """An anomalous model's seed when its entry gives none: from its name, not its position, so
     adding, removing or reordering entries never changes (and retrains) the other models."""
     return derive_seed("anomaly", name) % 1_000_000_000
-
-
-def _check_keys(table: dict[str, Any], cls: type | None, what: str, valid: set[str] | None = None):
-    valid = valid if valid is not None else {f.name for f in fields(cls)}
-    unknown = set(table) - valid
-    if unknown:
-        raise ValueError(f"unknown {what} option(s) {sorted(unknown)}; valid: {sorted(valid)}")
 
 
 def toml_text(table: dict[str, Any], prefix: str = "") -> str:

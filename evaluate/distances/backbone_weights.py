@@ -74,7 +74,8 @@ def find_weights_file(backbone: Backbone, weights_dir: str | os.PathLike | None 
     if download:
         try:
             torch.hub.load_state_dict_from_url(backbone.url, model_dir=str(hub_checkpoints_dir()),
-                                               progress=False, map_location="cpu")
+                                               progress=False, map_location="cpu",
+                                               weights_only=True)
             path = hub_checkpoints_dir() / backbone.file_name
             if path.is_file():
                 return path

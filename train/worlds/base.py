@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from counteraudit.train.registry import Registry
+from counteraudit.train.suite_schema import check_table, dataclass_table
 
 WORLDS: Registry[type] = Registry("world")
 
@@ -120,10 +121,24 @@ class World(ABC):
     def split(self, name: str) -> Split:
         """'train' or 'val'."""
 
+    # The dataclass of the world's [world] options (without ``name``): its fields are the valid
+    # keys, and their annotations carry each key's type and range.
+    config_class: type | None = None
+
+    @classmethod
+    def config_problems(cls, config: dict[str, Any]) -> list[str]:
+        """What is wrong with a suite's [world] table (without ``name``), reading no data: a suite
+        is checked when it loads, before any job starts."""
+        if cls.config_class is None:
+            return []
+        return check_table(dataclass_table(cls.config_class), config, "[world]")
+
     @classmethod
     def check_config(cls, config: dict[str, Any]) -> None:
-        """Raise ValueError for unknown or invalid options of a suite's [world] table (without
-        ``name``), reading no data: a suite is checked when it loads, before any job starts."""
+        """Raise ValueError for unknown or invalid options (``config_problems``)."""
+        problems = cls.config_problems(config)
+        if problems:
+            raise ValueError("; ".join(problems))
 
     def prepare(self) -> "World":
         """Make whatever later processes will read (e.g. generate and cache images)."""

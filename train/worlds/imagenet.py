@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Annotated, Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 from PIL import Image
+from pydantic import Field
 
 from counteraudit.slurm.worker_pool import end_with_parent
 from counteraudit.train.artifacts import derive_seed
@@ -44,12 +45,19 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 @dataclass(frozen=True)
 class ImageNetConfig:
-    root: str = ""
-    image_size: int = 224           # crop size (train: random-resized crop; eval: centre crop)
-    resize_size: int = 256          # eval: shorter side resized to this before the centre crop
+    """The imagenet world's [world] options; each annotation carries its range (checked when a
+    suite is read, train/suite_schema.py)."""
+    root: Annotated[str, Field(description=(
+        "a folder with train/ and val/ of synset folders (e.g. \"${IMAGENET_ROOT}\")"))] = ""
+    # crop size (train: random-resized crop; eval: centre crop)
+    image_size: Annotated[int, Field(ge=1, description="crop side in pixels (the paper: 224)")] = 224
+    # eval: shorter side resized to this before the centre crop
+    resize_size: Annotated[int, Field(ge=1, description=(
+        "evaluation: the shorter side before the centre crop (the paper: 256)"))] = 256
     class_names_file: str | None = None
     face_annotations: str | None = None
-    num_workers: int = 8            # data-loading processes for training
+    num_workers: Annotated[int, Field(ge=0, description=(
+        "data-loading processes for training (8)"))] = 8
     # How training JPEGs become crops (train/worlds/decoding.py): "pil" (the default, torchvision's
     # reference recipe), "tensor" (torchvision.io + transforms.v2: faster per core), "nvjpeg"
     # (batches decoded on the GPU; the CPU's "tensor" where CUDA is absent). Changes the training
@@ -195,6 +203,7 @@ def expand_path(value: str, what: str) -> str:
 @WORLDS.register("imagenet")
 class ImageNetWorld(World):
     name = "imagenet"
+    config_class = ImageNetConfig
     crops_from_files = True
     default_image_size = ImageNetConfig.image_size
     mean, std = IMAGENET_MEAN, IMAGENET_STD
@@ -224,12 +233,13 @@ class ImageNetWorld(World):
         self._splits: dict[str, ImageFolderSplit] = {}
 
     @classmethod
-    def check_config(cls, config: dict[str, Any]) -> None:
-        valid = {f.name for f in fields(ImageNetConfig)}
-        unknown = set(config) - valid
-        if unknown:
-            raise ValueError(f"unknown imagenet-world option(s) {sorted(unknown)}; valid: {sorted(valid)}")
-        decoding.check_decode(config.get("decode", ImageNetConfig.decode))
+    def config_problems(cls, config: dict[str, Any]) -> list[str]:
+        problems = super().config_problems(config)
+        try:
+            decoding.check_decode(config.get("decode", ImageNetConfig.decode))
+        except ValueError as error:
+            problems.append(f"[world] {error}")
+        return problems
 
     @classmethod
     def from_config(cls, config: dict[str, Any], runs_root=None) -> "ImageNetWorld":

@@ -22,13 +22,14 @@ import multiprocessing
 import os
 import time
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Annotated, Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 from PIL import Image, ImageDraw
+from pydantic import Field
 
 from counteraudit.slurm.worker_pool import worker_pool
 from counteraudit.train.artifacts import (artifact_lock, atomic_save_npz, atomic_write_json,
@@ -49,14 +50,21 @@ SPLIT_IDS = {"train": 0, "val": 1}
 
 @dataclass(frozen=True)
 class SyntheticConfig:
-    seed: int = 0
-    image_size: int = 64
-    num_train: int = 10000
-    num_val: int = 2000
-    face_prob: float = 0.3              # share of non-harmonica images that show a face
-    harmonica_face_prob: float = 0.8    # share of harmonica images held at a face's mouth
-    typical_texture_prob: float = 0.85  # how strongly texture/hue predict the class
-    clutter_max: int = 2                # distractor strokes per image, 0..clutter_max
+    """The synthetic world's [world] options; each annotation carries its range (checked when a
+    suite is read, train/suite_schema.py)."""
+    seed: Annotated[int, Field(ge=0, description="the world's seed")] = 0
+    image_size: Annotated[int, Field(ge=32, description=(
+        "image side in pixels: 32 or more to draw faces and objects legibly (the demo: 64)"))] = 64
+    num_train: Annotated[int, Field(ge=1, description="training images (the demo: 7000)")] = 10000
+    num_val: Annotated[int, Field(ge=1, description="validation images (the demo: 2000)")] = 2000
+    face_prob: Annotated[float, Field(ge=0, le=1, description=(
+        "share of non-harmonica images that show a face (0.3)"))] = 0.3
+    harmonica_face_prob: Annotated[float, Field(ge=0, le=1, description=(
+        "share of harmonica images held at a face's mouth (0.8)"))] = 0.8
+    typical_texture_prob: Annotated[float, Field(ge=0, le=1, description=(
+        "how strongly texture and hue predict the class (0.85)"))] = 0.85
+    clutter_max: Annotated[int, Field(ge=0, description=(
+        "distractor strokes per image, 0 to clutter_max (2)"))] = 2
 
 
 # ---------------------------------------------------------------- attributes
@@ -411,6 +419,7 @@ class InMemorySplit(Split):
 @WORLDS.register("synthetic")
 class SyntheticWorld(World):
     name = "synthetic"
+    config_class = SyntheticConfig
     class_names = CLASS_NAMES
     default_image_size = SyntheticConfig.image_size
     # Statistics of the default world's pixels, measured once; they only condition the inputs.
@@ -430,15 +439,12 @@ class SyntheticWorld(World):
         self._splits: dict[str, InMemorySplit] = {}
 
     @classmethod
-    def check_config(cls, config: dict[str, Any]) -> None:
+    def config_problems(cls, config: dict[str, Any]) -> list[str]:
         if "decode" in config:
-            raise ValueError(f"[world] decode = {config['decode']!r}: the synthetic world renders "
-                             "its images in memory and has no JPEG files to decode; remove decode "
-                             "from [world] (it is an option of the imagenet world)")
-        valid = {f.name for f in fields(SyntheticConfig)}
-        unknown = set(config) - valid
-        if unknown:
-            raise ValueError(f"unknown synthetic-world option(s) {sorted(unknown)}; valid: {sorted(valid)}")
+            return [f"[world] decode = {config['decode']!r}: the synthetic world renders its "
+                    "images in memory and has no JPEG files to decode; remove decode from [world] "
+                    "(it is an option of the imagenet world)"]
+        return super().config_problems(config)
 
     @classmethod
     def from_config(cls, config: dict[str, Any], runs_root=None) -> "SyntheticWorld":

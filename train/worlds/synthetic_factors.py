@@ -32,15 +32,17 @@ from __future__ import annotations
 import colorsys
 import copy
 import itertools
+import json
 import math
-import pickle
+import zipfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from counteraudit.train.artifacts import (artifact_lock, atomic_write_bytes, derive_seed,
-                                          find_or_make, read_json, stable_hash)
+from counteraudit.train.artifacts import (artifact_lock, atomic_save_npz, atomic_write_text,
+                                          derive_seed, file_sha256, find_or_make, intact,
+                                          read_json, read_marker, set_aside, stable_hash)
 from counteraudit.train.worlds.synthetic import load_cached, map_in_processes, save_cached
 
 # Bump when the factor definitions, the pool or the composition change: part of every cache key.
@@ -155,22 +157,16 @@ class FactorPool:
         per_class = per_class or POOL_PER_CLASS
         self.cfg, self.grid, self.per_class = cfg, grid, per_class
         self.names = list(grid)
-        path = Path(cache_dir) / f"factor-pool-v{FACTORS_VERSION}-{per_class}.pkl"
-
-        def load() -> tuple[np.ndarray, list] | None:
-            if not path.exists():
-                return None
-            with open(path, "rb") as handle:
-                return pickle.load(handle)
+        cache = Path(cache_dir)
 
         def draw() -> tuple[np.ndarray, list]:
-            drawn = self._draw()
-            atomic_write_bytes(path, pickle.dumps(drawn, protocol=pickle.HIGHEST_PROTOCOL))
-            return drawn
+            self.codes, self.draws = self._draw()
+            self._write_cache(cache)
+            return self.codes, self.draws
 
-        self.codes, self.draws = find_or_make(load, draw, artifact_lock(
-            cache_dir, f".{path.stem}.lock", "world",
-            f"drawing the synthetic world's factor pool in {cache_dir}"))
+        self.codes, self.draws = find_or_make(lambda: self._read_cache(cache), draw, artifact_lock(
+            cache, ".factor-pool.lock", "world",
+            f"drawing the synthetic world's factor pool in {cache}"))
         self._masks: dict[tuple, np.ndarray] = {}
         self.cache_dir = Path(cache_dir)
         _POOLS[(str(self.cache_dir), per_class)] = self  # worker processes find it (fork)
@@ -180,6 +176,48 @@ class FactorPool:
         """This process's pool of a world (loaded from its cache once per process)."""
         found = _POOLS.get((str(Path(cache_dir)), per_class))
         return found if found is not None else cls(cfg, grid, cache_dir, per_class)
+
+    def _cache_paths(self, cache_dir: Path) -> tuple[Path, Path]:
+        """The cache: the codes (.npz) and the draws with the codes' SHA-256 (.json, written last:
+        it marks the pair finished). No pickle: a shared runs folder may come from a stranger, and
+        unpickling runs code; the pickle an older version cached (``.pkl``) is never read."""
+        stem = f"factor-pool-v{FACTORS_VERSION}-{self.per_class}"
+        return cache_dir / f"{stem}-codes.npz", cache_dir / f"{stem}-draws.json"
+
+    def _write_cache(self, cache_dir: Path) -> None:
+        codes_path, draws_path = self._cache_paths(cache_dir)
+        atomic_save_npz(codes_path, codes=self.codes)
+        # Not atomic_write_json: its sorted keys would change the draws' key order on the way back.
+        atomic_write_text(draws_path, json.dumps({"codes_sha256": file_sha256(codes_path),
+                                                  "draws": self.draws}, separators=(",", ":")))
+
+    def _read_cache(self, cache_dir: Path) -> tuple[np.ndarray, list[list[dict[str, Any]]]] | None:
+        """The cached (codes, draws), or None: not cached yet, or a pair that does not match
+        (set aside, so the pool is drawn again). JSON and a pickle-free .npz: no code runs."""
+        codes_path, draws_path = self._cache_paths(cache_dir)
+        stored = read_marker(draws_path, "factor pool draws")
+        if stored is None:
+            return None
+        digest = stored.get("codes_sha256") if isinstance(stored, dict) else None
+        if not isinstance(digest, str) or not intact(codes_path, digest, "factor pool codes"):
+            set_aside(draws_path, "its codes file is missing or does not match it",
+                      "factor pool draws")
+            return None
+        try:
+            with np.load(codes_path) as data:  # allow_pickle=False: arrays only
+                codes = data["codes"]
+        except (OSError, KeyError, ValueError, zipfile.BadZipFile) as error:
+            set_aside(codes_path, f"{type(error).__name__}: {error}", "factor pool codes")
+            return None
+        draws = stored.get("draws")
+        shape = (len(self.grid["class"]), self.per_class, len(self.names))
+        counts = ([len(d) if isinstance(d, list) else None for d in draws]
+                  if isinstance(draws, list) else [])
+        if codes.shape != shape or counts != [shape[1]] * shape[0]:
+            set_aside(draws_path, f"codes of shape {codes.shape} and draws per class {counts[:3]}"
+                                  f"... where {shape} was expected", "factor pool draws")
+            return None
+        return codes, draws
 
     def _draw(self) -> tuple[np.ndarray, list[list[dict[str, Any]]]]:
         """Factor codes (classes, per_class, factors) and the attribute sets (per class) of the
