@@ -56,10 +56,10 @@ def _watch_parent(parent_pid: int) -> None:
     os._exit(1)  # no cleanup: what a worker would clean up belongs to the dead run
 
 
-def end_with_parent(parent_pid: int) -> None:
+def end_with_parent(parent_pid: int, worker_id: int | None = None) -> None:
     """Make this process (a worker) end as soon as ``parent_pid``, which started it, ends. Call
-    it first thing in the worker; also usable as a DataLoader ``worker_init_fn`` through
-    ``functools.partial(end_with_parent, os.getpid())``."""
+    it first thing in the worker; also a DataLoader ``worker_init_fn`` through
+    ``functools.partial(end_with_parent, os.getpid())`` (the loader passes ``worker_id``)."""
     _ask_kernel_to_kill_on_parent_death()
     if os.getppid() != parent_pid:  # the parent died before the kernel was asked to watch it
         os._exit(1)

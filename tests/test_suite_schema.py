@@ -12,6 +12,8 @@ from pathlib import Path
 import annotated_types
 import pytest
 
+from counteraudit.evaluate.detect import get_args_parser, main
+from counteraudit.train.stage import run_cli
 from counteraudit.train.suite import Recipe, load_suite, toml_text
 from counteraudit.train.suite_schema import SuiteFileError, SuiteTable, dataclass_table
 from counteraudit.train.worlds.synthetic import SyntheticConfig
@@ -194,6 +196,16 @@ def _cli(*args, cwd):
                           capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
+def _detect_in_process(capsys, *args) -> tuple[int, str, str]:
+    """The main job as its script runs it (run_cli: a user's error is one message, exit 2), in
+    this process: (exit status, stdout, stderr)."""
+    parser = get_args_parser()
+    with pytest.raises(SystemExit) as caught:
+        run_cli(main, parser, parser.parse_args([str(a) for a in args]))
+    out = capsys.readouterr()
+    return caught.value.code, out.out, out.err
+
+
 @pytest.mark.parametrize("change,expected", [
     ({"references": {"count": 2}}, "is too few to score"),
     ({"references": {"count": "five"}}, "count = \"five\" must be a whole number"),
@@ -202,21 +214,22 @@ def _cli(*args, cwd):
     ({"world": {"image_size": -3}}, "image_size = -3 must be >= 32"),
 ], ids=["too-few-references", "count-not-a-number", "epochs-a-string", "negative-images",
         "negative-size"])
-def test_bad_input_fails_in_one_message_before_any_work(tmp_path, change, expected):
+def test_bad_input_fails_in_one_message_before_any_work(tmp_path, capsys, change, expected):
     table = copy.deepcopy(VALID)
     table["anomalies"], table["sweeps"] = [], []
     for section, values in change.items():
         table[section] = {**table[section], **values}
     suite = _write(tmp_path / "bad.toml", table)
-    result = _cli("--suite", suite, "--runs-dir", tmp_path / "runs", "--no-progress", cwd=tmp_path)
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert expected in result.stderr and "Traceback" not in result.stderr
-    assert "bad.toml" in result.stderr
-    assert "training" not in result.stdout  # nothing started
+    status, out, err = _detect_in_process(capsys, "--suite", suite, "--runs-dir", tmp_path / "runs",
+                                          "--distance", "l2", "--no-progress")
+    assert status == 2, out + err
+    assert expected in err and "bad.toml" in err
+    assert "training" not in out  # nothing started
     assert not (tmp_path / "runs" / "store").exists()
 
 
 def test_a_runs_dir_that_is_a_file_is_one_message(tmp_path):
+    """The one check in a subprocess: the real command prints one message, no traceback."""
     (tmp_path / "afile").write_text("not a folder")
     result = _cli("--quick", "--runs-dir", tmp_path / "afile", "--no-progress", cwd=tmp_path)
     assert result.returncode == 2

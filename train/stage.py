@@ -81,7 +81,7 @@ def train_one(item: dict[str, Any]) -> dict[str, Any]:
 
     from counteraudit.slurm.distributed import cleanup_distributed, init_distributed
     from counteraudit.train.trainer import train_model
-    suite = load_suite(item["suite"])
+    suite = load_suite(item["suite"], plugin_tables=False)  # the driver checked them
     spec = suite.model(item["model"])
     directory = model_dir(item.get("runs_dir"), spec)
     device = item.get("device")

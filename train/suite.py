@@ -284,9 +284,12 @@ def _read_table(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     return _merged(base, table)
 
 
-def load_suite(name_or_path: str | Path) -> Suite:
+def load_suite(name_or_path: str | Path, plugin_tables: bool = True) -> Suite:
     """The suite, every table and key checked (``train/suite_schema.py``) before anything runs:
-    one ``SuiteFileError`` lists every problem with its fix."""
+    one ``SuiteFileError`` lists every problem with its fix. ``plugin_tables`` False: leave the
+    explanation methods' and auditors' tables to the driver, which checked them when it read the
+    same file (a training or implant-check work item; it spares each worker process importing
+    every method's library, seconds each)."""
     path = _suite_path(name_or_path)
     table = _read_table(path)
     problems = check_table(SuiteTable, table, "")
@@ -294,7 +297,7 @@ def load_suite(name_or_path: str | Path) -> Suite:
         problems += _recipe_and_world_problems(table)
         raise_problems(path, problems)
     try:
-        return _parse(table, path)
+        return _parse(table, path, plugin_tables)
     except SuiteFileError:
         raise
     except (TypeError, ValueError, LookupError) as error:
@@ -314,7 +317,7 @@ def _recipe_and_world_problems(table: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _parse(table: dict[str, Any], path: Path) -> Suite:
+def _parse(table: dict[str, Any], path: Path, plugin_tables: bool = True) -> Suite:
     """The suite's models from its checked table; every problem of the plug-in tables (the
     world's options, each family's parameters, each model's recipe) is gathered and raised as
     one error before anything is built."""
@@ -349,7 +352,7 @@ def _parse(table: dict[str, Any], path: Path) -> Suite:
         if recipe_ok and entry.get("recipe"):
             problems += recipe_problems({**recipe_table, **entry["recipe"]},
                                         f"[[sweeps]] entry {position + 1} recipe")
-    problems += _plugin_problems(table)
+    problems += _plugin_problems(table) if plugin_tables else []
     if problems:
         raise_problems(path, problems)
 
