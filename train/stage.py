@@ -37,6 +37,7 @@ def run_cli(main, parser: argparse.ArgumentParser, args: argparse.Namespace | No
     command line by ``parser``). Finished work is stored as it goes, so a rerun continues."""
     args = parser.parse_args() if args is None else args
     try:
+        runs_dir(getattr(args, "runs_dir", None))  # a runs folder that is a file fails first
         return main(args)
     except _user_errors() as error:
         message = error.args[0] if isinstance(error, LookupError) and error.args else error
