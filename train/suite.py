@@ -417,20 +417,25 @@ def _built_problems(tables: dict[str, dict[str, Any]], registry, build, header: 
 def _plugin_problems(tables: dict[str, Any]) -> list[str]:
     """The tables of plug-ins (explanation methods, auditors, the executor) checked against their
     registries and built, so a typo fails before training rather than after it."""
-    # late: explain and slurm import this module (issue 29 moves this check to the layer above)
-    from counteraudit.explain import auditors as _auditors  # noqa: F401  (registers them)
-    from counteraudit.explain import methods as _methods  # noqa: F401  (registers them)
-    from counteraudit.explain.auditors.base import AUDITORS, build_auditor
-    from counteraudit.explain.base import METHODS, build_method
+    explain, discover = tables.get("explain", {}), tables.get("discover", {})
+    problems = []
+    # Importing the methods imports their libraries (seconds): only where there is a table to check.
+    if any((explain.get("methods"), explain.get("batch_sizes"), tables.get("methods"),
+            discover.get("auditors"), discover.get("budget"), tables.get("auditors"))):
+        # late: explain imports this module (issue 29 moves this check to the layer above)
+        from counteraudit.explain import auditors as _auditors  # noqa: F401  (registers them)
+        from counteraudit.explain import methods as _methods  # noqa: F401  (registers them)
+        from counteraudit.explain.auditors.base import AUDITORS, build_auditor
+        from counteraudit.explain.base import METHODS, build_method
+        problems += _named_problems(explain.get("methods") or [], METHODS, "[explain] methods")
+        problems += _named_problems(explain.get("batch_sizes", {}), METHODS,
+                                    "[explain] batch_sizes")
+        problems += _built_problems(tables.get("methods", {}), METHODS, build_method, "methods")
+        problems += _named_problems(discover.get("auditors") or [], AUDITORS, "[discover] auditors")
+        problems += _named_problems(discover.get("budget", {}), AUDITORS, "[discover] budget")
+        problems += _built_problems(tables.get("auditors", {}), AUDITORS, build_auditor, "auditors")
     from counteraudit.slurm.errors import ExecutorConfigError
     from counteraudit.slurm.executor_config import executor_config_from
-    explain, discover = tables.get("explain", {}), tables.get("discover", {})
-    problems = _named_problems(explain.get("methods") or [], METHODS, "[explain] methods")
-    problems += _named_problems(explain.get("batch_sizes", {}), METHODS, "[explain] batch_sizes")
-    problems += _built_problems(tables.get("methods", {}), METHODS, build_method, "methods")
-    problems += _named_problems(discover.get("auditors") or [], AUDITORS, "[discover] auditors")
-    problems += _named_problems(discover.get("budget", {}), AUDITORS, "[discover] budget")
-    problems += _built_problems(tables.get("auditors", {}), AUDITORS, build_auditor, "auditors")
     slurm = tables.get("slurm", {})
     if "log_dir" in slurm or any(isinstance(v, dict) and "log_dir" in v for v in slurm.values()):
         problems.append("[slurm] log_dir: a suite file cannot choose where logs are written (they "
