@@ -4,8 +4,6 @@ nearest valid one; a bad suite fails before any work, in one message without a t
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
 import typing
 from pathlib import Path
 
@@ -18,7 +16,6 @@ from counteraudit.train.suite import Recipe, load_suite, toml_text
 from counteraudit.train.suite_schema import SuiteFileError, SuiteTable, dataclass_table
 from counteraudit.train.worlds.synthetic import SyntheticConfig
 
-from conftest import REPO
 
 # A small valid suite with one entry of each array, so every key has a place to go wrong.
 VALID = {
@@ -191,11 +188,6 @@ def test_a_toml_syntax_error_names_the_file(tmp_path):
         load_suite(path)
 
 
-def _cli(*args, cwd):
-    return subprocess.run([sys.executable, str(REPO / "evaluate" / "detect.py"), *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, timeout=300)
-
-
 def _detect_in_process(capsys, *args) -> tuple[int, str, str]:
     """The main job as its script runs it (run_cli: a user's error is one message, exit 2), in
     this process: (exit status, stdout, stderr)."""
@@ -228,9 +220,9 @@ def test_bad_input_fails_in_one_message_before_any_work(tmp_path, capsys, change
     assert not (tmp_path / "runs" / "store").exists()
 
 
-def test_a_runs_dir_that_is_a_file_is_one_message(tmp_path):
-    """The one check in a subprocess: the real command prints one message, no traceback."""
+def test_a_runs_dir_that_is_a_file_is_one_message(tmp_path, capsys):
     (tmp_path / "afile").write_text("not a folder")
-    result = _cli("--quick", "--runs-dir", tmp_path / "afile", "--no-progress", cwd=tmp_path)
-    assert result.returncode == 2
-    assert "is a file, not a folder" in result.stderr and "Traceback" not in result.stderr
+    status, out, err = _detect_in_process(capsys, "--quick", "--runs-dir", tmp_path / "afile",
+                                          "--no-progress")
+    assert status == 2 and "is a file, not a folder" in err
+    assert "training" not in out  # before the first stage

@@ -19,11 +19,14 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, run_script, write_suite
+from conftest import REPO, write_suite
 from counteraudit.train.architectures import build_model
 from counteraudit.train.checkpoint import (CHECKPOINT_NAME, WEIGHTS_NAME, check_external_checkpoint,
                                            load_backbone_weights, load_training_state, model_dir,
                                            save_training_state)
+from counteraudit.train.convert_checkpoint import get_args_parser as convert_args_parser
+from counteraudit.train.convert_checkpoint import main as convert_main
+from counteraudit.train.stage import run_cli
 from counteraudit.train.suite import load_suite
 from counteraudit.train.suite_schema import SuiteFileError
 from counteraudit.train.trainer import train_model
@@ -164,13 +167,14 @@ def test_conversion_script_makes_a_trusted_pickle_loadable(tmp_path):
     assert _same(model.backbone.state_dict(), weights)
 
 
-def test_conversion_script_keeps_the_source(tmp_path):
+def test_conversion_script_keeps_the_source(tmp_path, capsys):
     source = tmp_path / "model.pth"
     torch.save({"model": small_state_dict()}, source)
-    result = subprocess.run([sys.executable, str(REPO / "train/convert_checkpoint.py"), source,
-                             source], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and "is the source checkpoint" in result.stderr
-    assert "can run code" in " ".join(run_script("train/convert_checkpoint.py", "--help").split())
+    parser = convert_args_parser()  # the script as it runs, in this process
+    with pytest.raises(SystemExit) as caught:
+        run_cli(convert_main, parser, parser.parse_args([str(source), str(source)]))
+    assert caught.value.code == 2 and "is the source checkpoint" in capsys.readouterr().err
+    assert "can run code" in " ".join(parser.format_help().split())
 
 
 # ---------------------------------------------------------------- the resume checkpoint
