@@ -111,11 +111,12 @@ def size_text(size: float) -> str:
     return f"{size:.0f} B" if power == 0 else f"{size:.1f} {units[power]}"
 
 
-def _free_bytes(path: Path) -> int | None:
-    """Free space of the file system holding ``path`` (its nearest existing folder)."""
+def disk_usage_near(path: Path):
+    """``shutil.disk_usage`` (total, used, free) of the file system holding ``path`` (its nearest
+    existing folder); None where no folder of it exists."""
     for folder in (path, *path.parents):
         if folder.is_dir():
-            return shutil.disk_usage(folder).free
+            return shutil.disk_usage(folder)
     return None
 
 
@@ -129,7 +130,8 @@ class OutOfSpaceError(ItemsFailedError):
         ``needed_bytes``: about what the unfinished items need (None: no estimate)."""
         self.cause = cause
         self.path = Path(cause.filename) if cause.filename else None
-        self.free_bytes = _free_bytes(self.path) if self.path else None
+        usage = disk_usage_near(self.path) if self.path else None
+        self.free_bytes = usage.free if usage else None
         self.needed_bytes = needed_bytes
         super().__init__(*failed)
 

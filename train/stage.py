@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import errno
-import shutil
 from pathlib import Path
 from typing import Any
 
+from counteraudit.slurm.errors import ExecutorError, disk_usage_near, out_of_space, size_text
 from counteraudit.train.artifacts import runs_dir, store_dir
 from counteraudit.train.checkpoint import (METRICS_NAME, MODELS, is_trained, link_suite_models,
                                            model_dir, read_metrics)
@@ -26,9 +25,7 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 # Errors a user causes (bad names, paths, parameters): shown as one line, not a traceback.
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from counteraudit.slurm.errors import ExecutorError
-    return (ValueError, LookupError, FileNotFoundError, ExecutorError)
+USER_ERRORS = (ValueError, LookupError, FileNotFoundError, ExecutorError)
 
 
 def run_cli(main, parser: argparse.ArgumentParser, args: argparse.Namespace | None = None):
@@ -39,29 +36,23 @@ def run_cli(main, parser: argparse.ArgumentParser, args: argparse.Namespace | No
     try:
         runs_dir(getattr(args, "runs_dir", None))  # a runs folder that is a file fails first
         return main(args)
-    except _user_errors() as error:
+    except USER_ERRORS as error:
         message = error.args[0] if isinstance(error, LookupError) and error.args else error
         parser.exit(2, f"{parser.prog}: error: {message}\n")
     except OSError as error:
-        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if out_of_space(error) is None:
             raise
-        where = error.filename or runs_dir(getattr(args, "runs_dir", None))
+        where = Path(error.filename or runs_dir(getattr(args, "runs_dir", None)))
+        usage = disk_usage_near(where.resolve())
+        free_text = (f" ({size_text(usage.free)} free of {size_text(usage.total)} there)"
+                     if usage else "")
         parser.exit(1, f"{parser.prog}: error: no space left on the device while writing "
-                       f"{where} ({disk_space_text(where)}); free some space (or use another "
-                       "--runs-dir) and run the same command again: everything finished so far "
-                       "is stored and is not computed again\n")
+                       f"{where}{free_text}; free some space (or use another --runs-dir) and run "
+                       "the same command again: everything finished so far is stored and is not "
+                       "computed again\n")
     except KeyboardInterrupt:
         parser.exit(130, f"\n{parser.prog}: interrupted; run the same command again to continue "
                          "(finished work is stored)\n")
-
-
-def disk_space_text(path) -> str:
-    """'N GB free of M GB' on the file system that holds ``path`` (or its nearest parent)."""
-    folder = Path(path).resolve()
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    usage = shutil.disk_usage(folder)
-    return f"{usage.free / 1e9:.2f} GB free of {usage.total / 1e9:.1f} GB there"
 
 
 def select_models(args: argparse.Namespace) -> tuple[Suite, list[ModelSpec]]:
@@ -220,9 +211,9 @@ def train_models(suite: Suite, specs: list[ModelSpec], args: argparse.Namespace)
         build_world(suite.world, runs_root=args.runs_dir).prepare()  # once, not in every worker
     if config.dry_run:
         print(describe_training(suite, specs, todo, config, root), flush=True)
-    runs_dir = str(Path(args.runs_dir).resolve()) if args.runs_dir else None
+    runs_root = str(Path(args.runs_dir).resolve()) if args.runs_dir else None
     parallel = config.executor == "slurm" or (config.local_jobs or 1) > 1
-    items = [{"suite": str(suite.path.resolve()), "model": spec.name, "runs_dir": runs_dir,
+    items = [{"suite": str(suite.path.resolve()), "model": spec.name, "runs_dir": runs_root,
               "device": getattr(args, "device", None),
               "progress": not args.no_progress and not parallel} for spec in todo]
     run_items(train_one, items, config, "train", item_name=lambda item: item["model"],

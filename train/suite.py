@@ -305,6 +305,14 @@ def load_suite(name_or_path: str | Path, plugin_tables: bool = True) -> Suite:
         raise SuiteFileError(f"suite file {path}: {message}") from error
 
 
+def _world_problems(world: dict[str, Any]) -> list[str]:
+    """What is wrong with the [world] table's options, reading no data (an unknown world: the
+    registry's error, raised)."""
+    from counteraudit.train.worlds import WORLDS
+    world_class = WORLDS.get(world.get("name", "synthetic"))
+    return world_class.config_problems({k: v for k, v in world.items() if k != "name"})
+
+
 def _recipe_and_world_problems(table: dict[str, Any]) -> list[str]:
     from counteraudit.train.worlds import WORLDS
     problems = []
@@ -312,8 +320,7 @@ def _recipe_and_world_problems(table: dict[str, Any]) -> list[str]:
         problems += recipe_problems(table.get("recipe", {}))
     world = table.get("world", {})
     if isinstance(world, dict) and world.get("name", "synthetic") in WORLDS:
-        problems += WORLDS.get(world.get("name", "synthetic")).config_problems(
-            {k: v for k, v in world.items() if k != "name"})
+        problems += _world_problems(world)
     return problems
 
 
@@ -331,7 +338,7 @@ def _parse(table: dict[str, Any], path: Path, plugin_tables: bool = True) -> Sui
     world = table.pop("world", {"name": "synthetic"})
     # The world's options checked now, reading no data: a bad one fails before any job starts.
     world_class = WORLDS.get(world.get("name", "synthetic"))
-    world_problems = world_class.config_problems({k: v for k, v in world.items() if k != "name"})
+    world_problems = _world_problems(world)
     problems += world_problems
     architecture = table.pop("architecture", {}).get("name", "small_resnet")
     ARCHITECTURES.get(architecture)  # unknown names list the valid ones
