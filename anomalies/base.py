@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from counteraudit.train.registry import Registry
-from counteraudit.train.suite_schema import check_table, dataclass_table
+from counteraudit.train.core.registry import Registry
+from counteraudit.train.core.suite_schema import check_table, dataclass_table
 
 FAMILIES: Registry[type["AnomalyFamily"]] = Registry("anomaly family")
 
@@ -148,7 +148,7 @@ class AnomalyFamily:
         """How abnormal inputs are made from the chosen val images (e.g. add the trigger)."""
         return images
 
-    # ---- failure discovery (explain/auditors/, evaluate/discover.py)
+    # ---- failure discovery (evaluate/discovery/auditors/, evaluate/discover.py)
     def planted_slice(self, implant: dict | None = None):
         """The subgroup of world factors ({factor: value}) where this model's defect should show,
         None when the defect is global (no slice: stark families), or NOT_EXPRESSIBLE when its

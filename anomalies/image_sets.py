@@ -34,10 +34,10 @@ import torch
 from PIL import Image
 
 from counteraudit.anomalies.base import FAMILIES
-from counteraudit.train.artifacts import (atomic_save_npz, atomic_write_bytes, atomic_write_json,
+from counteraudit.train.core.artifacts import (atomic_save_npz, atomic_write_bytes, atomic_write_json,
                                           derive_seed, file_sha256, find_or_make, intact,
                                           lock_beside, read_marker, stable_hash)
-from counteraudit.train.suite import ModelSpec, Suite
+from counteraudit.train.core.suite import ModelSpec, Suite
 from counteraudit.train.worlds import World
 
 DETECTION = "detection"

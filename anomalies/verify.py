@@ -15,10 +15,10 @@ from typing import Any
 
 from counteraudit.anomalies.base import FAMILIES
 from counteraudit.anomalies.common import VERIFY_IMAGES
-from counteraudit.train.artifacts import (artifact_lock, atomic_write_json, find_or_make, read_marker,
+from counteraudit.train.core.artifacts import (artifact_lock, atomic_write_json, find_or_make, read_marker,
                                           stable_hash)
 from counteraudit.train.checkpoint import is_trained, model_dir, read_metrics
-from counteraudit.train.suite import ModelSpec, Suite
+from counteraudit.train.core.suite import ModelSpec, Suite
 from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds import World, build_world
 
@@ -50,7 +50,7 @@ def _cached_figures(family, anomaly: ModelSpec, measured: ModelSpec, directory: 
 
 def verify_one(item: dict[str, Any]) -> dict[str, Any]:
     """Work item: the implant record of one trained anomalous model (read if already made)."""
-    from counteraudit.train.suite import load_suite
+    from counteraudit.train.core.suite import load_suite
     suite = load_suite(item["suite"], plugin_tables=False)  # the driver checked them
     spec = suite.model(item["model"])
     runs_root = item.get("runs_dir")

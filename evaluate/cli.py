@@ -61,7 +61,7 @@ def _build_parsers(add_help: bool = True):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from counteraudit.train.stage import run_cli
+    from counteraudit.train.core.stage import run_cli
     parser, by_name = _build_parsers()
     args = parser.parse_args(argv)
     run_cli(importlib.import_module(STAGE_SCRIPTS[args.command]).main, by_name[args.command], args)

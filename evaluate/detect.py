@@ -21,8 +21,8 @@ if __package__ in (None, ""):
 import argparse
 import time
 
-from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser
-from counteraudit.train.stage import run_cli
+from counteraudit.evaluate.scoring.stage import describe_distance, pipeline_parser
+from counteraudit.train.core.stage import run_cli
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -30,8 +30,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict:
-    from counteraudit.evaluate.pipeline import detection_scores, detection_tables, prepare, write_tables
-    from counteraudit.evaluate.tables import to_markdown
+    from counteraudit.evaluate.scoring.stage import detection_scores, detection_tables, prepare, write_tables
+    from counteraudit.evaluate.reporting.tables import to_markdown
     suite, methods, distance, distance_name, note = prepare(args)
     if getattr(args, "dry_run", False):
         return {}

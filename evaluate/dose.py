@@ -25,8 +25,8 @@ import argparse
 
 import pandas as pd
 
-from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser
-from counteraudit.train.stage import run_cli
+from counteraudit.evaluate.scoring.stage import describe_distance, pipeline_parser
+from counteraudit.train.core.stage import run_cli
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -40,8 +40,8 @@ def suite_dose_tables(suite, methods, distance, distance_name, runs_root=None, a
     score tables (computed when missing) and its implant records."""
     from counteraudit.anomalies.image_sets import localizable
     from counteraudit.anomalies.verify import read_implant
-    from counteraudit.evaluate.dose_response import suite_dose
-    from counteraudit.evaluate.pipeline import detection_scores, localization_scores
+    from counteraudit.evaluate.studies.dose_response import suite_dose
+    from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores
     if not suite.sweeps:
         raise ValueError(f"suite {suite.name!r} declares no [[sweeps]]; run --suite dose, or add "
                          "[[sweeps]] entries (family, values, params) to your suite file")
@@ -53,9 +53,9 @@ def suite_dose_tables(suite, methods, distance, distance_name, runs_root=None, a
 
 
 def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
-    from counteraudit.evaluate.dose_response import sweep_table, threshold_text
-    from counteraudit.evaluate.pipeline import prepare, write_tables
-    from counteraudit.evaluate.tables import to_markdown
+    from counteraudit.evaluate.studies.dose_response import sweep_table, threshold_text
+    from counteraudit.evaluate.scoring.stage import prepare, write_tables
+    from counteraudit.evaluate.reporting.tables import to_markdown
     suite, methods, distance, distance_name, note = prepare(args)
     if getattr(args, "dry_run", False):
         return {}

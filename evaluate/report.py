@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from counteraudit.evaluate.pipeline import localization_power_note, pipeline_parser
-from counteraudit.evaluate.report_sensitivity import SECTION_ID as SENSITIVITY_ID
-from counteraudit.evaluate.report_sensitivity import TITLE as SENSITIVITY_TITLE
-from counteraudit.train.stage import run_cli
+from counteraudit.evaluate.scoring.stage import localization_power_note, pipeline_parser
+from counteraudit.evaluate.reporting.sensitivity import SECTION_ID as SENSITIVITY_ID
+from counteraudit.evaluate.reporting.sensitivity import TITLE as SENSITIVITY_TITLE
+from counteraudit.train.core.stage import run_cli
 
 DEFAULT_EXAMPLES = 1     # normal and abnormal inputs shown per localizable model
 DEFAULT_IMAGE_SIDE = 128  # embedded images are downscaled to at most this many pixels a side
@@ -66,11 +66,11 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> Path | None:
     from counteraudit.anomalies.image_sets import localizable
     from counteraudit.anomalies.verify import read_implant
-    from counteraudit.evaluate.pipeline import (detection_scores, detection_tables,
+    from counteraudit.evaluate.scoring.stage import (detection_scores, detection_tables,
                                                 localization_scores, localization_tables, prepare,
                                                 write_tables)
-    from counteraudit.explain.pipeline import load_image_sets
-    from counteraudit.train.artifacts import atomic_write_text
+    from counteraudit.explain.stage import load_image_sets
+    from counteraudit.train.core.artifacts import atomic_write_text
     if args.examples < 1 or args.image_side < 8:
         raise ValueError(f"--examples {args.examples} must be >= 1 and --image-side {args.image_side} >= 8")
     suite, methods, distance, distance_name, note = prepare(args)
@@ -84,12 +84,12 @@ def main(args: argparse.Namespace) -> Path | None:
         tables.update(localization_tables(localization, distance_name))
     implants = {s.name: read_implant(suite, s, args.runs_dir) for s in suite.anomalies}
     if suite.sweeps:  # dose-response: one panel per sweep
-        from counteraudit.evaluate.dose_response import suite_dose
+        from counteraudit.evaluate.studies.dose_response import suite_dose
         dose, limits = suite_dose(suite, detection, localization, implants)
         tables.update({f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits})
     write_tables(suite, tables, args.runs_dir)
     discovery = stored_discovery(suite, args.runs_dir)
-    from counteraudit.evaluate.report_sensitivity import stored_sensitivity
+    from counteraudit.evaluate.reporting.sensitivity import stored_sensitivity
     report = Report(suite=suite, methods=methods, distance_name=distance_name, note=note,
                     detection=detection, localization=localization, tables=tables,
                     implants=implants,
@@ -106,10 +106,10 @@ def main(args: argparse.Namespace) -> Path | None:
 def stored_discovery(suite, runs_root=None):
     """(findings, tables, world) of the failure-discovery auditors when evaluate/discover.py has
     run for this suite, else None (the report then says how to add them)."""
-    from counteraudit.evaluate.discovery import discovery_tables
-    from counteraudit.explain.findings import load_suite_findings
-    from counteraudit.explain.findings import FINDINGS
-    from counteraudit.train.artifacts import store_dir
+    from counteraudit.evaluate.discovery.tables import discovery_tables
+    from counteraudit.evaluate.discovery.stage import load_suite_findings
+    from counteraudit.evaluate.discovery.stage import FINDINGS
+    from counteraudit.train.core.artifacts import store_dir
     from counteraudit.train.worlds import build_world
     if not any((store_dir(runs_root) / FINDINGS).glob("*/*")):
         return None  # never run: don't build covering arrays only to find nothing
@@ -118,8 +118,8 @@ def stored_discovery(suite, runs_root=None):
         results = load_suite_findings(suite, runs_root, world=world)
     except FileNotFoundError:
         return None
-    from counteraudit.evaluate.search_study import search_study
-    from counteraudit.explain.findings import discover_seed
+    from counteraudit.evaluate.discovery.search_study import search_study
+    from counteraudit.evaluate.discovery.stage import discover_seed
     tables = discovery_tables(suite, results, world, runs_root)
     tables.update(search_study(suite, results, world, runs_root, discover_seed(suite)).get(
         "tables", {}))
@@ -181,7 +181,7 @@ nav ul { columns: 2; }
 # ---------------------------------------------------------------- helpers
 def html_table(frame: pd.DataFrame, *, float_format: str = "{:.3f}", caption: str | None = None) -> str:
     """A pandas frame (flat columns, index ignored) as an HTML table; numbers right-aligned."""
-    from counteraudit.evaluate.tables import format_cell
+    from counteraudit.evaluate.reporting.tables import format_cell
     numeric = [pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
                for c in frame.columns]
     head = "".join(f"<th>{escape(str(c))}</th>" for c in frame.columns)
@@ -238,7 +238,7 @@ class Report:
                  runs_root=None, examples: int = DEFAULT_EXAMPLES, image_side: int = DEFAULT_IMAGE_SIDE,
                  discovery=None, sensitivity: dict[str, pd.DataFrame] | None = None):
         from counteraudit.anomalies.image_sets import localizable
-        from counteraudit.evaluate.detection import with_layer_column
+        from counteraudit.evaluate.scoring.detection import with_layer_column
         self.suite, self.methods, self.distance_name, self.note = suite, methods, distance_name, note
         self.detection = with_layer_column(detection)
         self.localization = with_layer_column(localization) if localization is not None else None
@@ -257,7 +257,7 @@ class Report:
         return self.tables[f"{name}-{self.distance_name}"]
 
     def explanation(self, method: str, model: str, image_set: str):
-        from counteraudit.explain.pipeline import load_results
+        from counteraudit.explain.stage import load_results
         key = (method, model, image_set)
         if key not in self._explanations:
             self._explanations[key] = load_results(self.suite, method, [model], image_set, self.runs_root)[model]
@@ -265,7 +265,7 @@ class Report:
 
     def shown_layer(self, method: str) -> str:
         """The layer whose images the examples show: the first of a layered method, else ''."""
-        from counteraudit.evaluate.detection import NO_LAYER
+        from counteraudit.evaluate.scoring.detection import NO_LAYER
         layers = self.explanation(method, self.references[0], "detection").layers
         return str(layers[0]) if layers else NO_LAYER
 
@@ -345,26 +345,26 @@ class Report:
         return "<header>" + "\n".join(lines) + "</header>"
 
     def sensitivity_section(self) -> str:
-        from counteraudit.evaluate.report_sensitivity import sensitivity_section
+        from counteraudit.evaluate.reporting.sensitivity import sensitivity_section
         return sensitivity_section(self.sensitivity, html_table)
 
     def power_section(self) -> str:
-        from counteraudit.evaluate.power_report import power_section
-        from counteraudit.evaluate.pipeline import TABLES
+        from counteraudit.evaluate.reporting.power import power_section
+        from counteraudit.evaluate.scoring.stage import TABLES
         return power_section(self.suite.root(self.runs_root) / TABLES, self.distance_name, html_table)
 
     def dose_section(self) -> str:
         name = f"dose-{self.distance_name}"
         if name not in self.tables:
             return ""
-        from counteraudit.evaluate.report_dose import dose_section
+        from counteraudit.evaluate.reporting.dose import dose_section
         return dose_section(self.tables[name], self.table("dose-thresholds"), html_table)
 
     def discovery_section(self) -> str:
         if self.discovery is None:
             return ('<p class="note">No failure-discovery findings for this suite yet: '
                     "python evaluate/discover.py adds Tables 3 and 4 and their section.</p>")
-        from counteraudit.evaluate.report_discovery import discovery_section
+        from counteraudit.evaluate.reporting.discovery import discovery_section
         results, tables, world = self.discovery
         return discovery_section(results, tables, world, self.figure, html_table)
 
@@ -451,7 +451,7 @@ class Report:
         return "\n".join(parts) + "</section>"
 
     def implant_section(self) -> str:
-        from counteraudit.evaluate.report_svg import ANOMALOUS_COLOR, REFERENCE_COLOR, StripRow, strip_plot
+        from counteraudit.evaluate.reporting.svg import ANOMALOUS_COLOR, REFERENCE_COLOR, StripRow, strip_plot
         rows, blocks = [], []
         for spec in self.anomalies:
             record = self.implants.get(spec.name)
@@ -578,7 +578,7 @@ class Report:
         return "\n".join(parts) + "</section>"
 
     def distributions(self) -> str:
-        from counteraudit.evaluate.report_svg import ANOMALOUS_COLOR, MISSED_COLOR, REFERENCE_COLOR, StripRow, strip_plot
+        from counteraudit.evaluate.reporting.svg import ANOMALOUS_COLOR, MISSED_COLOR, REFERENCE_COLOR, StripRow, strip_plot
         per_model = self.table("detection-per-model")
         plots = []
         for method in self.methods:
@@ -612,7 +612,7 @@ class Report:
     def roc_section(self) -> str:
         from sklearn.metrics import roc_curve
 
-        from counteraudit.evaluate.report_svg import ANOMALOUS_COLOR, MISSED_COLOR, StripRow, roc_plot, strip_plot
+        from counteraudit.evaluate.reporting.svg import ANOMALOUS_COLOR, MISSED_COLOR, StripRow, roc_plot, strip_plot
         if not self.localizable:
             return ""
         per_model = self.table("localization-per-model")

@@ -5,7 +5,7 @@
     python evaluate/sensitivity.py --suite demo --choice ig_baseline --choice renderer
 
 A finished suite is explained and scored once more under each alternative of each protocol choice
-(evaluate/protocol_choices.py: the saliency renderer, Integrated Gradients' baseline, the gradient
+(evaluate/studies/protocol_choices.py: the saliency renderer, Integrated Gradients' baseline, the gradient
 space, Caricature noise, the explained class), one choice changed at a time. Each alternative is a
 suite file derived from the suite's own (runs/<suite>/sensitivity/<choice>-<value>.toml), so the
 store shares everything a choice does not touch: the models, the image sets, and the
@@ -34,15 +34,15 @@ from typing import Any
 
 import pandas as pd
 
-from counteraudit.train.stage import run_cli
+from counteraudit.train.core.stage import run_cli
 
 SENSITIVITY = "sensitivity"
 CHANGED = "!"  # marks a cell whose verdict differs from the suite's own protocol
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    from counteraudit.evaluate.pipeline import pipeline_parser
-    from counteraudit.evaluate.protocol_choices import PROTOCOL_CHOICES
+    from counteraudit.evaluate.scoring.stage import pipeline_parser
+    from counteraudit.evaluate.studies.protocol_choices import PROTOCOL_CHOICES
     parser = pipeline_parser("counteraudit sensitivity", add_help)
     parser.add_argument("--choice", action="append", default=None, metavar="NAME",
                         help=f"only this protocol choice (repeatable; {', '.join(PROTOCOL_CHOICES)}); "
@@ -63,10 +63,10 @@ class Variant:
 def plan_variants(suite, methods: list[str], choice_names: list[str] | None,
                   runs_root=None) -> tuple[list[Variant], list[str]]:
     """The alternatives to run (their suite files written), and a line for each choice skipped."""
-    from counteraudit.evaluate.protocol_choices import PROTOCOL_CHOICES
+    from counteraudit.evaluate.studies.protocol_choices import PROTOCOL_CHOICES
     from counteraudit.explain.base import build_method
-    from counteraudit.explain.pipeline import method_batch_size, method_params
-    from counteraudit.train.suite import write_derived_suite
+    from counteraudit.explain.stage import method_batch_size, method_params
+    from counteraudit.train.core.suite import write_derived_suite
     names = choice_names or PROTOCOL_CHOICES.names()
     chosen = [PROTOCOL_CHOICES.get(name) for name in names]  # unknown names list the valid ones
     architecture = suite.architecture
@@ -97,9 +97,9 @@ def plan_variants(suite, methods: list[str], choice_names: list[str] | None,
 def scored_tables(suite, methods: list[str], distance, distance_name: str, args) -> dict[str, pd.DataFrame]:
     """Table 1's per-model rows and Table 2's per-model rows (with the outputs-only comparison)
     of ``methods`` on ``suite``, explaining what is missing first."""
-    from counteraudit.evaluate.pipeline import (detection_scores, detection_tables,
+    from counteraudit.evaluate.scoring.stage import (detection_scores, detection_tables,
                                                 localization_scores, localization_tables)
-    from counteraudit.explain.pipeline import explain_suite, explained_images_line
+    from counteraudit.explain.stage import explain_suite, explained_images_line
     counts = explain_suite(suite, args, methods=methods)
     print(f"{counts['computed']} visualization set(s) computed, {counts['stored']} already stored; "
           f"{explained_images_line(counts)}", flush=True)
@@ -155,9 +155,9 @@ def side_by_side(table: pd.DataFrame, value: str, changed: list[str], digits: in
 
 
 def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
-    from counteraudit.evaluate.baseline import BASELINE
-    from counteraudit.evaluate.pipeline import describe_distance, prepare, write_tables
-    from counteraudit.evaluate.tables import to_markdown
+    from counteraudit.evaluate.scoring.baseline import BASELINE
+    from counteraudit.evaluate.scoring.stage import describe_distance, prepare, write_tables
+    from counteraudit.evaluate.reporting.tables import to_markdown
     suite, methods, distance, distance_name, note = prepare(args)
     variants, skipped = plan_variants(suite, methods, args.choice, args.runs_dir)
     if getattr(args, "dry_run", False):

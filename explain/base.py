@@ -30,8 +30,8 @@ from counteraudit.explain.explainable import explainable
 from counteraudit.explain.params import NoParams, added, parse_params, recorded_params
 from counteraudit.explain.render import RENDERER_VERSION
 from counteraudit.explain.renderers import ATTRIBUTIONS, CAMS, Renderer, build_renderer
-from counteraudit.train.artifacts import derive_seed
-from counteraudit.train.registry import Registry
+from counteraudit.train.core.artifacts import derive_seed
+from counteraudit.train.core.registry import Registry
 
 
 # ---------------------------------------------------------------- results
@@ -268,7 +268,7 @@ class ExplanationMethod(ABC):
 
         Each batch's random state is seeded from the method's seed and the batch's position in
         the image set; ``first_position`` is the position of ``images[0]`` when they are one
-        range of a larger set (explain/pipeline.py's chunked work items), so a range gives the
+        range of a larger set (explain/stage.py's chunked work items), so a range gives the
         rows of the whole set's result. ``labels`` (N,): the images' true labels, needed with
         ``explained_class = "label"``; ``model_id``: the model's key, needed by methods whose
         randomness is drawn per model (Caricatures with ``noise = "per_model"``)."""

@@ -27,9 +27,9 @@ if __package__ in (None, ""):
 import argparse
 import time
 
-from counteraudit.explain.pipeline import add_chunk_images_arg
+from counteraudit.explain.stage import add_chunk_images_arg
 from counteraudit.slurm.executor import add_executor_args
-from counteraudit.train.stage import add_common_args, run_cli
+from counteraudit.train.core.stage import add_common_args, run_cli
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -48,8 +48,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> None:
-    from counteraudit.explain.pipeline import explain_suite, explained_images_line
-    from counteraudit.train.suite import load_suite
+    from counteraudit.explain.stage import explain_suite, explained_images_line
+    from counteraudit.train.core.suite import load_suite
     from counteraudit.train.train import train_and_check
     suite = load_suite(args.suite)
     # This stage needs trained models, and the blurred-faces image set needs the implant checks:

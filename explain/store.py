@@ -1,6 +1,6 @@
 """Save and load one (model, method, image set) result, and tell whether it is already done.
 
-A result lives in one folder as two files, both written atomically (train/artifacts.py):
+A result lives in one folder as two files, both written atomically (train/core/artifacts.py):
 - ``explanation.npz``: ``images`` (uint8), ``targets`` (int64), ``raw`` as float16 where the method
   has one (half the disk; far more precise than the uint8 images that distances use), ``layers``
   for per-layer methods, and ``diag_<name>`` for each diagnostic;
@@ -11,7 +11,7 @@ A result lives in one folder as two files, both written atomically (train/artifa
 ``params.json`` is removed before and written after the arrays, so it marks completion: a folder
 without it, or whose key differs from the one asked for, is recomputed.
 
-A chunked explain stage (explain/pipeline.py, ``chunk_images``) stores each image range of a set
+A chunked explain stage (explain/stage.py, ``chunk_images``) stores each image range of a set
 as a *part*: the same two files in ``<result folder>/parts/<start>-<stop>/``, keyed like the full
 result plus ``image_range``. ``gather_parts`` concatenates the parts into the full result (the
 same files, key and arrays an unchunked run writes) and removes ``parts/``.
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from counteraudit.explain.base import Explanation
-from counteraudit.train.artifacts import (atomic_save_npz, atomic_write_json, file_sha256, intact,
+from counteraudit.train.core.artifacts import (atomic_save_npz, atomic_write_json, file_sha256, intact,
                                           read_json, read_marker)
 
 ARRAYS_FILE = "explanation.npz"

@@ -88,9 +88,9 @@ localization_images = 4
 def trained_suite(suite_path: Path, runs: Path) -> tuple[Path, Path]:
     """Every model of a suite trained (in this process) and its image sets made, nothing
     explained: (suite file, runs root)."""
-    from counteraudit.explain.pipeline import load_image_sets
+    from counteraudit.explain.stage import load_image_sets
     from counteraudit.train.stage import train_one
-    from counteraudit.train.suite import load_suite
+    from counteraudit.train.core.suite import load_suite
     suite = load_suite(suite_path)
     for spec in suite.models:
         train_one({"suite": str(suite_path), "model": spec.name, "runs_dir": str(runs),

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from counteraudit.anomalies import FAMILIES
-from counteraudit.anomalies.adversarial import pgd
-from counteraudit.anomalies.backdoor import apply_trigger
+from counteraudit.anomalies.families.adversarial import pgd
+from counteraudit.anomalies.families.backdoor import apply_trigger
 from counteraudit.train.architectures import build_model
 from counteraudit.train.worlds import build_world
 
@@ -227,7 +227,7 @@ def test_longest_trainings_are_started_first():
     """With one model per worker, the adversarial model (PGD passes per step) goes first, so no
     worker is left alone with it at the end of the run."""
     from counteraudit.train.stage import training_cost
-    from counteraudit.train.suite import load_suite
+    from counteraudit.train.core.suite import load_suite
     suite = load_suite("demo")
     costs = {spec.name: training_cost(spec) for spec in suite.models}
     adversarial = next(s for s in suite.models if s.family == "adversarial")

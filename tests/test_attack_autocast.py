@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from counteraudit.train.benchmark_attack import get_args_parser, main
+from counteraudit.evaluate.benchmarks.attack import get_args_parser, main
 from counteraudit.train.checkpoint import model_dir
-from counteraudit.train.suite import load_suite
+from counteraudit.train.core.suite import load_suite
 from counteraudit.train.trainer import new_model, train_model
 from tests.conftest import write_suite
 
@@ -63,9 +63,9 @@ def _world(tmp_path):
 def test_bf16_attack_raises_the_loss_as_much_as_fp32(tmp_path):
     """The attack in bf16 autocast raises the model's (fp32) loss as much as the fp32 attack, with
     the same eps, steps and random start. (Accuracy on a trained demo model: the README's figures
-    from train/benchmark_attack.py; a model trained in a test's seconds is too near chance.)"""
+    from evaluate/benchmarks/attack.py; a model trained in a test's seconds is too near chance.)"""
     from counteraudit.anomalies import FAMILIES
-    from counteraudit.train.benchmark_attack import attack
+    from counteraudit.evaluate.benchmarks.attack import attack
     world = _world(tmp_path)
     suite = load_suite(write_suite(tmp_path / "att.toml", body=ADVERSARIAL, references=2, world=WORLD))
     spec = suite.model("adversarial")

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 import torch
 
-from counteraudit.explain.auditors import AUDITORS, BudgetError, build_auditor
-from counteraudit.explain.auditors.base import median_interval
-from counteraudit.explain.auditors.error_ratio import error_ratios, one_hot
-from counteraudit.explain.auditors.twise import covering_array
+from counteraudit.evaluate.discovery.auditors import AUDITORS, BudgetError, build_auditor
+from counteraudit.evaluate.discovery.auditors.base import median_interval
+from counteraudit.evaluate.discovery.auditors.error_ratio import error_ratios, one_hot
+from counteraudit.evaluate.discovery.auditors.twise import covering_array
 from counteraudit.train.architectures import build_model
 from counteraudit.train.worlds import synthetic_factors
 from counteraudit.train.worlds.synthetic import SyntheticConfig, SyntheticWorld
@@ -262,9 +262,9 @@ def trained(tmp_path_factory):
 
 
 def test_a_killed_run_resumes_and_computes_only_what_is_missing(trained):
-    from counteraudit.explain.findings import FINDINGS, PARAMS_FILE, discover_suite
+    from counteraudit.evaluate.discovery.stage import FINDINGS, PARAMS_FILE, discover_suite
     from counteraudit.slurm.executor import add_executor_args
-    from counteraudit.train.suite import load_suite
+    from counteraudit.train.core.suite import load_suite
     import argparse
     suite_path, runs = trained
     suite = load_suite(suite_path)
@@ -306,7 +306,7 @@ def test_discover_prints_tables_3_and_4(trained, capsys):
     assert set(recovery["auditor"]) == set(AUDITORS.names())
     assert (recovery["planted_slice"] == "class=star").all()
     curves = pd.read_csv(tables / "search-budget-curves.csv")
-    from counteraudit.explain.selection import SELECTIONS
+    from counteraudit.evaluate.discovery.selection import SELECTIONS
     assert set(curves["auditor"]) == {"caption_lift", "error_ratio", "twise"} | {
         f"surrogate_search:{s}" for s in SELECTIONS.names()}
     assert set(curves[curves["auditor"] == "surrogate_search:bo"]["seed"]) == set(range(10))
@@ -314,9 +314,9 @@ def test_discover_prints_tables_3_and_4(trained, capsys):
 
 def test_report_section_shows_top_subgroups_with_examples_that_satisfy_them(trained):
     from counteraudit.evaluate.report import html_table, stored_discovery
-    from counteraudit.evaluate.report_discovery import (EXAMPLES_PER_SUBGROUP, TOP_SUBGROUPS,
+    from counteraudit.evaluate.reporting.discovery import (EXAMPLES_PER_SUBGROUP, TOP_SUBGROUPS,
                                                         discovery_section, example_images)
-    from counteraudit.train.suite import load_suite
+    from counteraudit.train.core.suite import load_suite
     suite_path, runs = trained
     suite = load_suite(suite_path)
     results, tables, world = stored_discovery(suite, runs)  # discover ran in the tests above

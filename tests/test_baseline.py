@@ -1,15 +1,15 @@
 """Every method against the outputs-only control (paired dAUROC, margin ratios) and Table 1's
-exact intervals (evaluate/baseline.py)."""
+exact intervals (evaluate/scoring/baseline.py)."""
 import numpy as np
 import pandas as pd
 import pytest
 from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 
-from counteraudit.evaluate.baseline import (ADDS, LESS, SAME, detection_margin_ratios,
+from counteraudit.evaluate.scoring.baseline import (ADDS, LESS, SAME, detection_margin_ratios,
                                             fraction_intervals, localization_versus_baseline,
                                             paired_delta_interval)
-from counteraudit.evaluate.localization import bootstrap_auroc_interval
+from counteraudit.evaluate.scoring.localization import bootstrap_auroc_interval
 
 
 def correlated_scores(rng, n: int, shift_a: float, shift_b: float, rho: float):

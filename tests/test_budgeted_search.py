@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from counteraudit.explain.auditors import BudgetError, build_auditor
-from counteraudit.explain.auditors.caption_lift import benjamini_hochberg, recurring_descriptions
-from counteraudit.explain.selection import (SELECTIONS, BudgetBelowInitial, Subdomains, search)
-from counteraudit.train.registry import UnknownNameError
+from counteraudit.evaluate.discovery.auditors import BudgetError, build_auditor
+from counteraudit.evaluate.discovery.auditors.caption_lift import benjamini_hochberg, recurring_descriptions
+from counteraudit.evaluate.discovery.selection import (SELECTIONS, BudgetBelowInitial, Subdomains, search)
+from counteraudit.train.core.registry import UnknownNameError
 from counteraudit.train.worlds import synthetic_factors
 from counteraudit.train.worlds.synthetic import SyntheticConfig, SyntheticWorld
 
@@ -74,7 +74,7 @@ def test_bo_finds_the_planted_worst_subdomain_within_its_budget():
 
 
 def test_nwise_starts_with_the_rows_of_a_pairwise_covering_array():
-    from counteraudit.explain.auditors.twise import covering_array
+    from counteraudit.evaluate.discovery.auditors.twise import covering_array
     subdomains, rates = toy_objective()
     rows = covering_array(TOY_GRID, 2, seed=3)
     state = search(subdomains, lambda i: rates[i], "nwise", 10 + len(rows), seed=3)
@@ -189,8 +189,8 @@ def test_surrogate_search_budget_below_the_initial_subdomains_names_the_minimum(
 
 
 def test_surrogate_search_equals_a_lookup_in_its_exhaustive_reference(world):
-    from counteraudit.evaluate.budget_curves import lookup_curves
-    from counteraudit.explain.exhaustive import _one_search, evaluate_every_subdomain
+    from counteraudit.evaluate.discovery.budget_curves import lookup_curves
+    from counteraudit.evaluate.discovery.exhaustive import _one_search, evaluate_every_subdomain
     model, recording = planted(world, PLANTED)
     auditor = build_auditor("surrogate_search", {**SMALL_SEARCH, "selection": "bo"})
     table = evaluate_every_subdomain(auditor, model, recording)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from counteraudit.anomalies.image_sets import DETECTION
 from counteraudit.explain.base import build_method
-from counteraudit.explain.pipeline import (load_image_sets, method_batch_size, method_params,
+from counteraudit.explain.stage import (load_image_sets, method_batch_size, method_params,
                                            result_lock, stored_result_dir, suite_methods)
 from counteraudit.explain.store import result_key
-from counteraudit.train.suite import load_suite
+from counteraudit.train.core.suite import load_suite
 from counteraudit.train.worlds import build_world
 from tests.conftest import REPO, TINY_WORLD
 

@@ -10,7 +10,7 @@ import torch
 
 from counteraudit.train import cpu_probe
 from counteraudit.train.cpu_probe import check_cpu_precision, measure_precisions
-from counteraudit.train.suite import load_suite
+from counteraudit.train.core.suite import load_suite
 from tests.conftest import write_suite
 
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torchvision
 
-from counteraudit.evaluate.distances import (DISTANCES, MissingBackboneWeightsError, available,
+from counteraudit.evaluate.scoring.distances import (DISTANCES, MissingBackboneWeightsError, available,
                                              build_distance, resolve_distance_name)
-from counteraudit.evaluate.distances.backbone_weights import BACKBONES
-from counteraudit.train.registry import UnknownNameError
+from counteraudit.evaluate.scoring.distances.backbone_weights import BACKBONES
+from counteraudit.train.core.registry import UnknownNameError
 
 # lpips builds torchvision backbones with the deprecated pretrained= argument
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:torchvision.*")
@@ -149,7 +149,7 @@ def test_l2_distance_is_the_rms_pixel_difference_and_exact_under_chunking(monkey
     np.testing.assert_allclose(paired, expected, rtol=1e-12)
     assert paired[3] == 0.0
     # integer sums: chunked (one image per chunk) and subset results are the same bits
-    import counteraudit.evaluate.distances.l2 as l2_module
+    import counteraudit.evaluate.scoring.distances.l2 as l2_module
 
     monkeypatch.setattr(l2_module, "chunk_length", lambda _: 1)
     assert np.array_equal(distance.paired(distance.features(a), distance.features(b)), paired)

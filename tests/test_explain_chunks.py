@@ -12,20 +12,20 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import counteraudit.explain.pipeline as explain_pipeline
+import counteraudit.explain.stage as explain_pipeline
 
 import counteraudit.slurm.executor as slurm_executor
 
-from counteraudit.evaluate.distances import build_distance
-from counteraudit.evaluate.pipeline import SCORES, detection_scores, pipeline_parser
+from counteraudit.evaluate.scoring.distances import build_distance
+from counteraudit.evaluate.scoring.stage import SCORES, detection_scores, pipeline_parser
 from counteraudit.explain.base import build_method
-from counteraudit.explain.pipeline import (chunk_images, explain_suite, image_ranges, part_size,
+from counteraudit.explain.stage import (chunk_images, explain_suite, image_ranges, part_size,
                                            result_dir, sets_for)
 from counteraudit.explain.run import get_args_parser
 from counteraudit.explain.store import ARRAYS_FILE, PARAMS_FILE, PARTS_DIR
 from counteraudit.slurm.errors import ItemsFailedError
 from tests.conftest import trained_suite, write_suite
-from counteraudit.train.suite import load_suite
+from counteraudit.train.core.suite import load_suite
 
 METHODS = ["guided_backprop", "caricature"]
 # 8 detection images; guided backprop in batches of 3, Caricatures (whose results depend on which
@@ -233,7 +233,7 @@ def test_scoring_on_slurm_writes_the_local_tables(trained, unchunked, tmp_path, 
     assert submitted == []
 
 
-# ---- sets of one draw with other counts share their images' explanations (explain/pipeline.py)
+# ---- sets of one draw with other counts share their images' explanations (explain/stage.py)
 
 def longer_suite(tmp_path: Path, detection_images: int) -> Path:
     """The chunks suite with another m: the same nested draw of detection images, cut elsewhere."""
@@ -309,7 +309,7 @@ def test_the_stage_gives_per_model_noise_each_models_key_and_label_targets_the_l
     """The explain stage passes each model's key (Caricatures' per-model noise) and the image
     set's labels (explained_class = "label"; chunked items call the same ``_Item.run_from``): it
     stores what a direct run with that key and those labels gives."""
-    from counteraudit.explain.pipeline import load_results
+    from counteraudit.explain.stage import load_results
     suite_path, trained_runs = trained
     body = BODY.replace("[methods.caricature]", '[methods.gradcam]\nexplained_class = "label"\n'
                         'aug_smooth = false\n\n[methods.caricature]\nnoise = "per_model"')
@@ -331,7 +331,7 @@ def test_the_stage_gives_per_model_noise_each_models_key_and_label_targets_the_l
     model = load_trained_model(model_dir(runs, spec), spec, build_world(suite.world, runs), "cpu")
     import torch
     threads = torch.get_num_threads()
-    torch.set_num_threads(spec.recipe.cpu_threads)  # as the stage (explain/pipeline.py)
+    torch.set_num_threads(spec.recipe.cpu_threads)  # as the stage (explain/stage.py)
     try:
         direct = build_method("caricature", explain_pipeline.method_params(suite, "caricature")
                               ).run(model, image_set.tensor(), batch_size=2, model_id=spec.key)

@@ -14,7 +14,7 @@ import counteraudit.explain as explain
 from counteraudit.explain import METHODS, build_method
 from counteraudit.explain.render import RENDERER_VERSION
 from counteraudit.train.architectures import ARCHITECTURES, build_model, resolve_layer
-from counteraudit.train.registry import UnknownNameError
+from counteraudit.train.core.registry import UnknownNameError
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

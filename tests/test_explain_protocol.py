@@ -18,12 +18,12 @@ from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 
 from counteraudit.explain import build_method
 from counteraudit.explain.base import BatchContext
-from counteraudit.explain.pipeline import method_params
+from counteraudit.explain.stage import method_params
 from counteraudit.explain.renderers import RENDERERS, build_renderer
 from counteraudit.train.architectures import ARCHITECTURES, build_model, resolve_layer
-from counteraudit.train.registry import UnknownNameError
-from counteraudit.train.suite_schema import SuiteFileError
-from counteraudit.train.suite import load_suite
+from counteraudit.train.core.registry import UnknownNameError
+from counteraudit.train.core.suite_schema import SuiteFileError
+from counteraudit.train.core.suite import load_suite
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -313,7 +313,7 @@ def test_per_model_noise_differs_between_models_and_repeats_bit_for_bit(model, i
 
 def test_per_model_random_starts_differ_and_shared_starts_are_shared():
     from counteraudit.explain.methods.caricature import per_row_start
-    from counteraudit.train.artifacts import derive_seed
+    from counteraudit.train.core.artifacts import derive_seed
     spectra = []
     for model_id in ("model-a", "model-b", "model-a"):
         spectrum = torch.zeros(2, 3, 8, 5, 2)

@@ -3,11 +3,11 @@ the null row of Table 1 (the detection rule's empirical false-positive rate)."""
 import pandas as pd
 import pytest
 
-from counteraudit.evaluate.baseline import null_rate_table
-from counteraudit.evaluate.detection import (NULL_FAMILY, ROLE_NULL, detection_fractions,
+from counteraudit.evaluate.scoring.baseline import null_rate_table
+from counteraudit.evaluate.scoring.detection import (NULL_FAMILY, ROLE_NULL, detection_fractions,
                                              detection_table, null_rates)
-from counteraudit.explain.pipeline import sets_for
-from counteraudit.train.suite import load_suite
+from counteraudit.explain.stage import sets_for
+from counteraudit.train.core.suite import load_suite
 from tests.conftest import write_suite
 
 BACKDOOR = """

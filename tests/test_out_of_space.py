@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import counteraudit.explain.pipeline as explain_pipeline
-from counteraudit.explain.pipeline import explain_suite
+import counteraudit.explain.stage as explain_pipeline
+from counteraudit.explain.stage import explain_suite
 from counteraudit.explain.run import get_args_parser
 from counteraudit.explain.store import ARRAYS_FILE
 from counteraudit.slurm.errors import OutOfSpaceError
 from counteraudit.slurm.executor import ExecutorConfig, run_items
-from counteraudit.train.artifacts import store_dir
-from counteraudit.train.suite import load_suite
+from counteraudit.train.core.artifacts import store_dir
+from counteraudit.train.core.suite import load_suite
 
 NO_SPACE = os.strerror(errno.ENOSPC)
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 from PIL import Image
 
-from counteraudit.anomalies.backdoor import PAPER_PATTERNS
-from counteraudit.anomalies.spurious import add_watermark
-from counteraudit.evaluate.distances.backbone_weights import BACKBONES
+from counteraudit.anomalies.families.backdoor import PAPER_PATTERNS
+from counteraudit.anomalies.families.spurious import add_watermark
+from counteraudit.evaluate.scoring.distances.backbone_weights import BACKBONES
 from counteraudit.train.checkpoint import WEIGHTS_NAME
-from counteraudit.train.suite import load_suite
+from counteraudit.train.core.suite import load_suite
 from tests.conftest import REPO, run_script
 
 # Nine ResNet-50s at 224 px on a CPU: minutes, so .ci/run runs this file as its own step and the

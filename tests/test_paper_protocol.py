@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from counteraudit.anomalies import FAMILIES
-from counteraudit.anomalies.backdoor import PAPER_PATTERNS, apply_trigger
+from counteraudit.anomalies.families.backdoor import PAPER_PATTERNS, apply_trigger
 from counteraudit.anomalies.common import accuracy, predict
-from counteraudit.anomalies.spurious import add_watermark
+from counteraudit.anomalies.families.spurious import add_watermark
 from counteraudit.anomalies.watermark_digits import digit_glyphs
 from counteraudit.train.architectures import ABSENT_CLASS_LOGIT
-from counteraudit.train.suite import load_suite
+from counteraudit.train.core.suite import load_suite
 from counteraudit.train.trainer import evaluate_accuracy, new_model
 from counteraudit.train.worlds import build_world
 
@@ -194,8 +194,8 @@ def test_methods_in_the_normalised_space_explain_world_classes_of_a_dropped_outp
 
 # ---------------------------------------------------------------- tables
 def test_table1_rows_split_by_the_suites_row_label_and_table2_lists_caricature_layers():
-    from counteraudit.evaluate.detection import FLAG_OK
-    from counteraudit.evaluate.pipeline import detection_tables, localization_tables
+    from counteraudit.evaluate.scoring.detection import FLAG_OK
+    from counteraudit.evaluate.scoring.stage import detection_tables, localization_tables
     paper = load_suite("paper")
     rows, order = paper.table_rows()
     assert order.index("adversarial_linf") < order.index("adversarial_l2")

@@ -21,7 +21,7 @@ from PIL import Image
 from counteraudit.anomalies import FAMILIES
 from counteraudit.train.architectures import build_model
 from counteraudit.train.checkpoint import WEIGHTS_NAME, model_dir
-from counteraudit.train.suite import load_suite
+from counteraudit.train.core.suite import load_suite
 from counteraudit.train.trainer import train_model
 from counteraudit.train.worlds import build_world
 from counteraudit.train.worlds.base import part_bounds

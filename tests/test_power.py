@@ -1,17 +1,17 @@
-"""Power (evaluate/power.py): verdicts recomputed on subsets of references and images agree with
+"""Power (evaluate/studies/power.py): verdicts recomputed on subsets of references and images agree with
 Table 1 at the full sets, subset shares are right on constructed scores, and "what a method
 needs" is the smallest size that works there and at every larger size."""
 import numpy as np
 import pandas as pd
 import pytest
 
-from counteraudit.evaluate.detection import detection_table
-from counteraudit.evaluate.distances import build_distance
-from counteraudit.evaluate.power import (detection_by_image_count, detection_by_reference_count,
+from counteraudit.evaluate.scoring.detection import detection_table
+from counteraudit.evaluate.scoring.distances import build_distance
+from counteraudit.evaluate.studies.power import (detection_by_image_count, detection_by_reference_count,
                                          detection_verdicts, localization_by_image_count,
                                          smallest_sufficient, subset_abars)
-from counteraudit.evaluate.power_report import needs_table
-from counteraudit.evaluate.scores import anomaly_scores, reference_distance_matrix
+from counteraudit.evaluate.reporting.power import needs_table
+from counteraudit.evaluate.scoring.scores import anomaly_scores, reference_distance_matrix
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_needs_table_names_each_methods_smallest_counts():
 
 
 def test_the_report_power_section_reads_the_tables_reference_count_wrote(tmp_path):
-    from counteraudit.evaluate.power_report import power_section
+    from counteraudit.evaluate.reporting.power import power_section
     from counteraudit.evaluate.report import html_table
     assert "python evaluate/reference_count.py adds" in power_section(tmp_path, "l2", html_table)
     by_n = pd.DataFrame({"method": ["a", "a", "b", "b"], "model": "x", "n": [3, 4, 3, 4],

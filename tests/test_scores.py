@@ -9,13 +9,13 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from counteraudit.evaluate.detection import detection_rule, detection_table, mean_scores, table1
-from counteraudit.evaluate.distances import build_distance
-from counteraudit.evaluate.distances.base import Distance, Features
-from counteraudit.evaluate.localization import (auroc, bootstrap_auroc_interval, chance_band,
+from counteraudit.evaluate.scoring.detection import detection_rule, detection_table, mean_scores, table1
+from counteraudit.evaluate.scoring.distances import build_distance
+from counteraudit.evaluate.scoring.distances.base import Distance, Features
+from counteraudit.evaluate.scoring.localization import (auroc, bootstrap_auroc_interval, chance_band,
                                                 chance_band_for_sizes, localization_table, table2)
-from counteraudit.evaluate.scores import FLAG_OK, FLAG_ZERO_REFERENCE_SPREAD, anomaly_scores, score_images
-from counteraudit.evaluate.tables import to_latex, to_markdown, write_table
+from counteraudit.evaluate.scoring.scores import FLAG_OK, FLAG_ZERO_REFERENCE_SPREAD, anomaly_scores, score_images
+from counteraudit.evaluate.reporting.tables import to_latex, to_markdown, write_table
 
 
 class AbsoluteDifference(Distance):

@@ -8,12 +8,12 @@ import re
 import pandas as pd
 import pytest
 
-from counteraudit.evaluate.protocol_choices import PROTOCOL_CHOICES
+from counteraudit.evaluate.studies.protocol_choices import PROTOCOL_CHOICES
 from counteraudit.evaluate.sensitivity import compare, plan_variants, Variant
 from counteraudit.explain.base import METHODS, build_method
-from counteraudit.explain.pipeline import method_params, suite_methods
-from counteraudit.train.registry import UnknownNameError
-from counteraudit.train.suite import load_suite, write_derived_suite
+from counteraudit.explain.stage import method_params, suite_methods
+from counteraudit.train.core.registry import UnknownNameError
+from counteraudit.train.core.suite import load_suite, write_derived_suite
 from tests.conftest import run_script
 
 ALL_METHODS = METHODS.names()

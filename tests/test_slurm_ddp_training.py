@@ -11,7 +11,7 @@ from tests.conftest import write_suite
 from counteraudit.train.architectures import build_model
 from counteraudit.train.checkpoint import WEIGHTS_NAME, model_dir
 from counteraudit.train.stage import train_one
-from counteraudit.train.suite import load_suite
+from counteraudit.train.core.suite import load_suite
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 

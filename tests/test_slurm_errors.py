@@ -127,7 +127,7 @@ def test_bad_training_requests_fail_clearly_and_lose_nothing_already_trained(tmp
 
     from tests.conftest import write_suite
     from counteraudit.train.checkpoint import model_dir
-    from counteraudit.train.suite import load_suite
+    from counteraudit.train.core.suite import load_suite
     from counteraudit.train.train import get_args_parser
     from counteraudit.train.train import main as train_main
     from counteraudit.train.trainer import train_model

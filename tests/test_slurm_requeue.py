@@ -117,7 +117,7 @@ def test_training_job_requeued_mid_run_resumes_from_its_checkpoint_to_the_same_w
     from tests.conftest import TINY_WORLD, write_suite
     from counteraudit.train.checkpoint import CHECKPOINT_NAME, WEIGHTS_NAME, model_dir
     from counteraudit.train.stage import train_one
-    from counteraudit.train.suite import load_suite
+    from counteraudit.train.core.suite import load_suite
 
     suite_path = write_suite(tmp_path / "requeuetiny.toml", references=2, epochs=REQUEUE_EPOCHS,
                              world={**TINY_WORLD, "num_train": 2560})  # fmt: skip

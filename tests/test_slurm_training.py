@@ -6,7 +6,7 @@ from counteraudit.slurm.executor import ExecutorConfig, run_items
 from tests.conftest import write_suite
 from counteraudit.train.checkpoint import WEIGHTS_NAME, model_dir
 from counteraudit.train.stage import train_one
-from counteraudit.train.suite import load_suite
+from counteraudit.train.core.suite import load_suite
 
 
 @pytest.mark.slurm

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from counteraudit.train.checkpoint import model_dir
-from counteraudit.train.suite import load_suite
+from counteraudit.train.core.suite import load_suite
 from tests.conftest import REPO, write_suite
 
 

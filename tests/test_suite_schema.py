@@ -11,9 +11,9 @@ import annotated_types
 import pytest
 
 from counteraudit.evaluate.detect import get_args_parser, main
-from counteraudit.train.stage import run_cli
-from counteraudit.train.suite import Recipe, load_suite, toml_text
-from counteraudit.train.suite_schema import SuiteFileError, SuiteTable, dataclass_table
+from counteraudit.train.core.stage import run_cli
+from counteraudit.train.core.suite import Recipe, load_suite, toml_text
+from counteraudit.train.core.suite_schema import SuiteFileError, SuiteTable, dataclass_table
 from counteraudit.train.worlds.synthetic import SyntheticConfig
 
 

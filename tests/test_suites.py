@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from counteraudit.train.architectures import ARCHITECTURES, layer_name, resolve_layer, build_model
-from counteraudit.train.registry import Registry
-from counteraudit.train.suite import available_suites, load_suite
+from counteraudit.train.core.registry import Registry
+from counteraudit.train.core.suite import available_suites, load_suite
 from tests.conftest import write_suite
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ def test_shipped_suites():
 def test_every_shipped_suites_method_tables_build(name):
     """Each shipped suite's [methods.*] tables are valid (params, choices, renderers): a typo in
     one would otherwise surface only in a user's run."""
-    from counteraudit.explain.pipeline import suite_methods
+    from counteraudit.explain.stage import suite_methods
     assert suite_methods(load_suite(name))
 
 def test_demo_full_is_the_demo_at_the_papers_counts():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from counteraudit.train.checkpoint import CHECKPOINT_NAME, METRICS_NAME, WEIGHTS_NAME, model_dir
-from counteraudit.train.suite import load_suite
+from counteraudit.train.core.suite import load_suite
 from counteraudit.train.trainer import load_trained_model, train_model
 from counteraudit.train.worlds import build_world
 
@@ -87,7 +87,7 @@ def test_lr_warmup_across_an_epoch_boundary_resumes_to_the_same_bits(suite_and_w
 
 def test_killed_process_resumes_from_its_last_checkpoint(tiny_suite, runs, tmp_path):
     """A real interruption: the training process is killed after its first checkpoint."""
-    script = ("from counteraudit.train.suite import load_suite\n"
+    script = ("from counteraudit.train.core.suite import load_suite\n"
               "from counteraudit.train.trainer import train_model\n"
               f"suite = load_suite({str(tiny_suite)!r})\n"
               f"train_model(suite.references[0], {str(tmp_path / 'killed')!r}, progress=False,"

@@ -26,9 +26,9 @@ from counteraudit.train.checkpoint import (CHECKPOINT_NAME, WEIGHTS_NAME, check_
                                            save_training_state)
 from counteraudit.train.convert_checkpoint import get_args_parser as convert_args_parser
 from counteraudit.train.convert_checkpoint import main as convert_main
-from counteraudit.train.stage import run_cli
-from counteraudit.train.suite import load_suite
-from counteraudit.train.suite_schema import SuiteFileError
+from counteraudit.train.core.stage import run_cli
+from counteraudit.train.core.suite import load_suite
+from counteraudit.train.core.suite_schema import SuiteFileError
 from counteraudit.train.trainer import train_model
 from counteraudit.train.worlds import build_world, synthetic_factors
 from counteraudit.train.worlds.synthetic import SyntheticConfig, SyntheticWorld

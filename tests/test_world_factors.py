@@ -100,7 +100,7 @@ def test_val_split_is_unchanged_by_conditional_generation(world):
 
 
 def test_a_model_key_is_unchanged(tmp_path):
-    from counteraudit.train.suite import load_suite
+    from counteraudit.train.core.suite import load_suite
     from conftest import write_suite
     suite = load_suite(write_suite(tmp_path / "keys.toml", body="""
 [[anomalies]]

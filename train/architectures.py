@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torchvision.models.resnet import Bottleneck, ResNet
 
-from counteraudit.train.registry import Registry
+from counteraudit.train.core.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,9 @@ from typing import Any
 
 import torch
 
-from counteraudit.train.artifacts import (artifact_lock, atomic_torch_save, intact, link_into_store,
+from counteraudit.train.core.artifacts import (artifact_lock, atomic_torch_save, intact, link_into_store,
                                           marker_says, read_marker, set_aside, store_dir)
-from counteraudit.train.suite import ModelSpec, Suite
+from counteraudit.train.core.suite import ModelSpec, Suite
 
 CHECKPOINT_NAME = "checkpoint.pth"
 WEIGHTS_NAME = "weights.pth"

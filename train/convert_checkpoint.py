@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from counteraudit.train.artifacts import atomic_torch_save
+from counteraudit.train.core.artifacts import atomic_torch_save
 from counteraudit.train.checkpoint import backbone_tensors, load_weights_only
 
 
@@ -65,5 +65,5 @@ def main(args: argparse.Namespace) -> dict[str, torch.Tensor]:
 
 
 if __name__ == "__main__":
-    from counteraudit.train.stage import run_cli
+    from counteraudit.train.core.stage import run_cli
     run_cli(main, get_args_parser())

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from counteraudit.train.architectures import build_model
-from counteraudit.train.artifacts import atomic_write_json, read_json, stable_hash, store_dir
+from counteraudit.train.core.artifacts import atomic_write_json, read_json, stable_hash, store_dir
 
 # Warn when the other precision trains more than this many times faster. Not lower: on one AMD
 # EPYC the probe's fp32 figure alone varied 640-890 images/s from run to run (bf16 1085-1180), so

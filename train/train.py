@@ -20,7 +20,7 @@ import argparse
 import time
 
 from counteraudit.slurm.executor import add_executor_args
-from counteraudit.train.stage import add_common_args, run_cli, select_models
+from counteraudit.train.core.stage import add_common_args, run_cli, select_models
 from counteraudit.train.trainer import summarize_references
 
 
@@ -71,7 +71,7 @@ def check_implants(suite, specs, args) -> list[dict]:
         print("implant checks skipped: they compare with the references, which are not all trained "
               "yet (python train/train.py --suite " + suite.name + " --references-only)")
         return []
-    from counteraudit.train.stage import executor_config
+    from counteraudit.train.core.stage import executor_config
     config = executor_config(suite, args, "verify")
     if config.dry_run:
         return []

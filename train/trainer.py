@@ -34,13 +34,13 @@ from torch import nn
 from tqdm import tqdm
 
 from counteraudit.train.architectures import Classifier, build_model
-from counteraudit.train.artifacts import atomic_torch_save, atomic_write_json, derive_seed, file_sha256
+from counteraudit.train.core.artifacts import atomic_torch_save, atomic_write_json, derive_seed, file_sha256
 from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME, METRICS_NAME,
                                            SPEC_NAME, WEIGHTS_NAME, is_trained,
                                            load_backbone_weights, load_training_state,
                                            load_weights_only, read_metrics, save_training_state,
                                            training_lock)
-from counteraudit.train.suite import ModelSpec
+from counteraudit.train.core.suite import ModelSpec
 from counteraudit.train.worlds import Batch, World, build_world
 
 
@@ -82,7 +82,7 @@ def load_trained_model(directory: Path, spec: ModelSpec, world: World,
                         output_classes(spec, world))
     model.backbone.load_state_dict(load_weights_only(directory / WEIGHTS_NAME))
     # channels_last, as in training: on one CPU core the small ResNet's eval forward runs 1.3x
-    # faster in it at batch 100, and 2x at batch 500 (explain/benchmark-style timing, 64 px).
+    # faster in it at batch 100, and 2x at batch 500 (evaluate/benchmarks/explain-style timing, 64 px).
     return model.to(device).to(memory_format=torch.channels_last).eval()
 
 

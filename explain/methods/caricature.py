@@ -60,7 +60,7 @@ from counteraudit.explain.caricature_transforms import StandardTransforms
 from counteraudit.explain.params import added
 from counteraudit.explain.render import to_uint8
 from counteraudit.train.architectures import Classifier, layer_name, resolve_layer
-from counteraudit.train.artifacts import derive_seed
+from counteraudit.train.core.artifacts import derive_seed
 
 # lucid's floor on the cosine in its cosine-weighted dot objectives.
 COSINE_FLOOR = 0.1

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 
 from counteraudit.explain.params import NoParams, parse_params
-from counteraudit.train.registry import Registry
+from counteraudit.train.core.registry import Registry
 
 ATTRIBUTIONS = "attributions"
 CAMS = "cams"

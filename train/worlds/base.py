@@ -15,8 +15,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from counteraudit.train.registry import Registry
-from counteraudit.train.suite_schema import check_table, dataclass_table
+from counteraudit.train.core.registry import Registry
+from counteraudit.train.core.suite_schema import check_table, dataclass_table
 
 WORLDS: Registry[type] = Registry("world")
 
@@ -147,7 +147,7 @@ class World(ABC):
     def describe(self) -> dict[str, Any]:
         return {"world": self.name, "classes": self.num_classes, "image_size": self.image_size}
 
-    # ---- factors, for failure-discovery auditors (explain/auditors/)
+    # ---- factors, for failure-discovery auditors (evaluate/discovery/auditors/)
     def factors(self) -> dict[str, list[str]]:
         """The world's named factors and their finite values, {factor: [value, ...]}."""
         raise NotImplementedError(f"the {self.name} world declares no factors")
@@ -170,7 +170,7 @@ class World(ABC):
     def generate(self, conditions: dict[str, str], n: int, seed: int) -> Split:
         """n images whose factors satisfy ``conditions`` ({factor: value}), the other factors
         drawn from the world's own distribution; deterministic in (conditions, n, seed)."""
-        from counteraudit.explain.auditors import AUDITORS
+        from counteraudit.evaluate.discovery.auditors import AUDITORS
         without = [name for name in AUDITORS.names() if not AUDITORS.get(name).needs_generator]
         raise NotImplementedError(
             f"the {self.name} world has no image generator, so it cannot generate images for "

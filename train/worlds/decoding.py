@@ -4,7 +4,7 @@
 - ``pil``: PIL decodes, torchvision.transforms crops and flips the PIL image (torchvision's
   reference recipe; the default, and what every model trained before this option used).
 - ``tensor``: torchvision.io decodes to a uint8 tensor (libjpeg-turbo), transforms.v2 crops and
-  flips the tensor (images/s per core of each path: train/benchmark_decode.py, README).
+  flips the tensor (images/s per core of each path: evaluate/benchmarks/decode.py, README).
 - ``nvjpeg``: the loader workers read only the file bytes and draw each image's crop box from its
   header's size; the main process decodes the whole batch on the GPU at once
   (``decode_jpeg(list, device="cuda")``) and crops and flips it there. Where CUDA is absent it

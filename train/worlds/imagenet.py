@@ -35,7 +35,7 @@ from PIL import Image
 from pydantic import Field
 
 from counteraudit.slurm.worker_pool import end_with_parent
-from counteraudit.train.artifacts import derive_seed
+from counteraudit.train.core.artifacts import derive_seed
 from counteraudit.train.worlds import decoding
 from counteraudit.train.worlds.base import WORLDS, Batch, Split, World, part_bounds
 
@@ -46,7 +46,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 @dataclass(frozen=True)
 class ImageNetConfig:
     """The imagenet world's [world] options; each annotation carries its range (checked when a
-    suite is read, train/suite_schema.py)."""
+    suite is read, train/core/suite_schema.py)."""
     root: Annotated[str, Field(description=(
         "a folder with train/ and val/ of synset folders (e.g. \"${IMAGENET_ROOT}\")"))] = ""
     # crop size (train: random-resized crop; eval: centre crop)

@@ -32,7 +32,7 @@ from PIL import Image, ImageDraw
 from pydantic import Field
 
 from counteraudit.slurm.worker_pool import worker_pool
-from counteraudit.train.artifacts import (artifact_lock, atomic_save_npz, atomic_write_json,
+from counteraudit.train.core.artifacts import (artifact_lock, atomic_save_npz, atomic_write_json,
                                           derive_seed, find_or_make, read_json, runs_dir,
                                           stable_hash)
 from counteraudit.train.worlds.base import WORLDS, Batch, Split, World, part_bounds
@@ -51,7 +51,7 @@ SPLIT_IDS = {"train": 0, "val": 1}
 @dataclass(frozen=True)
 class SyntheticConfig:
     """The synthetic world's [world] options; each annotation carries its range (checked when a
-    suite is read, train/suite_schema.py)."""
+    suite is read, train/core/suite_schema.py)."""
     seed: Annotated[int, Field(ge=0, description="the world's seed")] = 0
     image_size: Annotated[int, Field(ge=32, description=(
         "image side in pixels: 32 or more to draw faces and objects legibly (the demo: 64)"))] = 64

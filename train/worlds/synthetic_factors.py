@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from counteraudit.train.artifacts import (artifact_lock, atomic_save_npz, atomic_write_text,
+from counteraudit.train.core.artifacts import (artifact_lock, atomic_save_npz, atomic_write_text,
                                           derive_seed, file_sha256, find_or_make, intact,
                                           read_json, read_marker, set_aside, stable_hash)
 from counteraudit.train.worlds.synthetic import load_cached, map_in_processes, save_cached

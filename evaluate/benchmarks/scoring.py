@@ -1,0 +1,130 @@
+"""Time anomaly scoring with cached features against one LPIPS call per pair (the original code's way).
+
+    python -m counteraudit.evaluate.benchmarks.scoring --size 64 --size 224
+
+Setup: n references + k anomalous models, m rendered images each (random uint8 renders), LPIPS with
+a randomly initialised backbone (timings do not depend on the weights' values; no download needed).
+Work timed on both sides: every reference scored leave-one-out and every anomalous model scored.
+- cached: ``features`` once per render (batched), then ``anomaly_scores`` from the cache;
+- per pair: ``lpips.LPIPS()(a, b)`` once per distinct pair of renders of an image (reference pairs
+  and anomalous-to-reference pairs: C(n,2) + k n calls per image), two backbone passes per call.
+Building the networks is excluded on both sides. Both sides' scores are compared, so the speed-up
+is for the same numbers. ``--baseline-calls`` times only that many per-pair calls and extrapolates.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+from itertools import combinations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from counteraudit.evaluate.scoring.distances import build_distance
+from counteraudit.evaluate.scoring.scores import anomaly_scores
+from counteraudit.evaluate.reporting.tables import to_markdown
+
+
+def random_renders(names: list[str], n_images: int, size: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, (n_images, size, size, 3)).astype(np.float32)
+    # every model's renders are noisy copies of shared ones, like visualisations of one image
+    return {name: np.clip(base + rng.normal(0, 40, base.shape), 0, 255).astype(np.uint8) for name in names}
+
+
+def time_cached(renders, references, net: str, seed: int):
+    distance = build_distance(f"lpips-{net}", random_backbone=True, seed=seed)
+    start, start_cpu = time.perf_counter(), time.process_time()
+    features = {name: distance.features(images) for name, images in renders.items()}
+    after_features = time.perf_counter()
+    scores = anomaly_scores(features, references, distance)
+    end, end_cpu = time.perf_counter(), time.process_time()
+    feature_bytes = sum(f.nbytes for f in features.values())
+    return scores, end - start, end_cpu - start_cpu, after_features - start, feature_bytes
+
+
+def time_per_pair(renders, references, anomalous, net: str, seed: int, call_limit: int | None):
+    import lpips
+    torch.manual_seed(seed)
+    metric = lpips.LPIPS(pretrained=True, pnet_rand=True, net=net, verbose=False)
+    as_tensor = {name: torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+                 for name, images in renders.items()}
+    n_images = len(next(iter(renders.values())))
+    pairs = [(references[i], references[j]) for i, j in combinations(range(len(references)), 2)]
+    pairs += [(model, reference) for model in anomalous for reference in references]
+    calls = [(image, a, b) for image in range(n_images) for a, b in pairs]
+    timed = calls if call_limit is None else calls[:call_limit]
+    distances: dict[tuple, float] = {}
+    start, start_cpu = time.perf_counter(), time.process_time()
+    with torch.no_grad():
+        for image, a, b in timed:
+            value = metric(as_tensor[a][image:image + 1], as_tensor[b][image:image + 1])
+            distances[(image, a, b)] = distances[(image, b, a)] = float(value)
+    elapsed, elapsed_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    factor = len(calls) / len(timed)
+    return distances, elapsed * factor, elapsed_cpu * factor, len(calls), len(timed) < len(calls)
+
+
+def scores_from_pair_distances(distances, references, anomalous, n_images) -> pd.DataFrame:
+    rows = []
+    for image in range(n_images):
+        for model in [*references, *anomalous]:
+            others = [r for r in references if r != model]
+            numerator = np.mean([distances[(image, model, r)] for r in others])
+            spread = np.mean([distances[(image, a, b)] for a, b in combinations(others, 2)])
+            rows.append({"model": model, "image": image, "score": numerator / spread})
+    return pd.DataFrame(rows)
+
+
+def run(size: int, n_references: int, n_anomalous: int, n_images: int, net: str, seed: int,
+        call_limit: int | None) -> dict:
+    references = [f"reference_{k}" for k in range(n_references)]
+    anomalous = [f"anomalous_{k}" for k in range(n_anomalous)]
+    renders = random_renders([*references, *anomalous], n_images, size, seed)
+    scores, cached_s, cached_cpu_s, feature_s, feature_bytes = time_cached(renders, references, net, seed)
+    distances, per_pair_s, per_pair_cpu_s, n_calls, extrapolated = time_per_pair(
+        renders, references, anomalous, net, seed, call_limit)
+    # CPU seconds (one thread) are the fairer comparison on a shared machine, where wall time
+    # also counts other processes' load, which can change between the two runs
+    result = {"size": size, "net": net, "references": n_references, "anomalous": n_anomalous,
+              "images": n_images, "cached_wall_s": cached_s, "cached_cpu_s": cached_cpu_s,
+              "cached_features_wall_s": feature_s, "feature_MiB": feature_bytes / 2**20,
+              "per_pair_calls": n_calls, "per_pair_wall_s": per_pair_s, "per_pair_cpu_s": per_pair_cpu_s,
+              "per_pair_extrapolated": extrapolated, "speedup_wall": per_pair_s / cached_s,
+              "speedup_cpu": per_pair_cpu_s / cached_cpu_s}
+    if not extrapolated:
+        baseline = scores_from_pair_distances(distances, references, anomalous, n_images)
+        merged = scores.merge(baseline, on=["model", "image"], suffixes=("", "_per_pair"))
+        result["max_abs_score_difference"] = float((merged["score"] - merged["score_per_pair"]).abs().max())
+    return result
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, action="append", help="render side in pixels (repeatable; default 64)")
+    parser.add_argument("--references", type=int, default=12)
+    parser.add_argument("--anomalous", type=int, default=1)
+    parser.add_argument("--images", type=int, default=50)
+    parser.add_argument("--net", default="alex", choices=["alex", "vgg", "squeeze"])
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: shared machines)")
+    parser.add_argument("--baseline-calls", type=int, default=None,
+                        help="time only this many per-pair LPIPS calls and extrapolate (default: all)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore", category=UserWarning, module="torchvision")
+    results = [run(size, args.references, args.anomalous, args.images, args.net, args.seed, args.baseline_calls)
+               for size in (args.size or [64])]
+    print(f"torch {torch.__version__}, {args.threads} CPU thread(s), LPIPS-{args.net} with a random backbone")
+    print(to_markdown(pd.DataFrame(results), float_format="{:.3g}"))
+    if args.json:
+        from counteraudit.train.core.artifacts import atomic_write_json
+        atomic_write_json(args.json, results)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""The plug-in interface of failure-discovery auditors, and the loop they share.
+
+An auditor looks for *conditions* under which a model fails: conjunctions of the world's factor
+values (``World.factors()``). It is a small class that sets ``name`` (and, optionally, a
+``Params`` dataclass, as explanation methods do) and implements ONE method:
+
+    find(model, world, budget, seed) -> list[Finding]
+
+using the shared helpers ``predict`` (a batch of images through the model, counted against the
+budget) and ``evaluate_subgroup`` (generate n images of a subgroup and predict them). ``run``
+does the rest once for every auditor: checks the budget, evaluates under no_grad, refuses a run
+that used more images than its budget, and ranks the findings (per objective, worst first, ties
+broken by the conditions' text, so the same seed gives the same ranking).
+
+Register with ``@register_auditor``; ``evaluate/discovery/auditors/__init__.py`` imports every module of the
+folder, so a new auditor is one new file there, and ``tests/test_auditors.py`` tests it.
+"""
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, Mapping
+
+import numpy as np
+import torch
+
+from counteraudit.explain.params import NoParams, parse_params, recorded_params
+from counteraudit.train.core.registry import Registry
+
+AUDITORS: Registry[type["Auditor"]] = Registry("auditor")
+
+PREDICT_BATCH = 256
+
+
+def register_auditor(cls: type["Auditor"]) -> type["Auditor"]:
+    """Class decorator: add an auditor class to ``AUDITORS`` under its ``name``."""
+    if not getattr(cls, "name", None):
+        raise ValueError(f"{cls.__name__} must set a class attribute `name` to be registered")
+    return AUDITORS.register(cls.name)(cls)
+
+
+def build_auditor(name: str, params: Mapping[str, Any] | None = None) -> "Auditor":
+    return AUDITORS.get(name)(params)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A subgroup (a conjunction of factor values), how badly the model does on it (higher is
+    worse) with a 95% interval, the images it rests on, and the objective measured."""
+    conditions: dict[str, str]
+    statistic: float
+    low: float
+    high: float
+    n_images: int
+    objective: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "statistic": float(self.statistic), "low": float(self.low),
+                "high": float(self.high), "n_images": int(self.n_images)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Finding":
+        return cls(**data)
+
+    def label(self) -> str:
+        """e.g. ``class=star & face=present``."""
+        return " & ".join(f"{k}={v}" for k, v in self.conditions.items()) or "(everything)"
+
+    def covers(self, slice_conditions: Mapping[str, str]) -> bool:
+        """Whether this subgroup lies inside the slice (it fixes every factor the slice fixes,
+        to the slice's value)."""
+        return all(self.conditions.get(k) == v for k, v in slice_conditions.items())
+
+
+@dataclass
+class AuditResult:
+    findings: list[Finding]
+    images_used: int
+    notes: dict[str, Any]
+
+
+class BudgetError(ValueError):
+    """A budget too small for the auditor; the message names the minimum."""
+
+
+class Auditor(ABC):
+    name: ClassVar[str]
+    Params: ClassVar[type] = NoParams
+    # Bump when the results change for the same parameters: part of the stored result's key.
+    version: ClassVar[int] = 1
+    # False: works on the world's annotated validation images (worlds without a generator too).
+    needs_generator: ClassVar[bool] = True
+    # The objective whose top finding is the model-level statistic (Table 3) and whose ranking
+    # places the planted slice (Table 4).
+    objective: ClassVar[str]
+    # Small parameters with which tests/test_auditors.py runs every registered auditor in
+    # seconds on a tiny world (the generic tests: same bits, budget, resume).
+    test_params: ClassVar[dict[str, Any]] = {}
+    # True when findings are only what passes a test (possibly none, e.g. on an untrained
+    # model): the generic tests then check the notes, and the auditor's own tests the findings.
+    filters_findings: ClassVar[bool] = False
+    # The model-level statistic (Table 3) of a result without any finding (NaN: undefined).
+    null_statistic: ClassVar[float] = float("nan")
+
+    def __init__(self, params: Mapping[str, Any] | Any | None = None):
+        self.params = parse_params(self.Params, params, self.name)
+        self.check()
+        self._used = 0
+        self._budget = 0
+        self.notes: dict[str, Any] = {}
+
+    def check(self) -> None:
+        """Raise ValueError for invalid parameter values (say the valid range)."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"auditor": self.name, "version": self.version,
+                "params": recorded_params(self.params)}
+
+    def minimum_budget(self, world) -> int:
+        """The fewest images that give one finding."""
+        return 1
+
+    def default_budget(self, world, seed: int = 0) -> int:
+        """The budget a suite gets without ``[discover.budget]`` (for its discover seed)."""
+        return self.minimum_budget(world)
+
+    def findings_within(self, result: AuditResult, images: int, world,
+                        seed: int) -> list[Finding] | None:
+        """The findings this auditor would have returned with a budget of ``images`` (None: too
+        few for any), for budget curves. By default only at the images it used (a fixed cost);
+        an auditor whose evaluations come in a fixed order overrides this, so that one run at
+        the largest budget gives the whole curve."""
+        return result.findings if images >= result.images_used else None
+
+    @abstractmethod
+    def find(self, model: torch.nn.Module, world, budget: int, seed: int) -> list[Finding]:
+        """The findings for one model (any order; ``run`` ranks them)."""
+
+    # ---- shared helpers
+    def predict(self, model: torch.nn.Module, images: torch.Tensor | np.ndarray) -> np.ndarray:
+        """Softmax probabilities (N, classes) as float64, batched; counted against the budget."""
+        if isinstance(images, np.ndarray):  # uint8 (N, H, W, 3)
+            images = torch.from_numpy(images).permute(0, 3, 1, 2).float().div_(255)
+        self._used += len(images)
+        if self._used > self._budget:
+            raise RuntimeError(f"auditor {self.name} evaluated {self._used} images, more than its "
+                               f"budget of {self._budget}: a bug in its find()")
+        device = next(model.parameters()).device
+        out = []
+        for start in range(0, len(images), PREDICT_BATCH):
+            logits = model(images[start:start + PREDICT_BATCH].to(device))
+            out.append(torch.softmax(logits.float(), dim=1).double().cpu())
+        return torch.cat(out).numpy() if out else np.zeros((0, 0))
+
+    def evaluate_subgroup(self, model, world, conditions: Mapping[str, str], n: int,
+                          seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """(probabilities (n, classes), labels (n,)) on n generated images of the subgroup."""
+        images = world.generate(dict(conditions), n, seed)
+        return self.predict(model, images.load(range(len(images)))), np.asarray(images.labels)
+
+    # ---- the run
+    def run(self, model: torch.nn.Module, world, budget: int, seed: int) -> AuditResult:
+        minimum = self.minimum_budget(world)
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < minimum:
+            raise BudgetError(f"{self.name}: budget={budget!r} images is smaller than one "
+                              f"subgroup; the minimum is {minimum} images")
+        self._used, self._budget, self.notes = 0, budget, {}
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                findings = self.find(model, world, budget, seed)
+        finally:
+            model.train(was_training)
+        return AuditResult(rank(findings), self._used, dict(self.notes))
+
+
+def conditions_key(conditions: Mapping[str, str]) -> str:
+    """A subgroup's conditions as text that does not depend on their order."""
+    return json.dumps(dict(conditions), sort_keys=True)
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+    """Per objective (first appearance order), worst first; ties by the conditions' text."""
+    order = {objective: k for k, objective in enumerate(dict.fromkeys(f.objective for f in findings))}
+    return sorted(findings, key=lambda f: (order[f.objective], -f.statistic,
+                                           json.dumps(f.conditions, sort_keys=True)))
+
+
+def ranked(findings: list[Finding], objective: str) -> list[Finding]:
+    """The findings of one objective, in rank order."""
+    return [f for f in findings if f.objective == objective]
+
+
+def median_interval(values: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """Distribution-free interval for a median: the order statistics x_(k) and x_(n-k+1), with
+    k the largest rank whose binomial coverage is still >= ``confidence`` (scipy's binomial)."""
+    from scipy.stats import binom
+    x = np.sort(np.asarray(values, dtype=np.float64))
+    n = len(x)
+    k = 0
+    for candidate in range(1, n // 2 + 1):  # coverage of [x_(c), x_(n-c+1)] = 1 - 2 P(B <= c-1)
+        if 1 - 2 * binom.cdf(candidate - 1, n, 0.5) >= confidence:
+            k = candidate
+    if k == 0:  # too few values for the confidence: the whole range
+        return float(x[0]), float(x[-1])
+    return float(x[k - 1]), float(x[n - k])

@@ -1,0 +1,127 @@
+"""Budgeted failure search (seed 002): generation, evaluation and selection over subdomains.
+
+A subdomain is one combination of values of the grid's factors (``factors``; the demo grid is
+class x face x size x background, 196 feasible subdomains of 240). The search evaluates 10 random
+subdomains, then one at a time the subdomain its selection function chooses
+(``evaluate/discovery/selection.py``: random, nwise, genetic, bo), until the image budget is spent: each
+subdomain gets ``images_per_subdomain`` = 50 generated images (the seed's count) and its failure
+rate (1 - accuracy), with a 95% Wilson interval (statsmodels). The findings are the evaluated
+subdomains, worst first.
+
+A subdomain's images are generated with the fixed seed ``IMAGE_SEED`` whatever the search seed:
+a subdomain is evaluated on the same images by every search, so a search on a model equals a
+lookup in the model's exhaustive reference (``evaluate/discovery/exhaustive.py``), which evaluates every
+subdomain once and compares the selection functions over many search seeds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from counteraudit.evaluate.discovery.auditors.base import (Auditor, BudgetError, Finding, conditions_key,
+                                                register_auditor)
+
+OBJECTIVE = "failure_rate"
+IMAGE_SEED = 0
+DEMO_FACTORS = ("class", "face", "size", "background")
+
+
+@dataclass(frozen=True)
+class SurrogateSearchParams:
+    selection: str = "bo"                 # random, nwise, genetic or bo
+    factors: tuple[str, ...] = DEMO_FACTORS   # the grid; () = all the world's (a huge grid)
+    images_per_subdomain: int = 50        # the seed's count
+    initial: int = 10                     # random subdomains first (the seed's warm start)
+    budget_fraction: float = 0.4          # default budget: this share of the subdomains
+
+
+def wilson_finding(conditions: dict[str, str], failures: int, n: int) -> Finding:
+    from statsmodels.stats.proportion import proportion_confint
+    low, high = proportion_confint(int(failures), int(n), alpha=0.05, method="wilson")
+    return Finding(dict(conditions), failures / n, float(low), float(high), int(n), OBJECTIVE)
+
+
+@register_auditor
+class SurrogateSearch(Auditor):
+    name = "surrogate_search"
+    Params = SurrogateSearchParams
+    objective = OBJECTIVE
+    test_params = {"factors": ("class", "face", "size"), "images_per_subdomain": 4, "initial": 3}
+
+    def check(self) -> None:
+        from counteraudit.evaluate.discovery.selection import SELECTIONS
+        p = self.params
+        SELECTIONS.get(p.selection)  # an unknown name lists the valid ones
+        if p.images_per_subdomain < 1:
+            raise ValueError(f"surrogate_search: images_per_subdomain={p.images_per_subdomain} "
+                             "must be >= 1 (50 recommended, the seed's count)")
+        if p.initial < 1:
+            raise ValueError(f"surrogate_search: initial={p.initial} must be >= 1 (10 "
+                             "recommended, the seed's)")
+        if not 0 < p.budget_fraction <= 1:
+            raise ValueError(f"surrogate_search: budget_fraction={p.budget_fraction} must be in "
+                             "(0, 1] (0.4 recommended: where the seed's bo had every one of the "
+                             "10% worst subdomains)")
+
+    def grid(self, world) -> dict[str, list[str]]:
+        factors = world.factors()
+        names = list(self.params.factors) or list(factors)
+        for name in names:
+            if name not in factors:
+                raise ValueError(f"surrogate_search: unknown factor {name!r}; this world's "
+                                 f"factors: {', '.join(factors)}")
+        return {name: factors[name] for name in names}
+
+    def subdomains(self, world):
+        """The grid's feasible subdomains (built once per world)."""
+        from counteraudit.evaluate.discovery.auditors.twise import cached_covering_array
+        from counteraudit.evaluate.discovery.selection import Subdomains
+        memo = getattr(self, "_subdomains", None)
+        if memo is None or memo[0] is not world:
+            grid = self.grid(world)
+            memo = (world, Subdomains(grid, world.feasible,
+                                      lambda t, seed: cached_covering_array(world, grid, t, seed)))
+            self._subdomains = memo
+        return memo[1]
+
+    def minimum_budget(self, world) -> int:
+        return self.params.initial * self.params.images_per_subdomain
+
+    def default_budget(self, world, seed: int = 0) -> int:
+        count = int(np.ceil(self.params.budget_fraction * len(self.subdomains(world))))
+        return max(count, self.params.initial) * self.params.images_per_subdomain
+
+    def failures(self, model, world, conditions: dict[str, str]) -> tuple[int, int]:
+        """(misclassified, n) on the subdomain's ``images_per_subdomain`` images."""
+        probabilities, labels = self.evaluate_subgroup(model, world, conditions,
+                                                       self.params.images_per_subdomain, IMAGE_SEED)
+        return int((probabilities.argmax(1) != labels).sum()), len(labels)
+
+    def find(self, model, world, budget, seed):
+        from counteraudit.evaluate.discovery.selection import BudgetBelowInitial, search
+        subdomains = self.subdomains(world)
+        counts: dict[int, tuple[int, int]] = {}
+
+        def score(position: int) -> float:
+            counts[position] = self.failures(model, world, subdomains.rows[position])
+            return counts[position][0] / counts[position][1]
+
+        try:
+            state = search(subdomains, score, self.params.selection,
+                           budget // self.params.images_per_subdomain, seed, self.params.initial)
+        except BudgetBelowInitial as error:
+            raise BudgetError(f"surrogate_search: {error}; the minimum is "
+                              f"{self.minimum_budget(world)} images") from None
+        self.notes = {"selection": self.params.selection, "subdomains": len(subdomains),
+                      "evaluated": [subdomains.rows[p] for p in state.evaluated]}
+        return [wilson_finding(subdomains.rows[p], *counts[p]) for p in state.evaluated]
+
+    def findings_within(self, result, images, world, seed):
+        """The findings of the first ``images // images_per_subdomain`` subdomains evaluated: a
+        smaller budget would have stopped the same search there."""
+        count = images // self.params.images_per_subdomain
+        if count < self.params.initial:
+            return None
+        kept = {conditions_key(c) for c in result.notes["evaluated"][:count]}
+        return [f for f in result.findings if conditions_key(f.conditions) in kept]

@@ -1,0 +1,211 @@
+"""The discover stage: every (model, auditor) of a suite -> stored, ranked findings.
+
+A result is stored once, in the store every suite shares, in a folder named by the hash of its
+key -- the auditor, its version and parameters, the model key, the world, the image budget and the
+seed: ``runs/store/findings/<auditor>/<key hash>/`` holds ``findings.json`` (the ranked findings,
+images used, notes) and ``params.json`` (the key and the SHA-256 of ``findings.json``, written
+last, so it marks completion; a findings file that does not match is set aside and recomputed).
+
+One work item is one model with every auditor it still lacks (the model is loaded once); items run
+through ``slurm.executor.run_items``, locally or on Slurm, and a rerun computes only what is
+missing.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from counteraudit.evaluate.discovery.auditors import AUDITORS, AuditResult, Finding, build_auditor
+from counteraudit.train.core.artifacts import (atomic_write_json, file_sha256, find_or_make, intact,
+                                          lock_beside, read_json, read_marker, stable_hash,
+                                          store_dir)
+from counteraudit.train.core.suite import ModelSpec, Suite
+
+FINDINGS = "findings"
+FINDINGS_FILE = "findings.json"
+PARAMS_FILE = "params.json"
+DEFAULT_SEED = 0
+
+
+# ---------------------------------------------------------------- the store
+def findings_key(description: dict[str, Any], spec: ModelSpec, world: dict[str, Any],
+                 budget: int, seed: int) -> dict[str, Any]:
+    """What determines a result: ``Auditor.describe()``, the model key, world, budget, seed."""
+    return {**description, "model_id": spec.key, "world": dict(world), "budget": int(budget),
+            "seed": int(seed)}
+
+
+def findings_dir(runs_root, key: dict[str, Any]) -> Path:
+    return store_dir(runs_root) / FINDINGS / key["auditor"] / stable_hash(key, length=16)
+
+
+def normalised(obj: Any) -> Any:
+    import json
+    return json.loads(json.dumps(obj, sort_keys=True))
+
+
+def save_keyed(directory: Path, key: dict[str, Any], filename: str, payload: Any) -> Path:
+    """Write ``filename`` then ``params.json`` (the key and the file's SHA-256), which marks
+    completion: a run killed in between leaves no marker and recomputes."""
+    directory = Path(directory)
+    (directory / PARAMS_FILE).unlink(missing_ok=True)  # unfinished from here until the end
+    written = atomic_write_json(directory / filename, payload)
+    return atomic_write_json(directory / PARAMS_FILE, {"key": normalised(key),
+                                                       "findings_sha256": file_sha256(written)})
+
+
+def is_keyed_stored(directory: Path, key: dict[str, Any], filename: str) -> bool:
+    params = read_marker(Path(directory) / PARAMS_FILE, "stored index")
+    if params is None or params.get("key") != normalised(key):
+        return False
+    if intact(Path(directory) / filename, params.get("findings_sha256"), filename):
+        return True
+    (Path(directory) / PARAMS_FILE).unlink(missing_ok=True)
+    return False
+
+
+def save_findings(directory: Path, key: dict[str, Any], result: AuditResult) -> Path:
+    return save_keyed(directory, key, FINDINGS_FILE, {
+        "findings": [f.to_dict() for f in result.findings], "images_used": result.images_used,
+        "notes": result.notes})
+
+
+def is_stored(directory: Path, key: dict[str, Any]) -> bool:
+    return is_keyed_stored(directory, key, FINDINGS_FILE)
+
+
+def load_findings(directory: Path) -> AuditResult:
+    data = read_json(Path(directory) / FINDINGS_FILE)
+    return AuditResult([Finding.from_dict(f) for f in data["findings"]], data["images_used"],
+                       data["notes"])
+
+
+# ---------------------------------------------------------------- the suite's settings
+def suite_auditors(suite: Suite, only: list[str] | None = None) -> list[str]:
+    names = only or suite.tables.get("discover", {}).get("auditors") or AUDITORS.names()
+    for name in names:
+        AUDITORS.get(name)  # an unknown name lists the valid ones
+    return list(names)
+
+
+def auditor_params(suite: Suite, name: str) -> dict[str, Any]:
+    return dict(suite.tables.get("auditors", {}).get(name, {}))
+
+
+def discover_seed(suite: Suite) -> int:
+    return int(suite.tables.get("discover", {}).get("seed", DEFAULT_SEED))
+
+
+def auditor_budget(suite: Suite, auditor, world) -> int:
+    """[discover.budget] <name> in the suite, else the auditor's default for the world."""
+    budget = suite.tables.get("discover", {}).get("budget", {}).get(auditor.name)
+    if budget is None:
+        return auditor.default_budget(world, discover_seed(suite))
+    if isinstance(budget, bool) or not isinstance(budget, int):
+        raise ValueError(f"[discover.budget] {auditor.name} = {budget!r} must be a whole number "
+                         f"of images (at least {auditor.minimum_budget(world)})")
+    return budget
+
+
+def usable(auditor, world) -> bool:
+    """Whether the auditor runs on this world (a generator-based one needs a generator)."""
+    return world.has_generator or not auditor.needs_generator
+
+
+def planned(suite: Suite, world, names: list[str]) -> list[tuple[Any, int, int]]:
+    """(auditor, budget, seed) of each usable auditor."""
+    seed = discover_seed(suite)
+    out = []
+    for name in names:
+        auditor = build_auditor(name, auditor_params(suite, name))
+        if usable(auditor, world):
+            out.append((auditor, auditor_budget(suite, auditor, world), seed))
+    return out
+
+
+# ---------------------------------------------------------------- work items
+def discover_one(item: dict[str, Any]) -> dict[str, int]:
+    """Work item: one model, every auditor of ``item["auditors"]`` it lacks."""
+    from counteraudit.explain.stage import _item_context
+    from counteraudit.train.checkpoint import model_dir
+    from counteraudit.train.core.suite import load_suite
+    from counteraudit.train.trainer import load_trained_model, pick_device
+    from counteraudit.train.worlds import build_world
+    suite = load_suite(item["suite"])
+    spec = suite.model(item["model"])
+    runs_root = item.get("runs_dir")
+    world = build_world(suite.world, runs_root=runs_root)
+    device = pick_device(item.get("device"))
+    counts, model = {"computed": 0, "stored": 0}, None
+    with _item_context(spec, device):
+        for auditor, budget, seed in planned(suite, world, item["auditors"]):
+            key = findings_key(auditor.describe(), spec, suite.world, budget, seed)
+            directory = findings_dir(runs_root, key)
+
+            def audit() -> str:
+                nonlocal model
+                if model is None:  # once per item, and only if something is missing
+                    model = load_trained_model(model_dir(runs_root, spec), spec, world, device)
+                save_findings(directory, key, auditor.run(model, world, budget, seed))
+                return "computed"
+            # two runs that need the findings at once compute them once; the second reads them
+            lock = lock_beside(directory, "discover", f"auditing {spec.name} with {auditor.name} "
+                                                      f"({directory})")
+            counts[find_or_make(lambda: "stored" if is_stored(directory, key) else None, audit,
+                                lock)] += 1
+    return counts
+
+
+def discover_suite(suite: Suite, args: argparse.Namespace, auditors: list[str] | None = None,
+                   models: list[str] | None = None) -> dict[str, int]:
+    """Every missing (model, auditor) result of the suite, through the local or Slurm executor;
+    returns counts of results ``computed`` now and ``stored`` before."""
+    from counteraudit.slurm.executor import run_items
+    from counteraudit.train.core.stage import executor_config
+    from counteraudit.train.worlds import build_world
+    names = suite_auditors(suite, auditors)
+    specs = [suite.model(m) for m in models] if models else suite.models
+    world = build_world(suite.world, runs_root=args.runs_dir)
+    started = time.perf_counter()
+    plan = planned(suite, world, names)  # in this process: covering arrays are built once
+    print(f"[discover] {', '.join(f'{a.name} (budget {b} images)' for a, b, _ in plan)}; "
+          f"planned in {time.perf_counter() - started:.1f}s", flush=True)
+    runs_dir = str(Path(args.runs_dir).resolve()) if args.runs_dir else None
+    items, stored = [], 0
+    for spec in specs:
+        missing = [a.name for a, budget, seed in plan
+                   if not is_stored(*_where(runs_dir, a, spec, suite, budget, seed))]
+        stored += len(plan) - len(missing)
+        if missing:
+            items.append({"suite": str(suite.path.resolve()), "runs_dir": runs_dir,
+                          "model": spec.name, "auditors": missing,
+                          "device": getattr(args, "device", None)})
+    config = executor_config(suite, args, "discover")
+    results = run_items(discover_one, items, config, "discover",
+                        item_name=lambda item: f"{item['model']}/{'+'.join(item['auditors'])}")
+    if config.dry_run:
+        return {"computed": 0, "stored": stored}
+    return {"computed": sum(r["computed"] for r in results), "stored": stored}
+
+
+def _where(runs_root, auditor, spec, suite, budget, seed) -> tuple[Path, dict[str, Any]]:
+    key = findings_key(auditor.describe(), spec, suite.world, budget, seed)
+    return findings_dir(runs_root, key), key
+
+
+def load_suite_findings(suite: Suite, runs_root=None, auditors: list[str] | None = None,
+                        world=None) -> dict[tuple[str, str], AuditResult]:
+    """(auditor, model) -> stored result, for every usable auditor and model of the suite."""
+    from counteraudit.train.worlds import build_world
+    world = world or build_world(suite.world, runs_root=runs_root)
+    out = {}
+    for auditor, budget, seed in planned(suite, world, suite_auditors(suite, auditors)):
+        for spec in suite.models:
+            directory, key = _where(runs_root, auditor, spec, suite, budget, seed)
+            if not is_stored(directory, key):
+                raise FileNotFoundError(f"no {auditor.name} findings for {spec.name}; run "
+                                        f"python evaluate/discover.py --suite {suite.name}")
+            out[(auditor.name, spec.name)] = load_findings(directory)
+    return out

@@ -1,0 +1,191 @@
+"""The counter-audit of failure-discovery auditors: Table 3 (detection) and Table 4 (recovery of
+the planted slice).
+
+Detection (Table 1's rule, ``evaluate.detection.detection_rule``): an auditor's model-level
+statistic is its top finding's strength on its main objective (error_ratio: the largest error
+ratio; twise: the largest median 1 - f(y|x)). It detects a model when that is strictly above every
+reference's own, with the margin statistic / max over references and the rank p-value.
+
+Identification: each anomalous model's family declares its planted slice (``planted_slice``); a
+finding lies in the slice when it fixes every factor the slice fixes to the slice's value. The
+rank of the slice is the rank of the first such finding in the model's ranking (1 = top), next to
+the same rank in every reference's ranking; precision@k is the share of the top k findings that
+lie in the slice (dcbench's slice-discovery metric, on subgroups). A family whose cue is no world
+factor is "not expressible" (a miss by design); one whose slice uses a factor the world lacks is
+"not in this world"; stark families have no slice.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS, ROLE_REFERENCE, detection_rule
+from counteraudit.evaluate.discovery.auditors import AUDITORS, AuditResult, ranked
+
+PRECISION_AT = (1, 5, 10)
+
+
+def model_statistic(result: AuditResult, objective: str, null: float = float("nan")) -> float:
+    """The top finding's strength on the objective (``null`` without any finding)."""
+    findings = ranked(result.findings, objective)
+    return findings[0].statistic if findings else null
+
+
+def slice_rank(result: AuditResult, objective: str, planted: dict[str, str]) -> float:
+    """1-based rank of the first finding inside the slice (NaN: none is)."""
+    for position, finding in enumerate(ranked(result.findings, objective), start=1):
+        if finding.covers(planted):
+            return float(position)
+    return float("nan")
+
+
+def precision_at(result: AuditResult, objective: str, planted: dict[str, str], k: int) -> float:
+    top = ranked(result.findings, objective)[:k]
+    return sum(f.covers(planted) for f in top) / k if top else float("nan")
+
+
+def detection_frame(results: dict[tuple[str, str], AuditResult], references: list[str],
+                    families: dict[str, str]) -> pd.DataFrame:
+    """One row per (auditor, model): statistic, top finding, and the verdict for anomalies."""
+    rows = []
+    for auditor in sorted({a for a, _ in results}):
+        objective, null = AUDITORS.get(auditor).objective, AUDITORS.get(auditor).null_statistic
+        reference_stats = [model_statistic(results[(auditor, r)], objective, null)
+                           for r in references]
+        for (name, model), result in results.items():
+            if name != auditor:
+                continue
+            statistic = model_statistic(result, objective, null)
+            top = ranked(result.findings, objective)
+            is_reference = model in references
+            verdict = ({"max_reference": np.nan, "margin": np.nan, "p_value": np.nan,
+                        "detected": np.nan} if is_reference else
+                       _verdict(detection_rule(statistic, reference_stats)))
+            rows.append({"auditor": auditor, "model": model,
+                         "family": families.get(model, ROLE_REFERENCE),
+                         "role": ROLE_REFERENCE if is_reference else ROLE_ANOMALOUS,
+                         "statistic": statistic, "top_finding": top[0].label() if top else "",
+                         **verdict, "images_used": result.images_used})
+    return pd.DataFrame(rows)
+
+
+def _verdict(rule: dict[str, Any]) -> dict[str, Any]:
+    return {"max_reference": rule["max_reference_abar"], "margin": rule["margin"],
+            "p_value": rule["p_value"], "detected": rule["detected"]}
+
+
+def table3(detections: pd.DataFrame, family_order: list[str]) -> pd.DataFrame:
+    """Table 3 in Table 1's layout: rows = family (n_models), columns = auditor, values = the
+    fraction of the family's models detected."""
+    anomalous = detections[detections["role"] == ROLE_ANOMALOUS]
+    wide = (anomalous.assign(detected=anomalous["detected"].astype(bool))
+            .pivot_table(index="family", columns="auditor", values="detected", aggfunc="mean",
+                         sort=False))
+    wide.columns.name = None
+    wide.insert(0, "n_models", anomalous.groupby("family", sort=False)["model"].nunique())
+    wide = wide.reindex([f for f in family_order if f in wide.index])
+    return wide.reset_index()
+
+
+def recovery_frame(results: dict[tuple[str, str], AuditResult], references: list[str],
+                   slices: dict[str, Any], families: dict[str, str], factors: dict[str, list[str]],
+                   not_expressible: str) -> pd.DataFrame:
+    """Table 4: one row per (auditor, anomalous model): the planted slice, its rank in the
+    model's ranking and in each reference's, and precision@k."""
+    rows = []
+    for auditor in sorted({a for a, _ in results}):
+        objective = AUDITORS.get(auditor).objective
+        for model, planted in slices.items():
+            row: dict[str, Any] = {"auditor": auditor, "model": model,
+                                   "family": families[model]}
+            if planted is None:
+                continue  # a global defect (stark families): no slice to recover
+            if planted == not_expressible:
+                rows.append({**row, "planted_slice": "", "status": not_expressible})
+                continue
+            label = " & ".join(f"{k}={v}" for k, v in planted.items())
+            if any(f not in factors for f in planted):
+                rows.append({**row, "planted_slice": label, "status": "not in this world"})
+                continue
+            result = results[(auditor, model)]
+            reference_ranks = [slice_rank(results[(auditor, r)], objective, planted)
+                               for r in references]
+            rank = slice_rank(result, objective, planted)
+            row.update(planted_slice=label, status="ranked" if np.isfinite(rank) else "not found",
+                       rank=rank, best_reference_rank=np.nanmin(reference_ranks)
+                       if np.isfinite(reference_ranks).any() else np.nan,
+                       reference_ranks=" ".join("-" if np.isnan(r) else str(int(r))
+                                                for r in reference_ranks),
+                       first_for_no_reference=bool(all(r != 1 for r in reference_ranks)),
+                       n_findings=len(ranked(result.findings, objective)))
+            for k in PRECISION_AT:
+                row[f"precision@{k}"] = precision_at(result, objective, planted, k)
+            rows.append(row)
+    frame = pd.DataFrame(rows)
+    for column in ("rank", "best_reference_rank", "n_findings"):  # whole numbers, NaN allowed
+        if column in frame:
+            frame[column] = frame[column].astype("Int64")
+    return frame
+
+
+def false_positive_rates(results: dict[tuple[str, str], AuditResult],
+                         references: list[str]) -> pd.DataFrame:
+    """For auditors whose findings pass a test (caption_lift): the share of references with any
+    finding, the method's false-positive rate (a reference has no planted defect)."""
+    rows = []
+    for auditor in sorted({a for a, _ in results}):
+        if not AUDITORS.get(auditor).filters_findings:
+            continue
+        flagged = [r for r in references if results[(auditor, r)].findings]
+        rows.append({"auditor": auditor, "references": len(references),
+                     "with_a_finding": len(flagged), "false_positive_rate":
+                     len(flagged) / len(references) if references else np.nan,
+                     "flagged": " ".join(flagged)})
+    return pd.DataFrame(rows)
+
+
+def top_findings(results: dict[tuple[str, str], AuditResult], count: int = 5) -> pd.DataFrame:
+    """The top ``count`` findings of each (auditor, model) on the auditor's main objective."""
+    rows = []
+    for (auditor, model), result in results.items():
+        objective = AUDITORS.get(auditor).objective
+        for position, finding in enumerate(ranked(result.findings, objective)[:count], start=1):
+            rows.append({"auditor": auditor, "model": model, "rank": position,
+                         "subgroup": finding.label(), "statistic": finding.statistic,
+                         "low": finding.low, "high": finding.high, "n_images": finding.n_images})
+    return pd.DataFrame(rows)
+
+
+def planted_slices(suite, world, runs_root=None) -> dict[str, Any]:
+    """Each anomalous model's planted slice (``AnomalyFamily.planted_slice``)."""
+    from counteraudit.anomalies import FAMILIES
+    from counteraudit.anomalies.verify import read_implant
+    slices = {}
+    for spec in suite.anomalies:
+        family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)
+        slices[spec.name] = family.planted_slice(read_implant(suite, spec, runs_root))
+    return slices
+
+
+def localizable(slices: dict[str, Any], factors: dict[str, list[str]]) -> list[str]:
+    """The models whose planted slice is made of the world's factors."""
+    return [m for m, s in slices.items() if isinstance(s, dict) and all(f in factors for f in s)]
+
+
+def discovery_tables(suite, results: dict[tuple[str, str], AuditResult], world,
+                     runs_root=None) -> dict[str, pd.DataFrame]:
+    """Table 3, the per-model detections, Table 4 and the top findings, keyed by file name."""
+    from counteraudit.anomalies.base import NOT_EXPRESSIBLE
+    references = [s.name for s in suite.references]
+    families, order = suite.table_rows()  # a family, or a row of one (adversarial_linf)
+    slices = planted_slices(suite, world, runs_root)
+    detections = detection_frame(results, references, families)
+    return {"discovery-detection": table3(detections, order),
+            "discovery-detection-per-model": detections,
+            "discovery-recovery": recovery_frame(results, references, slices, families,
+                                                 world.factors(), NOT_EXPRESSIBLE),
+            "discovery-top-findings": top_findings(results),
+            "discovery-false-positives": false_positive_rates(results, references)}
+

@@ -1,0 +1,72 @@
+"""The report's failure-discovery section: Tables 3 and 4, and each model's top subgroups per
+auditor with example images (generated for the subgroup by the world's generator; on a world
+without one, val images that have the subgroup's factor values)."""
+from __future__ import annotations
+
+from html import escape
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+TOP_SUBGROUPS = 3
+EXAMPLES_PER_SUBGROUP = 4
+EXAMPLE_SEED = 0
+
+
+def example_images(world, conditions: dict[str, str], count: int) -> np.ndarray:
+    """uint8 (n, H, W, 3) images of a subgroup."""
+    if world.has_generator:
+        images = world.generate(conditions, count, EXAMPLE_SEED)
+        return images.images.numpy() if hasattr(images.images, "numpy") else images.images
+    val = world.split("val")
+    chosen = []
+    for i in range(len(val)):
+        values = world.image_factors(val, i)
+        if values and all(values.get(k) == v for k, v in conditions.items()):
+            chosen.append(i)
+            if len(chosen) == count:
+                break
+    if not chosen:
+        return np.zeros((0, 1, 1, 3), np.uint8)
+    loaded = val.load(chosen).permute(0, 2, 3, 1).mul(255).round().clamp(0, 255)
+    return loaded.to(dtype=__import__("torch").uint8).numpy()
+
+
+def discovery_section(results: dict[tuple[str, str], Any], tables: dict[str, pd.DataFrame], world,
+                      figure: Callable[[np.ndarray, str, str], str],
+                      html_table: Callable[..., str]) -> str:
+    """HTML of the section; ``figure(image, alt, caption)`` and ``html_table`` are the report's."""
+    from counteraudit.evaluate.discovery.auditors import AUDITORS, ranked
+    parts = ['<section id="discovery"><h2>Failure discovery (Tables 3 and 4)</h2>',
+             html_table(tables["discovery-detection"],
+                        caption="Table 3: fraction of each family's models whose auditor's top "
+                                "finding is above every reference's"),
+             html_table(tables["discovery-recovery"], float_format="{:.2f}",
+                        caption="Table 4: rank of the planted slice (1 = top) in the anomalous "
+                                "model's findings and in each reference's, precision@k"),
+             '<p class="note">Top subgroups of each model per auditor (worst first), with '
+             f"{EXAMPLES_PER_SUBGROUP} example images of each.</p>"]
+    models = list(dict.fromkeys(model for _, model in results))
+    auditors = sorted({auditor for auditor, _ in results})
+    for model in models:
+        parts.append(f"<h3>{escape(model)}</h3>")
+        for auditor in auditors:
+            objective = AUDITORS.get(auditor).objective
+            top = ranked(results[(auditor, model)].findings, objective)[:TOP_SUBGROUPS]
+            rows = []
+            for position, finding in enumerate(top, start=1):
+                images = example_images(world, finding.conditions, EXAMPLES_PER_SUBGROUP)
+                figures = "".join(figure(image, f"{model} {auditor} #{position} example {k}",
+                                         f"#{position} ex. {k + 1}")
+                                  for k, image in enumerate(images))
+                rows.append(f"<tr><td>{position}</td><td>{escape(finding.label())}</td>"
+                            f'<td class="num">{finding.statistic:.3f} [{finding.low:.3f}, '
+                            f"{finding.high:.3f}]</td><td>{figures}</td></tr>")
+            parts.append(f"<table><caption>{escape(auditor)} ({escape(objective)})</caption>"
+                         "<tr><th>rank</th><th>subgroup</th><th>statistic [95%]</th>"
+                         "<th>examples</th></tr>" + "".join(rows) + "</table>")
+    from counteraudit.evaluate.reporting.search import search_section
+    parts.append(search_section(tables, html_table))
+    parts.append("</section>")
+    return "\n".join(parts)

@@ -1,0 +1,193 @@
+"""Does an explanation tell more than the model's outputs alone? Every method against the
+outputs-only control, and Table 1's fractions with exact intervals.
+
+Localization: for each (method, localizable model), dAUROC = AUROC(method) - AUROC(outputs_only)
+on the same images, with a *paired* percentile bootstrap interval: each resample draws abnormal
+and normal images (with replacement, set sizes kept, as ``localization.bootstrap_auroc_interval``
+does) and scores both methods on the very same draw, so what the two share, e.g. an image that
+every model finds hard, cancels out of the difference. The verdict is ``adds`` when the interval
+lies above 0, ``less`` when it lies below, and ``same`` when it holds 0: on those images the
+explanation localizes no better than the outputs would.
+
+Detection: the margin ratio margin(method) / margin(outputs_only) per anomalous model; above 1 the
+method separates the model from the references by more than the outputs do.
+
+Table 1's fractions: a family's fraction of models detected is k of n; with n >= 2 its exact
+(Clopper-Pearson) 95% interval says how little a 1 of 2 tells.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from scipy.stats import binomtest
+
+from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS, check_columns, with_layer_column
+from counteraudit.evaluate.scoring.localization import DEFAULT_LEVEL, DEFAULT_RESAMPLES, _clean, _interval
+from counteraudit.train.core.artifacts import derive_seed
+
+BASELINE = "outputs_only"
+ADDS, SAME, LESS = "adds", "same", "less"
+
+
+def _wins(abnormal: np.ndarray, normal: np.ndarray) -> np.ndarray:
+    """W[i, j] = 1 if abnormal i outscores normal j, 1/2 on a tie: AUROC = mean of W."""
+    return (abnormal[:, None] > normal[None, :]) + 0.5 * (abnormal[:, None] == normal[None, :])
+
+
+def paired_delta_interval(abnormal_a, normal_a, abnormal_b, normal_b, *,
+                          n_resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_LEVEL,
+                          seed: int = 0) -> tuple[float, float, float]:
+    """(AUROC_a - AUROC_b, low, high): the difference of two methods' AUROCs on the same images
+    (row i of ``abnormal_a`` and of ``abnormal_b`` is one image, likewise the normal ones) and
+    its paired percentile bootstrap interval. Exact per resample: counts^T (W_a - W_b) counts."""
+    abnormal_a, normal_a = _clean(abnormal_a, "abnormal"), _clean(normal_a, "normal")
+    abnormal_b, normal_b = _clean(abnormal_b, "abnormal"), _clean(normal_b, "normal")
+    if abnormal_a.shape != abnormal_b.shape or normal_a.shape != normal_b.shape:
+        raise ValueError(f"paired scores need the same images for both methods; got "
+                         f"{len(abnormal_a)} + {len(normal_a)} against "
+                         f"{len(abnormal_b)} + {len(normal_b)} abnormal + normal images")
+    n_abnormal, n_normal = len(abnormal_a), len(normal_a)
+    difference = _wins(abnormal_a, normal_a) - _wins(abnormal_b, normal_b)
+    rng = np.random.default_rng(seed)
+    counts_abnormal = rng.multinomial(n_abnormal, np.full(n_abnormal, 1 / n_abnormal),
+                                      size=n_resamples)
+    counts_normal = rng.multinomial(n_normal, np.full(n_normal, 1 / n_normal), size=n_resamples)
+    resampled = np.einsum("bi,ij,bj->b", counts_abnormal, difference, counts_normal) \
+        / (n_abnormal * n_normal)
+    low, high = _interval(resampled, level)
+    return float(difference.mean()), low, high
+
+
+def verdict(low: float, high: float) -> str:
+    return ADDS if low > 0 else LESS if high < 0 else SAME
+
+
+def _image_scores(scores: pd.DataFrame, abnormal_column: str) -> pd.DataFrame:
+    """One score per (method, model, image, abnormal): layered methods averaged over their
+    layers, as Table 2 ranks them; flagged (NaN) images dropped."""
+    frame = with_layer_column(scores)
+    frame = (frame.groupby(["method", "model", "image", abnormal_column], sort=False)
+             .agg(score=("score", "mean")).reset_index())
+    return frame[np.isfinite(frame["score"].to_numpy(dtype=float))]
+
+
+def localization_versus_baseline(scores: pd.DataFrame, *, baseline: str = BASELINE,
+                                 abnormal_column: str = "abnormal",
+                                 models: Sequence[str] | None = None,
+                                 n_resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_LEVEL,
+                                 seed: int = 0) -> pd.DataFrame:
+    """Per (method, model): auroc, baseline_auroc, delta_auroc with its paired interval
+    (delta_low, delta_high), verdict, and n_abnormal / n_normal, the images both methods scored.
+
+    ``scores`` is the tidy frame Table 2 comes from (``localization_scores``); images flagged for
+    either method are left out of both, so the two AUROCs are on the same images."""
+    check_columns(scores, ["method", "model", "image", "score", abnormal_column], "scores")
+    frame = _image_scores(scores, abnormal_column)
+    if models is not None:
+        frame = frame[frame["model"].isin(list(models))]
+    methods = list(dict.fromkeys(frame["method"]))
+    if baseline not in methods:
+        raise ValueError(f"the comparison needs the {baseline!r} control's scores; the scores hold "
+                         f"{methods}: add {baseline!r} to the suite's [explain] methods")
+    keys = ["model", "image", abnormal_column]
+    reference = frame[frame["method"] == baseline]
+    rows = []
+    for (method, model), group in frame[frame["method"] != baseline].groupby(
+            ["method", "model"], sort=False):
+        paired = group.merge(reference[reference["model"] == model][[*keys, "score"]], on=keys,
+                             suffixes=("", "_baseline"))
+        is_abnormal = paired[abnormal_column].astype(bool).to_numpy()
+        a, b = paired["score"].to_numpy(float), paired["score_baseline"].to_numpy(float)
+        row = {"method": method, "model": model, "n_abnormal": int(is_abnormal.sum()),
+               "n_normal": int((~is_abnormal).sum())}
+        if row["n_abnormal"] == 0 or row["n_normal"] == 0:
+            rows.append({**row, "auroc": np.nan, "baseline_auroc": np.nan, "delta_auroc": np.nan,
+                         "delta_low": np.nan, "delta_high": np.nan, "verdict": "n/a"})
+            continue
+        delta, low, high = paired_delta_interval(
+            a[is_abnormal], a[~is_abnormal], b[is_abnormal], b[~is_abnormal],
+            n_resamples=n_resamples, level=level,
+            seed=derive_seed(seed, "versus-baseline", method, model))
+        auroc_a = float(_wins(a[is_abnormal], a[~is_abnormal]).mean())
+        rows.append({**row, "auroc": auroc_a, "baseline_auroc": auroc_a - delta,
+                     "delta_auroc": delta, "delta_low": low, "delta_high": high,
+                     "verdict": verdict(low, high)})
+    return pd.DataFrame(rows, columns=["method", "model", "auroc", "baseline_auroc", "delta_auroc",
+                                       "delta_low", "delta_high", "verdict", "n_abnormal",
+                                       "n_normal"])
+
+
+def delta_table(versus: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
+    """Rows = method, columns = model, cells "+0.05 [-0.02, 0.11] same"."""
+    cells = versus.assign(cell=[
+        "n/a" if not np.isfinite(d) else
+        f"{d:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}] {v}"
+        for d, lo, hi, v in zip(versus["delta_auroc"], versus["delta_low"], versus["delta_high"],
+                                versus["verdict"])])
+    wide = cells.pivot(index="method", columns="model", values="cell")
+    wide = wide.reindex(index=list(dict.fromkeys(cells["method"])),
+                        columns=list(dict.fromkeys(cells["model"])))
+    wide.columns.name = None
+    return wide.reset_index()
+
+
+def detection_margin_ratios(per_model: pd.DataFrame, *, baseline: str = BASELINE) -> pd.DataFrame:
+    """Per (family, model) of the anomalous models: each method's margin divided by the
+    ``baseline``'s (> 1: the method sets the model further apart from the references than the
+    outputs do)."""
+    check_columns(per_model, ["method", "model", "family", "role", "margin"], "detection table")
+    anomalous = per_model[per_model["role"] == ROLE_ANOMALOUS]
+    wide = anomalous.pivot_table(index=["family", "model"], columns="method", values="margin",
+                                 sort=False)
+    if baseline not in wide.columns:
+        raise ValueError(f"the margin ratio needs the {baseline!r} control; the detection table "
+                         f"holds {list(wide.columns)}")
+    ratios = wide.drop(columns=[baseline]).div(wide[baseline], axis=0)
+    ratios.columns.name = None
+    return ratios.reset_index()
+
+
+def fraction_intervals(per_model: pd.DataFrame, *, level: float = DEFAULT_LEVEL) -> pd.DataFrame:
+    """Table 1 with exact (Clopper-Pearson) intervals: per (family, method), n_models,
+    n_detected, fraction and, where the family has two models or more, its interval."""
+    from counteraudit.evaluate.scoring.detection import detection_fractions
+    long = detection_fractions(per_model)
+    lows, highs = [], []
+    for k, n in zip(long["n_detected"], long["n_models"]):
+        if n >= 2:
+            interval = binomtest(int(k), int(n)).proportion_ci(confidence_level=level,
+                                                                method="exact")
+            lows.append(interval.low)
+            highs.append(interval.high)
+        else:
+            lows.append(np.nan)
+            highs.append(np.nan)
+    return long.assign(ci_low=lows, ci_high=highs)
+
+
+def fraction_table(intervals: pd.DataFrame, family_order: Sequence[str] | None = None) -> pd.DataFrame:
+    """Rows = family, columns = method, cells "0.50 [0.01, 0.99]" (just "1.00" for one model)."""
+    cells = intervals.assign(cell=[
+        f"{f:.2f}" if not np.isfinite(lo) else f"{f:.2f} [{lo:.2f}, {hi:.2f}]"
+        for f, lo, hi in zip(intervals["fraction_detected"], intervals["ci_low"],
+                             intervals["ci_high"])])
+    wide = cells.pivot(index="family", columns="method", values="cell")
+    wide = wide.reindex(index=[f for f in (family_order or dict.fromkeys(cells["family"]))
+                               if f in wide.index],
+                        columns=list(dict.fromkeys(cells["method"])))
+    wide.insert(0, "n_models", cells.groupby("family")["n_models"].max())
+    wide.columns.name = None
+    return wide.reset_index()
+
+
+def null_rate_table(rates: pd.DataFrame, *, level: float = DEFAULT_LEVEL) -> pd.DataFrame:
+    """``detection.null_rates`` with the false-positive rate's exact interval: per method,
+    "k/n = rate [low, high]" beside the rate exchangeability predicts."""
+    cells = []
+    for k, n, rate in zip(rates["n_detected"], rates["n_null"], rates["false_positive_rate"]):
+        interval = binomtest(int(k), int(n)).proportion_ci(confidence_level=level, method="exact")
+        cells.append(f"{int(k)}/{int(n)} = {rate:.2f} [{interval.low:.2f}, {interval.high:.2f}]")
+    return pd.DataFrame({"method": rates["method"], "false_positive_rate": cells,
+                         "expected_1/(n+1)": rates["expected_rate"].round(3)})

@@ -1,0 +1,186 @@
+"""Localization (SPEC "Localization"): is A higher on the inputs where the model misbehaves?
+
+AUROC of the per-image anomaly score for abnormal (positive) vs normal images, equal to
+``sklearn.metrics.roc_auc_score`` (ties count one half). With it: a seeded bootstrap interval
+(abnormal and normal images resampled separately, so both set sizes stay fixed) and the chance band
+for the set sizes used (percentiles of the AUROC when the abnormal/normal labels are permuted):
+with p = 40 + 40 images an AUROC inside roughly [0.4, 0.6] cannot be told from chance.
+
+Input is the tidy frame of ``evaluate.scores.anomaly_scores`` with a boolean ``abnormal`` column
+(score the normal and the abnormal image sets with labels={'abnormal': False/True} and concatenate).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from scipy.stats import rankdata
+
+from counteraudit.evaluate.scoring.detection import NO_LAYER, check_columns, with_layer_column
+from counteraudit.train.core.artifacts import derive_seed
+
+DEFAULT_RESAMPLES = 2000
+DEFAULT_LEVEL = 0.95
+
+
+def _clean(values, what: str) -> np.ndarray:
+    values = np.asarray(values, dtype=np.float64).ravel()
+    if len(values) == 0:
+        raise ValueError(f"AUROC needs at least one {what} score, got none")
+    if not np.all(np.isfinite(values)):
+        raise ValueError(f"{what} scores contain NaN/inf ({int((~np.isfinite(values)).sum())} of "
+                         f"{len(values)}); drop flagged images first")
+    return values
+
+
+def auroc(abnormal_scores, normal_scores) -> float:
+    """P(score of a random abnormal image > a random normal one), ties counted 1/2 (Mann-Whitney U)."""
+    abnormal = _clean(abnormal_scores, "abnormal")
+    normal = _clean(normal_scores, "normal")
+    ranks = rankdata(np.concatenate([abnormal, normal]))  # average ranks handle ties
+    n_abnormal, n_normal = len(abnormal), len(normal)
+    u_statistic = ranks[:n_abnormal].sum() - n_abnormal * (n_abnormal + 1) / 2
+    return float(u_statistic / (n_abnormal * n_normal))
+
+
+def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def bootstrap_auroc_interval(abnormal_scores, normal_scores, *, n_resamples: int = DEFAULT_RESAMPLES,
+                             level: float = DEFAULT_LEVEL, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the AUROC; the same seed gives the same interval.
+
+    A resample's AUROC is counts_a^T W counts_n / (n_a n_n), with W[i, j] = 1 if a_i > n_j, 1/2 if
+    equal: exact, and no re-ranking per resample.
+    """
+    abnormal = _clean(abnormal_scores, "abnormal")
+    normal = _clean(normal_scores, "normal")
+    wins = (abnormal[:, None] > normal[None, :]) + 0.5 * (abnormal[:, None] == normal[None, :])
+    rng = np.random.default_rng(seed)
+    counts_abnormal = rng.multinomial(len(abnormal), np.full(len(abnormal), 1 / len(abnormal)), size=n_resamples)
+    counts_normal = rng.multinomial(len(normal), np.full(len(normal), 1 / len(normal)), size=n_resamples)
+    resampled = np.einsum("bi,ij,bj->b", counts_abnormal, wins, counts_normal) / (len(abnormal) * len(normal))
+    return _interval(resampled, level)
+
+
+def permutation_aurocs(abnormal_scores, normal_scores, *, n_permutations: int = DEFAULT_RESAMPLES,
+                       seed: int = 0) -> np.ndarray:
+    """AUROCs of the pooled scores under random abnormal/normal relabelling (set sizes kept)."""
+    abnormal = _clean(abnormal_scores, "abnormal")
+    normal = _clean(normal_scores, "normal")
+    ranks = rankdata(np.concatenate([abnormal, normal]))
+    rng = np.random.default_rng(seed)
+    shuffled = rng.permuted(np.broadcast_to(ranks, (n_permutations, len(ranks))), axis=1)
+    n_abnormal, n_normal = len(abnormal), len(normal)
+    return (shuffled[:, :n_abnormal].sum(axis=1) - n_abnormal * (n_abnormal + 1) / 2) / (n_abnormal * n_normal)
+
+
+def chance_band(abnormal_scores, normal_scores, *, n_permutations: int = DEFAULT_RESAMPLES,
+                level: float = DEFAULT_LEVEL, seed: int = 0) -> tuple[float, float, float]:
+    """(low, high, p_value): the ``level`` band of AUROC under label permutation, and the one-sided
+    permutation p-value (1 + #{perm AUROC >= observed}) / (n_permutations + 1)."""
+    permuted = permutation_aurocs(abnormal_scores, normal_scores, n_permutations=n_permutations, seed=seed)
+    observed = auroc(abnormal_scores, normal_scores)
+    low, high = _interval(permuted, level)
+    p_value = (1 + int((permuted >= observed - 1e-12).sum())) / (n_permutations + 1)
+    return low, high, p_value
+
+
+def chance_band_for_sizes(n_abnormal: int, n_normal: int, *, n_permutations: int = DEFAULT_RESAMPLES,
+                          level: float = DEFAULT_LEVEL, seed: int = 0) -> tuple[float, float]:
+    """The chance band for untied scores of the given set sizes (e.g. 40 and 40 -> about 0.37-0.63)."""
+    low, high, _ = chance_band(np.arange(n_abnormal, dtype=float), np.arange(n_abnormal, n_abnormal + n_normal,
+                                                                              dtype=float),
+                               n_permutations=n_permutations, level=level, seed=seed)
+    return low, high
+
+
+def localization_table(scores: pd.DataFrame, *, abnormal_column: str = "abnormal",
+                       by: Sequence[str] = ("method",), per_layer: bool = False,
+                       models: Sequence[str] | None = None, n_resamples: int = DEFAULT_RESAMPLES,
+                       level: float = DEFAULT_LEVEL, seed: int = 0) -> pd.DataFrame:
+    """Per (by..., [layer,] model): auroc, ci_low, ci_high, chance_low, chance_high, p_value,
+    n_abnormal, n_normal, n_flagged, flag.
+
+    Layered methods: with ``per_layer`` False an image's score is first averaged over the layers
+    (the overall Caricature score), then ranked. Flagged (NaN) scores are skipped and counted. Each
+    group's random draws use ``derive_seed(seed, group key)``, so adding a model changes no other row.
+    """
+    by = list(by)
+    check_columns(scores, [*by, "model", "image", "score", abnormal_column], "scores")
+    frame = with_layer_column(scores)
+    if models is not None:
+        frame = frame[frame["model"].isin(list(models))]
+    if not per_layer:
+        frame = (frame.groupby([*by, "model", "image", abnormal_column], sort=False, dropna=False)
+                 .agg(score=("score", "mean")).reset_index().assign(layer=NO_LAYER))
+    keys = [*by, *(["layer"] if per_layer else []), "model"]
+    rows = []
+    for key, group in frame.groupby(keys, sort=False, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        usable = group[np.isfinite(group["score"].to_numpy(dtype=float))]
+        is_abnormal = usable[abnormal_column].astype(bool).to_numpy()
+        abnormal, normal = usable["score"].to_numpy()[is_abnormal], usable["score"].to_numpy()[~is_abnormal]
+        row = dict(zip(keys, key), n_abnormal=len(abnormal), n_normal=len(normal),
+                   n_flagged=len(group) - len(usable))
+        if len(abnormal) == 0 or len(normal) == 0:
+            rows.append({**row, "auroc": np.nan, "ci_low": np.nan, "ci_high": np.nan, "chance_low": np.nan,
+                         "chance_high": np.nan, "p_value": np.nan,
+                         "flag": "no_abnormal_images" if len(abnormal) == 0 else "no_normal_images"})
+            continue
+        group_seed = derive_seed(seed, "localization", *map(str, key))
+        ci_low, ci_high = bootstrap_auroc_interval(abnormal, normal, n_resamples=n_resamples, level=level,
+                                                   seed=derive_seed(group_seed, "bootstrap"))
+        chance_low, chance_high, p_value = chance_band(abnormal, normal, n_permutations=n_resamples,
+                                                       level=level, seed=derive_seed(group_seed, "permutation"))
+        rows.append({**row, "auroc": auroc(abnormal, normal), "ci_low": ci_low, "ci_high": ci_high,
+                     "chance_low": chance_low, "chance_high": chance_high, "p_value": p_value, "flag": "ok"})
+    columns = [*keys, "auroc", "ci_low", "ci_high", "chance_low", "chance_high", "p_value",
+               "n_abnormal", "n_normal", "n_flagged", "flag"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+LAYER_AVERAGE = "layer average"
+
+
+def paper_layout(per_model: pd.DataFrame, per_layer: pd.DataFrame, *,
+                 by: Sequence[str] = ("method",)) -> pd.DataFrame:
+    """Table 2's rows as the paper lays them out: a layered method (Caricatures) one row per layer,
+    then its layer average as an extra row; other methods one row. ``per_model`` and ``per_layer``
+    are ``localization_table``'s two forms; the result goes to ``table2``."""
+    by = list(by)
+    layered = (per_layer[per_layer["layer"] != NO_LAYER] if "layer" in per_layer.columns
+               else per_layer.iloc[:0].assign(layer=NO_LAYER))
+    layered_keys = set(map(tuple, layered[by].astype(str).to_numpy()))
+    parts = []
+    for key, group in per_model.groupby(by, sort=False):
+        key = tuple(map(str, key if isinstance(key, tuple) else (key,)))
+        if key in layered_keys:
+            mask = (layered[by].astype(str) == list(key)).all(axis=1)
+            parts += [layered[mask], group.assign(layer=LAYER_AVERAGE)]
+        else:
+            parts.append(group.assign(layer=NO_LAYER))
+    return pd.concat(parts, ignore_index=True) if parts else per_model.assign(layer=NO_LAYER)
+
+
+def table2(localizations: pd.DataFrame, *, by: Sequence[str] = ("method",), value: str = "auroc",
+           with_interval: bool = False, digits: int = 2) -> pd.DataFrame:
+    """Table 2: rows = method (method/layer), columns = model, values = AUROC (or "0.94 [0.88, 0.99]"
+    strings with ``with_interval``)."""
+    row_keys = [*by, *(["layer"] if "layer" in localizations.columns else [])]
+    frame = localizations.assign(row=localizations[row_keys].astype(str).agg(
+        lambda parts: " ".join(p for p in parts if p), axis=1))
+    if with_interval:
+        frame = frame.assign(cell=[f"{a:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" if np.isfinite(a) else "n/a"
+                                   for a, lo, hi in zip(frame[value], frame["ci_low"], frame["ci_high"])])
+        wide = frame.pivot(index="row", columns="model", values="cell")
+    else:
+        wide = frame.pivot_table(index="row", columns="model", values=value, sort=False, dropna=False)
+    wide = wide.reindex(index=list(dict.fromkeys(frame["row"])), columns=list(dict.fromkeys(frame["model"])))
+    wide.columns.name = None
+    wide.index.name = "method"
+    return wide.reset_index()

@@ -1,0 +1,543 @@
+"""The explain stage over a suite: which (model, method, image set) results it needs, and the work
+items that compute them.
+
+Layout: each result is stored once, in the store shared by every suite, in a folder named by the
+hash of its key (method, its parameters, model key, image set id; explain/store.py):
+``runs/store/visualizations/<method>/<key hash>/``. A suite's ``runs/<suite>/visualizations/
+<method>/<model>/<image set>`` links to it, so a suite finds what another computed, and people and
+the score stage read results by the suite's names. A folder an older version wrote at the suite's
+path is moved into the store (nothing is recomputed).
+
+Work items. By default one item is one (model, method) on all of that model's image sets: the model
+is loaded once and the images go through the method in batches. With ``chunk_images`` N (suite
+``[explain] chunk_images``, ``--chunk-images``) one item is one (model, method, image set, image
+range) of about N images, so a large suite fans out over a Slurm array. Each such item stores its
+range as a part (``<image set>/parts/<start>-<stop>/``, keyed like the full result plus the
+range); once every part of a (model, method, set) is there, the submitting process gathers them
+into the very artifact an unchunked run writes (``explain.store.gather_parts``) and removes the
+parts. A set that fits in one chunk is written directly. A rerun submits only the missing parts.
+
+Bit for bit: a range starts at a multiple of the batch size the method runs with (N is rounded
+up to one, see ``part_size``), so every batch holds the same images as in an unchunked run, and
+each batch's RNG is seeded from its position in the whole set (``run_range``).
+
+Shared images are explained once. Image sets are nested draws (anomalies/image_sets.py): the
+demo's m = 36 detection images are the first 36 of demo-full's m = 50. By the same argument, rows
+[0, a) of a stored result for another set of the same lineage are bit for bit those a fresh run
+computes when a is a multiple of the batch size (``shared_rows``), so a missing result takes them
+and explains only its other images; a chunked run stores them as the parts they cover. CPU work runs on
+the model's ``recipe.cpu_threads`` threads, as training does, since some CPU kernels reduce in a
+thread-dependent order: local, ``--jobs`` and Slurm runs store the same bits.
+
+Two runs at once (two suites, two shells on one runs folder) compute each result, or part, once:
+it is computed under a lock (``result_lock``, ``part_lock``); the second run to need it waits,
+then finds it stored. A full disk stops the stage at the first write that fails (slurm/executor.py);
+the message says about how much the unfinished items need (``space_needed``).
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+from counteraudit.anomalies.image_sets import (DETECTION, ImageSet, abnormal_set_name,
+                                               build_image_sets, localizable, same_lineage,
+                                               set_sizes)
+from counteraudit.explain.base import METHODS, Explanation, ExplanationMethod, build_method
+from counteraudit.explain.store import (ARRAYS_FILE, PARAMS_FILE, as_stored, concatenate,
+                                        gather_parts, is_stored, load_explanation, part_dir,
+                                        part_key, result_key, row_range, save_explanation)
+from counteraudit.train.core.artifacts import (artifact_lock, find_or_make, link_into_store, lock_beside,
+                                          marker_says, read_json, stable_hash, store_dir)
+from counteraudit.train.checkpoint import model_dir
+from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
+
+VISUALIZATIONS = "visualizations"
+IMAGE_SETS = "image_sets"
+
+
+def suite_methods(suite: Suite, only: list[str] | None = None) -> list[str]:
+    """The methods a suite explains with (``only``: a subset), each built from its
+    ``[methods.<name>]`` table: an unknown method, parameter, choice or renderer fails here, when
+    the suite is read, with the valid names, and not after the models are trained."""
+    names = only or suite.tables.get("explain", {}).get("methods") or METHODS.names()
+    for name in names:
+        build_method(name, method_params(suite, name))
+    return list(names)
+
+
+def method_params(suite: Suite, name: str) -> dict[str, Any]:
+    return dict(suite.tables.get("methods", {}).get(name, {}))
+
+
+def method_batch_size(suite: Suite, name: str) -> int | None:
+    return suite.tables.get("explain", {}).get("batch_sizes", {}).get(name)
+
+
+def sets_for(suite: Suite, spec: ModelSpec) -> list[str]:
+    """The image sets a model is explained on (a held-out reference: the detection set only)."""
+    names = [DETECTION]
+    references = {s.name for s in suite.references}
+    for anomaly in localizable(suite):
+        if spec.name in references or anomaly.name == spec.name:
+            names.append(abnormal_set_name(anomaly))
+    return names
+
+
+def result_dir(root: Path, method: str, model: str, image_set: str) -> Path:
+    """A result by the suite's names, under the suite's folder ``root`` (a link into the store)."""
+    return root / VISUALIZATIONS / method / model / image_set
+
+
+def stored_result_dir(runs_root, key: dict[str, Any]) -> Path:
+    """Where the result with this key (``result_key``) is stored, whichever suite asks."""
+    return store_dir(runs_root) / VISUALIZATIONS / key["method"] / stable_hash(key, length=16)
+
+
+def load_image_sets(suite: Suite, runs_root=None, world=None) -> dict[str, ImageSet]:
+    """The suite's image sets, made in the store if missing (needs the implant checks for blurred
+    faces), each linked from ``runs/<suite>/image_sets/<name>``."""
+    from counteraudit.anomalies.verify import read_implant
+    from counteraudit.train.worlds import build_world
+    world = world or build_world(suite.world, runs_root=runs_root)
+    implants = {spec.name: read_implant(suite, spec, runs_root) for spec in localizable(suite)}
+    store = store_dir(runs_root) / IMAGE_SETS
+    sets = build_image_sets(suite, world, store, {k: v for k, v in implants.items() if v})
+    for name, image_set in sets.items():
+        link_into_store(suite.root(runs_root) / IMAGE_SETS / name, store / image_set.id, runs_root,
+                        marker_says("index.json", "id", image_set.id))
+    return sets
+
+
+def add_chunk_images_arg(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument(
+        "--chunk-images", type=int, default=None, metavar="N",
+        help="split the explain stage into work items of one (model, method, image set, image "
+             "range) of N images each (rounded up to a multiple of the method's batch size, so "
+             "results are bit for bit those of an unchunked run), stored as parts and gathered "
+             "into the usual result; default: the suite's [explain] chunk_images, else no "
+             "chunking (one item per (model, method): one model load each, best locally); 0: no "
+             "chunking. On Slurm 16 is a good start (four batches of Caricatures, the slow "
+             "method; cheap methods, whose batches are larger, stay one item per image set)")
+    return parser
+
+
+def chunk_images(suite: Suite, args: argparse.Namespace | None = None) -> int | None:
+    """Images per work item: --chunk-images over the suite's [explain] chunk_images; None: no
+    chunking."""
+    value = getattr(args, "chunk_images", None)
+    where = "--chunk-images"
+    if value is None:
+        value, where = suite.tables.get("explain", {}).get("chunk_images"), "[explain] chunk_images"
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{where} must be a whole number of images >= 0 (0: no chunking), "
+                         f"got {value!r}")
+    return value or None
+
+
+def part_size(method: ExplanationMethod, batch_size: int | None, chunk: int) -> int:
+    """Images per part: ``chunk`` rounded up to a multiple of the batch size the method runs with.
+
+    Parts must start at multiples of the batch size for chunked == unchunked bit for bit: a
+    method with ``batch_invariant = False`` (Caricatures: one random augmentation per step for the
+    whole batch) gives other results when other images share a batch, and even a batch-invariant
+    one only up to float rounding, since CPU and GPU kernels pick their reduction order by batch
+    shape (guided backprop's raw attributions differ in the last bits between one batch of 8 and
+    batches of 3, 3 and 2). Aligned parts hold exactly the unchunked run's batches."""
+    batch = batch_size or method.default_batch_size
+    return -(-chunk // batch) * batch
+
+
+def image_ranges(count: int, size: int | None) -> list[tuple[int, int]]:
+    """Consecutive [start, stop) ranges of at most ``size`` images covering ``count`` images."""
+    size = size or count
+    return [(start, min(start + size, count)) for start in range(0, count, size)]
+
+
+def run_range(method: ExplanationMethod, model, images, start: int,
+              batch_size: int | None = None, labels=None, model_id: str | None = None
+              ) -> Explanation:
+    """``method.run`` on the images [start, start + len(images)) of a set, equal bit for bit to
+    those rows of ``method.run`` on the whole set. ``start`` must be a multiple of the batch size
+    (see ``part_size``); then the batches hold the same images, and ``first_position`` seeds
+    each batch's RNG from its position in the whole set, as the unchunked run does."""
+    batch_size = batch_size or method.default_batch_size
+    if start % batch_size:
+        raise ValueError(f"a range of images starting at {start} is not a multiple of the batch "
+                         f"size {batch_size} of {method.name}; its batches would differ from an "
+                         "unchunked run's (see part_size)")
+    return method.run(model, images, batch_size, first_position=start, labels=labels,
+                      model_id=model_id)
+
+
+def shared_rows(runs_root, description: dict[str, Any], model_id: str, image_set: ImageSet,
+                batch_size: int) -> Explanation | None:
+    """The leading rows of this (method, model, image set) result that a stored result for
+    another set of its lineage already holds (module docstring): the longest prefix that both
+    sets share and that ends on a batch boundary of ``batch_size``; None if there is none."""
+    best, best_rows = None, 0
+    for other in same_lineage(store_dir(runs_root) / IMAGE_SETS, image_set):
+        rows = min(len(other.images), len(image_set.images)) // batch_size * batch_size
+        key = result_key(description, model_id, other.id)
+        if rows > best_rows and is_stored(stored_result_dir(runs_root, key), key):
+            best, best_rows = stored_result_dir(runs_root, key), rows
+    return None if best is None else row_range(load_explanation(best), 0, best_rows)
+
+
+def store_shared_parts(runs_root, description: dict[str, Any], model_id: str, image_set: ImageSet,
+                       directory: Path, key: dict[str, Any], ranges: list[tuple[int, int]],
+                       batch_size: int) -> int:
+    """A chunked run's parts that ``shared_rows`` already holds, stored as parts (or as the whole
+    result when one range covers the set); returns how many leading images they cover."""
+    prefix = shared_rows(runs_root, description, model_id, image_set, batch_size)
+    covered = 0 if prefix is None else len(prefix.targets)
+    for start, stop in ranges:
+        if stop > covered:
+            break
+        whole = (start, stop) == (0, len(image_set.images))
+        folder, folder_key = (directory, key) if whole else (part_dir(directory, start, stop),
+                                                             part_key(key, start, stop))
+        if not is_stored(folder, folder_key):
+            save_explanation(folder, row_range(prefix, start, stop), model_id, image_set.id,
+                             image_range=None if whole else (start, stop))
+    return max([stop for _, stop in ranges if stop <= covered], default=0)
+
+
+def explain_after(prefix: Explanation | None, count: int, explain_from) -> Explanation:
+    """The whole result of a set of ``count`` images: ``prefix``'s rows, then
+    ``explain_from(start)`` for the images from the first one the prefix lacks."""
+    start = 0 if prefix is None else len(prefix.targets)
+    if start == count:
+        return prefix
+    rest = explain_from(start)
+    return rest if prefix is None else concatenate([prefix, rest], "a stored prefix and the rest")
+
+
+# Library notices that every batch would repeat and that say nothing about the user's run:
+# captum's "hooks on ReLU" and "input did not require grad", torch.jit's deprecation.
+QUIET = [("ignore", r"Setting backward hooks on ReLU", UserWarning),
+         ("ignore", r"Input Tensor \d+ did not already require gradients", UserWarning),
+         ("ignore", r"`torch.jit.script` is deprecated", FutureWarning)]
+
+
+@contextmanager
+def _item_context(spec: ModelSpec, device) -> Iterator[None]:
+    """Library notices quiet; on the CPU, the model's ``recipe.cpu_threads`` threads (module
+    docstring), restored on exit."""
+    import warnings
+
+    import torch
+    threads = torch.get_num_threads()
+    with warnings.catch_warnings():
+        for action, message, category in QUIET:
+            warnings.filterwarnings(action, message=message, category=category)
+        if device.type == "cpu":
+            torch.set_num_threads(spec.recipe.cpu_threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+
+
+class _Item:
+    """What a work item needs, loaded in the process that runs it."""
+
+    def __init__(self, item: dict[str, Any]):
+        from counteraudit.train.trainer import pick_device
+        from counteraudit.train.worlds import build_world
+        self.suite = load_suite(item["suite"])
+        self.spec = self.suite.model(item["model"])
+        self.runs_root = item.get("runs_dir")
+        self.root = self.suite.root(self.runs_root)
+        self.method = build_method(item["method"], method_params(self.suite, item["method"]))
+        self.batch_size = method_batch_size(self.suite, item["method"])
+        self.device = pick_device(item.get("device"))
+        self.world = build_world(self.suite.world, runs_root=item.get("runs_dir"))
+        self.image_sets = load_image_sets(self.suite, item.get("runs_dir"), self.world)
+        self._model = None
+
+    def target(self, set_name: str) -> tuple[ImageSet, Path, dict[str, Any]]:
+        """The image set, the result's store folder and the result key of one set."""
+        image_set = self.image_sets[set_name]
+        key = result_key(self.description, self.spec.key, image_set.id)
+        return image_set, stored_result_dir(self.runs_root, key), key
+
+    def what(self, set_name: str) -> str:
+        """The result of one set, for people: "<method> for <model> on <set>"."""
+        return f"{self.method.name} for {self.spec.name} on {set_name}"
+
+    @property
+    def description(self) -> dict[str, Any]:
+        return self.method.describe(self.spec.architecture, self.batch_size)
+
+    def run_from(self, image_set: ImageSet, start: int, stop: int | None = None) -> Explanation:
+        """The method on images [start, stop) of a set, as rows of the whole set's result."""
+        return run_range(self.method, self.model, image_set.tensor()[start:stop], start,
+                         self.batch_size, labels=image_set.labels[start:stop],
+                         model_id=self.spec.key)
+
+    @property
+    def model(self):
+        """Loaded once, and only if something is missing."""
+        if self._model is None:
+            from counteraudit.train.trainer import load_trained_model
+            self._model = load_trained_model(model_dir(self.runs_root, self.spec), self.spec,
+                                             self.world, self.device)
+        return self._model
+
+
+def result_lock(directory: Path, what: str) -> AbstractContextManager[None]:
+    """Held while this process computes the result stored in ``directory``, so that two runs
+    that need it at once (two suites, two shells on one runs folder) compute it once: the second
+    waits, then finds it stored. Hidden beside the result's folder, which holds only its files."""
+    return lock_beside(directory, "explain", f"explaining {what} ({directory})")
+
+
+def part_lock(folder: Path, what: str) -> AbstractContextManager[None]:
+    """``result_lock`` of a part: inside the part's folder, removed with it once gathered."""
+    return artifact_lock(folder, ".explaining.lock", "explain", f"explaining {what} ({folder})")
+
+
+def explain_one(item: dict[str, Any]) -> dict[str, int]:
+    """Work item: one model, one method, all of that model's image sets (missing ones only)."""
+    work = _Item(item)
+    counts = {"computed": 0, "stored": 0, "explained_images": 0, "reused_images": 0}
+    batch = work.batch_size or work.method.default_batch_size
+    with _item_context(work.spec, work.device):
+        for set_name in sets_for(work.suite, work.spec):
+            image_set, directory, key = work.target(set_name)
+
+            def explain_set() -> str:
+                prefix = shared_rows(work.runs_root, work.description, work.spec.key, image_set,
+                                     batch)
+                explanation = explain_after(prefix, len(image_set.images),
+                                            lambda start: work.run_from(image_set, start))
+                reused = 0 if prefix is None else len(prefix.targets)
+                counts["reused_images"] += reused
+                counts["explained_images"] += len(image_set.images) - reused
+                save_explanation(directory, explanation, work.spec.key, image_set.id)
+                gather_parts(directory, key, [])  # removes parts a chunked run may have left
+                return "computed"
+            done = find_or_make(lambda: "stored" if is_stored(directory, key) else None,
+                                explain_set, result_lock(directory, work.what(set_name)))
+            counts[done] += 1
+    return counts
+
+
+def explain_part(item: dict[str, Any]) -> dict[str, int]:
+    """Work item of a chunked run: one model, one method, images [start, stop) of one image set,
+    stored as a part (or as the full result when the range is the whole set)."""
+    work = _Item(item)
+    start, stop = int(item["start"]), int(item["stop"])
+    image_set, directory, key = work.target(item["image_set"])
+    whole = (start, stop) == (0, len(image_set.images))
+    folder, folder_key = (directory, key) if whole else (part_dir(directory, start, stop),
+                                                         part_key(key, start, stop))
+
+    def explain_range() -> dict[str, int]:
+        with _item_context(work.spec, work.device):
+            explanation = work.run_from(image_set, start, stop)
+        save_explanation(folder, explanation, work.spec.key, image_set.id,
+                         image_range=None if whole else (start, stop))
+        return {"computed": 1, "stored": 0, "explained_images": stop - start}
+
+    def stored() -> dict[str, int] | None:
+        if is_stored(directory, key) or is_stored(folder, folder_key):
+            return {"computed": 0, "stored": 1, "explained_images": 0}
+        return None
+
+    what = work.what(item["image_set"])
+    lock = (result_lock(directory, what) if whole
+            else part_lock(folder, f"{what}, images {start}-{stop}"))
+    return find_or_make(stored, explain_range, lock)
+
+
+def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
+                      image_sets: dict[str, ImageSet] | None, chunk: int | None,
+                      base_item: dict[str, Any]):
+    """The work items of the missing results, most expensive first (e.g. Caricatures before
+    Guided Backprop, so local workers end together), the (folder, key, ranges) of each (model,
+    method, set) a chunked run must gather, how many results are stored already, and how many
+    images a chunked run took from stored results of the same lineage (``store_shared_parts``).
+
+    ``image_sets`` None (a dry run, before the sets exist) plans every result, with the sets'
+    nominal sizes ([evaluate] detection_images / localization_images) for the ranges."""
+    from counteraudit.slurm.stage_run import say
+    items, gathers, stored, reused = [], [], 0, 0
+    cost: dict[tuple[str, str], float] = {}  # (method, model) -> passes per image
+    runs_root = base_item.get("runs_dir")
+    root = suite.root(runs_root)
+    m, p = set_sizes(suite)
+    for name in methods:
+        method = build_method(name, method_params(suite, name))
+        batch_size = method_batch_size(suite, name)
+        size = part_size(method, batch_size, chunk) if chunk else None
+        items_before = len(items)
+        for spec in specs:
+            cost[(name, spec.name)] = method.passes_per_image(spec.architecture)
+            description = method.describe(spec.architecture, batch_size)
+            missing, already = [], 0
+            for set_name in sets_for(suite, spec):
+                if image_sets is None:
+                    missing.append((set_name, result_dir(root, name, spec.name, set_name), None,
+                                    m if set_name == DETECTION else p))
+                    continue
+                image_set = image_sets[set_name]
+                key = result_key(description, spec.key, image_set.id)
+                directory = stored_result_dir(runs_root, key)
+                # the suite's name for it; an older layout's result there is moved into the store
+                link_into_store(result_dir(root, name, spec.name, set_name), directory, runs_root,
+                                marker_says(PARAMS_FILE, "key", as_stored(key)))
+                if gather_parts(directory, key, []):  # stored (leftover parts are removed)
+                    already += 1
+                else:
+                    missing.append((set_name, directory, key, len(image_set.images)))
+            item = {**base_item, "model": spec.name, "method": name}
+            if not chunk:  # one item for the (model, method); it counts the stored sets itself
+                items += [item] if missing else []
+                stored += 0 if missing else already
+                continue
+            stored += already
+            for set_name, directory, key, count in missing:
+                ranges = image_ranges(count, size)
+                gathers.append((directory, key, ranges))
+                covered = 0 if key is None else store_shared_parts(
+                    runs_root, description, spec.key, image_sets[set_name], directory, key,
+                    ranges, batch_size or method.default_batch_size)
+                reused += covered
+                for start, stop in ranges:
+                    if stop <= covered or key is not None and len(ranges) > 1 and \
+                            is_stored(part_dir(directory, start, stop), part_key(key, start, stop)):
+                        continue
+                    items.append({**item, "image_set": set_name, "start": start, "stop": stop})
+        if size and size != chunk and len(items) > items_before:
+            say("explain", f"{name}: parts of {size} images (chunk_images={chunk} rounded up to "
+                           f"a multiple of its batch size {batch_size or method.default_batch_size}, "
+                           "so its batches are those of an unchunked run)")
+    items.sort(key=lambda item: -cost[(item["method"], item["model"])])
+    return items, gathers, stored, reused
+
+
+def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | None = None,
+                  models: list[str] | None = None) -> dict[str, int]:
+    """Every missing visualization of the suite, through the local or Slurm executor.
+
+    Returns counts of (model, method, image set) results: ``computed`` in this run, ``stored``
+    before it, and ``parts`` computed by a chunked run (module docstring); and of images:
+    ``explained_images`` run through a method, ``reused_images`` taken from a stored result of a
+    set of the same lineage (``shared_rows``). If some items fail,
+    the complete results are still gathered before ``ItemsFailedError`` is raised, and a rerun
+    submits only the missing items."""
+    from counteraudit.slurm.errors import ItemsFailedError, OutOfSpaceError
+    from counteraudit.slurm.executor import run_items
+    from counteraudit.train.core.stage import executor_config
+    methods = suite_methods(suite, methods)
+    specs = [suite.model(m) for m in models] if models else suite.models
+    config = executor_config(suite, args, "explain")
+    chunk = chunk_images(suite, args)
+    # Made once, here, so work items only read them; a dry run plans without them.
+    image_sets = None if config.dry_run else load_image_sets(suite, args.runs_dir)
+    runs_dir = str(Path(args.runs_dir).resolve()) if args.runs_dir else None
+    base_item = {"suite": str(suite.path.resolve()), "runs_dir": runs_dir,
+                 "device": getattr(args, "device", None)}
+    items, gathers, stored, reused = plan_explanations(suite, methods, specs, image_sets, chunk,
+                                                       base_item)
+
+    def needed(unfinished: list[dict[str, Any]]) -> int | None:
+        return space_needed(suite, image_sets, runs_dir, unfinished)
+    if not chunk:
+        results = run_items(explain_one, items, config, "explain",
+                            item_name=lambda item: f"{item['model']}/{item['method']}",
+                            space_needed=needed)
+        return {"computed": sum(r["computed"] for r in results),
+                "stored": stored + sum(r["stored"] for r in results), "parts": 0,
+                "explained_images": sum(r["explained_images"] for r in results),
+                "reused_images": sum(r["reused_images"] for r in results)}
+
+    def name(item: dict[str, Any]) -> str:
+        return f"{item['model']}/{item['method']}/{item['image_set']}/{item['start']}-{item['stop']}"
+
+    def gather_one(directory: Path, key: dict[str, Any], ranges: list[tuple[int, int]]) -> bool:
+        with lock_beside(directory, "explain", f"gathering the parts of {directory}"):
+            return gather_parts(directory, key, ranges)
+
+    def gather() -> int:  # how many results are complete now (a one-part set is written whole)
+        return sum(gather_one(directory, key, ranges) for directory, key, ranges in gathers)
+
+    try:
+        results = run_items(explain_part, items, config, "explain", item_name=name,
+                            space_needed=needed)
+    except ItemsFailedError as error:
+        if not isinstance(error, OutOfSpaceError):  # no space to gather: the parts wait for a rerun
+            gather()  # keep what is complete; a rerun submits only the failed parts
+        raise
+    if config.dry_run:
+        return {"computed": 0, "stored": 0, "parts": 0, "explained_images": 0, "reused_images": 0}
+    return {"computed": gather(), "stored": stored, "parts": sum(r["computed"] for r in results),
+            "explained_images": sum(r["explained_images"] for r in results),
+            "reused_images": reused}
+
+
+def space_needed(suite: Suite, image_sets: dict[str, ImageSet], runs_root,
+                 items: list[dict[str, Any]]) -> int | None:
+    """About how many bytes the results of ``items`` (work items not finished) will take: the
+    images they have left to explain times the stored bytes per image of their method's finished
+    results (for a method without any yet, the largest of the other methods': better too much
+    than a second full disk); None before any result is stored."""
+    stored = store_dir(runs_root) / VISUALIZATIONS
+    per_image = {folder.name: _stored_bytes_per_image(folder)
+                 for folder in (sorted(stored.iterdir()) if stored.is_dir() else [])}
+    known = [size for size in per_image.values() if size is not None]
+    if not known:
+        return None
+    total = 0.0
+    for item in items:
+        size = per_image.get(item["method"]) or max(known)
+        total += size * _images_left(suite, image_sets, runs_root, item)
+    return round(total)
+
+
+def _stored_bytes_per_image(method_folder: Path, sample: int = 100) -> float | None:
+    """Mean size per image of the arrays of (up to ``sample``) stored results of a method."""
+    sizes, images = 0, 0
+    for params in sorted(method_folder.glob(f"*/{PARAMS_FILE}"))[:sample]:
+        try:
+            shape = read_json(params)["images_shape"]
+            sizes += (params.parent / ARRAYS_FILE).stat().st_size
+        except (OSError, ValueError, KeyError):  # being rewritten, or not a finished result
+            continue
+        images += shape[-4]  # (layers,) images, height, width, channels
+    return sizes / images if images else None
+
+
+def _images_left(suite: Suite, image_sets: dict[str, ImageSet], runs_root,
+                 item: dict[str, Any]) -> int:
+    """Images a work item has left to explain: its range (a chunked run's part), or the images of
+    the sets of its (model, method) that are not stored."""
+    if "start" in item:
+        return int(item["stop"]) - int(item["start"])
+    spec = suite.model(item["model"])
+    method = build_method(item["method"], method_params(suite, item["method"]))
+    description = method.describe(spec.architecture, method_batch_size(suite, item["method"]))
+    left = 0
+    for set_name in sets_for(suite, spec):
+        key = result_key(description, spec.key, image_sets[set_name].id)
+        if not is_stored(stored_result_dir(runs_root, key), key):
+            left += len(image_sets[set_name].images)
+    return left
+
+
+def explained_images_line(counts: dict[str, int]) -> str:
+    """What ``explain_suite`` did, in images (for the stage's summary line)."""
+    return (f"{counts.get('explained_images', 0)} image explanation(s) computed, "
+            f"{counts.get('reused_images', 0)} reused from image sets of the same draw")
+
+
+def load_results(suite: Suite, method: str, models: list[str], image_set: str, runs_root=None):
+    """model -> stored Explanation of one method on one image set."""
+    root = suite.root(runs_root)
+    return {m: load_explanation(result_dir(root, method, m, image_set)) for m in models}

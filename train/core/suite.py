@@ -1,0 +1,580 @@
+"""Suites: one TOML file names the world, architecture, recipe, references and anomalous models.
+
+A suite expands into ``ModelSpec``s. A spec holds everything that determines a checkpoint, and its
+hash names the model's artifact folder, so changing a recipe or a parameter never reuses a stale
+checkpoint. Shipped suites live in ``train/suites/``; ``--suite`` also takes a path to a file.
+
+A suite may start from another: ``extends = "demo"`` (a shipped suite's name, or a path relative to
+the extending file) takes every table of that suite, and the extending file's tables override it
+key by key (a nested table merges; a value or an array, ``[[anomalies]]`` included, replaces). The
+name is never inherited: it is the file's own ``name`` or its file name.
+"""
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from counteraudit.train.core.artifacts import derive_seed, inside_runs, runs_dir, stable_hash
+from counteraudit.train.core.registry import UnknownNameError
+from counteraudit.train.core.suite_schema import (SAFE_NAME_LENGTH, SAFE_NAME_PATTERN, SAFE_NAME_RULE,
+                                             ReferencesTable, ScheduleSegment, SuiteFileError,
+                                             SuiteTable, check_table, dataclass_table,
+                                             raise_problems)
+
+SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"  # train/suites/, beside core/
+REFERENCE = "reference"
+HELD_OUT = "held-out"  # name prefix of the null models ([references] held_out)
+PAPER_REFERENCES = 12  # SPEC: n = 12 reference models
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """SGD with step decay. Defaults: the paper's (torchvision's ResNet-50 recipe, batch 300)."""
+    epochs: Annotated[int, Field(ge=1, description="training epochs (the paper: 90)")] = 90
+    batch_size: Annotated[int, Field(ge=1, description="images per step (the paper: 300)")] = 300
+    lr: Annotated[float, Field(gt=0, description="the initial learning rate (the paper: 0.1)")] = 0.1
+    momentum: Annotated[float, Field(ge=0, lt=1, description="SGD momentum (the paper: 0.9)")] = 0.9
+    weight_decay: Annotated[float, Field(ge=0, description="the paper: 1e-4")] = 1e-4
+    # multiply the learning rate by lr_gamma every this many epochs
+    lr_step_epochs: Annotated[int, Field(ge=1, description=(
+        "epochs between learning-rate decays (the paper: 30)"))] = 30
+    lr_gamma: Annotated[float, Field(gt=0, le=1, description="the decay factor (the paper: 0.1)")] = 0.1
+    # Linear learning-rate warmup over this many epochs (fractions allowed), from lr/steps to lr,
+    # as torchvision's reference recipe offers (--lr-warmup-epochs). 0: none (the paper's recipe).
+    # Short CPU schedules need it: without it some seeds stall in their first epoch at lr 0.1.
+    lr_warmup_epochs: Annotated[float, Field(ge=0, description=(
+        "epochs of linear warmup, at most epochs (0: none, the paper's)"))] = 0.0
+    eval_batch_size: Annotated[int, Field(ge=1, description="images per evaluation batch")] = 100
+    # Intra-op threads for CPU training. Part of the recipe because some CPU kernels reduce in a
+    # thread-dependent order, so the thread count changes the weights' bits: fixing it makes the
+    # same seed give the same weights on any machine and executor. Parallelism comes from
+    # training several models at once (--jobs, Slurm arrays). Ignored on GPUs.
+    cpu_threads: Annotated[int, Field(ge=1, description="threads per CPU training (1)")] = 1
+    # bfloat16 autocast for CPU training, as the recipe always does on GPUs: 1.8x the fp32
+    # throughput of the small ResNet on a CPU with native bf16 (AVX512-BF16 or AMX, e.g. AMD Zen 4,
+    # Intel Sapphire Rapids); older CPUs emulate it, so leave it off there. Changes the weights.
+    cpu_bf16: Annotated[bool, Field(description="bfloat16 autocast on CPUs (false)")] = False
+    # Progressive resizing: the side of the training crops, epoch by epoch, as segments in order,
+    # [{ epochs = 12, size = 160 }, { epochs = 4, size = 192 }] (FFCV's ResNet-50 schedules:
+    # 160 px for the first 75% of the epochs, then 192). The segments must cover every epoch.
+    # Empty: every epoch at the world's image_size. Evaluation keeps the world's sizes.
+    resolution_schedule: tuple[tuple[int, int], ...] = ()
+
+    @classmethod
+    def from_dict(cls, table: dict[str, Any], where: str = "[recipe]") -> "Recipe":
+        """A recipe from a suite's ``[recipe]`` table (every key checked by the schema, values
+        kept exactly as written: they are part of model keys)."""
+        problems = recipe_problems(table, where)
+        if problems:
+            raise ValueError("; ".join(problems))
+        table = dict(table)
+        if "resolution_schedule" in table:
+            table["resolution_schedule"] = _resolution_segments(table["resolution_schedule"])
+        return cls(**table)
+
+    def crop_size(self, epoch: int) -> int | None:
+        """The training crop side of ``epoch`` (0-based) under the resolution schedule; None
+        without one (the world's image_size). A function of the epoch alone, so a run resumed
+        mid-schedule trains each epoch at the size the uninterrupted run did."""
+        end = 0
+        for epochs, size in self.resolution_schedule:
+            end += epochs
+            if epoch < end:
+                return size
+        return None
+
+    def identity(self) -> dict[str, Any]:
+        """The recipe's part of a model's key. Fields added after models were trained are left
+        out at their default, so those models keep their keys."""
+        table = asdict(self)
+        for name in _KEY_OMITS_DEFAULT:
+            if table[name] == getattr(Recipe, name):
+                del table[name]
+        return table
+
+
+# Recipe fields newer than the first trained models: absent from a key when at their default.
+_KEY_OMITS_DEFAULT = ("resolution_schedule",)
+
+
+def _resolution_segments(value: Any) -> tuple[tuple[int, int], ...]:
+    """[{ epochs, size }, ...] (a suite file) or [(epochs, size), ...] (a Recipe's own) ->
+    ((epochs, size), ...); the schema has checked every number."""
+    return tuple((int(s["epochs"]), int(s["size"])) if isinstance(s, dict) else (int(s[0]), int(s[1]))
+                 for s in value)
+
+
+# The recipe's file form: resolution_schedule is written as a list of { epochs, size } tables.
+_RECIPE_FILE_FORM = (("resolution_schedule", list[ScheduleSegment | tuple[int, int]]),)
+
+
+def recipe_problems(table: dict[str, Any], where: str = "[recipe]") -> list[str]:
+    """What is wrong with a recipe table (every key's type and range, and how they fit)."""
+    problems = check_table(dataclass_table(Recipe, _RECIPE_FILE_FORM), table, where)
+    if problems:
+        return problems
+    epochs = table.get("epochs", Recipe.epochs)
+    if table.get("lr_warmup_epochs", 0) > epochs:
+        problems.append(f"{where} lr_warmup_epochs = {table['lr_warmup_epochs']!r} must be at most "
+                        f"epochs = {epochs} (0: no warmup)")
+    schedule = _resolution_segments(table.get("resolution_schedule", ()))
+    covered = sum(segment_epochs for segment_epochs, _ in schedule)
+    if schedule and covered != epochs:
+        problems.append(
+            f"{where} resolution_schedule covers {covered} epochs but epochs = {epochs}; make its "
+            f"segments' epochs add up to {epochs} (e.g. [{{ epochs = {epochs - epochs // 4}, "
+            f"size = 160 }}, {{ epochs = {epochs // 4}, size = 192 }}])")
+    return problems
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str                       # stable, human-readable: reference-03, backdoor-nu0.10, ...
+    family: str                     # "reference" or a registered anomaly family
+    seed: int
+    world: dict[str, Any]
+    architecture: str
+    recipe: Recipe
+    params: dict[str, Any] = field(default_factory=dict)
+    checkpoint: str | None = None   # an external checkpoint to load instead of training
+    # Table 1's row for this model (an entry's ``row``; default: its family). The paper splits a
+    # family into rows (adversarial_linf, adversarial_l2). A label, not part of the key.
+    row: str | None = None
+
+    @property
+    def is_reference(self) -> bool:
+        return self.family == REFERENCE
+
+    @property
+    def table_row(self) -> str:
+        return self.row or self.family
+
+    def identity(self) -> dict[str, Any]:
+        """Everything that determines the weights (the name does not)."""
+        from counteraudit.train.architectures import ARCHITECTURES
+        return {"family": self.family, "seed": self.seed, "world": self.world,
+                "architecture": self.architecture,
+                "architecture_version": ARCHITECTURES.get(self.architecture).version,
+                "recipe": self.recipe.identity(),
+                "params": self.params, "checkpoint": self.checkpoint}
+
+    @property
+    def key(self) -> str:
+        return stable_hash(self.identity())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, **self.identity()}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A dose-response sweep ([[sweeps]]): ``models[i]`` was trained with ``parameter = values[i]``."""
+    name: str
+    family: str
+    parameter: str
+    values: tuple[float, ...]
+    models: tuple[str, ...]
+
+
+@dataclass
+class Suite:
+    name: str
+    path: Path
+    world: dict[str, Any]
+    architecture: str
+    recipe: Recipe
+    references: list[ModelSpec]
+    anomalies: list[ModelSpec]
+    tables: dict[str, Any]          # the other tables ([explain], [evaluate], [slurm], ...)
+    # Null models: more seeds trained exactly like the references and scored as if anomalous
+    # against them ([references] held_out = k), so a method's detection rule shows how often it
+    # flags a normal model. Same keys as references of those seeds: shared through the store.
+    held_out: list[ModelSpec] = field(default_factory=list)
+    sweeps: list[Sweep] = field(default_factory=list)  # their models are among ``anomalies``
+
+    @property
+    def models(self) -> list[ModelSpec]:
+        return self.references + self.held_out + self.anomalies
+
+    def model(self, name: str) -> ModelSpec:
+        for spec in self.models:
+            if spec.name == name:
+                return spec
+        raise ValueError(f"suite {self.name!r} has no model {name!r}; its models are: "
+                         f"{', '.join(s.name for s in self.models)}")
+
+    def table_rows(self) -> tuple[dict[str, str], list[str]]:
+        """({anomalous model: its Table 1 row}, the rows in order): rows of stark families first,
+        then by family in registry order, then in the suite's order."""
+        from counteraudit.anomalies import FAMILIES
+        rows = {spec.name: spec.table_row for spec in self.anomalies}
+        family_rank = {name: rank for rank, name in enumerate(FAMILIES.names())}
+        first = {}
+        for position, spec in enumerate(self.anomalies):
+            first.setdefault(spec.table_row, (not FAMILIES.get(spec.family).stark,
+                                              family_rank[spec.family], position))
+        return rows, sorted(first, key=first.__getitem__)
+
+    def root(self, runs_root: str | Path | None = None) -> Path:
+        """Artifacts of this suite: runs/<suite>/ (checked to lie inside the runs folder)."""
+        return inside_runs(runs_dir(runs_root) / safe_name(self.name, "suite name"), runs_root)
+
+
+def safe_name(name: str, what: str) -> str:
+    """``name`` if it is one safe path component (``SAFE_NAME_RULE``); else a ValueError."""
+    if not (isinstance(name, str) and len(name) <= SAFE_NAME_LENGTH
+            and re.fullmatch(SAFE_NAME_PATTERN, name)):
+        raise ValueError(f"{what} {name!r} is not {SAFE_NAME_RULE}")
+    return name
+
+
+def available_suites() -> list[str]:
+    return sorted(p.stem for p in SUITES_DIR.glob("*.toml"))
+
+
+def _suite_path(name_or_path: str | Path, relative_to: Path | None = None) -> Path:
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = SUITES_DIR / f"{name_or_path}.toml"
+    elif relative_to is not None and not path.is_absolute():
+        path = relative_to / path
+    if not path.is_file():
+        raise ValueError(f"unknown suite {str(name_or_path)!r}: no file {path}; shipped suites: "
+                         f"{', '.join(available_suites())} (or pass a path to a .toml file)")
+    return path
+
+
+def _merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``override`` on top: nested tables merge, anything else replaces."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_table(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The suite file's table with its ``extends`` chain resolved; ``name`` is never inherited."""
+    if path.resolve() in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, path.resolve()))
+        raise ValueError(f"suite files extend each other in a cycle: {cycle}")
+    try:
+        with open(path, "rb") as handle:
+            table = tomllib.load(handle)
+    except tomllib.TOMLDecodeError as error:
+        raise SuiteFileError(f"suite file {path} is not valid TOML: {error}; fix that line "
+                             "(https://toml.io: key = value, [table], [[array of tables]])") from None
+    except OSError as error:
+        raise SuiteFileError(f"suite file {path} cannot be read: {error.strerror}") from None
+    table.setdefault("name", path.stem)
+    base_name = table.pop("extends", None)
+    if base_name is None:
+        return table
+    if not isinstance(base_name, str):
+        raise ValueError(f"suite file {path}: extends={base_name!r} must be a suite name or a path")
+    base = _read_table(_suite_path(base_name, path.parent), (*chain, path.resolve()))
+    base.pop("name")
+    return _merged(base, table)
+
+
+def load_suite(name_or_path: str | Path, plugin_tables: bool = True) -> Suite:
+    """The suite, every table and key checked (``train/core/suite_schema.py``) before anything runs:
+    one ``SuiteFileError`` lists every problem with its fix. ``plugin_tables`` False: leave the
+    explanation methods' and auditors' tables to the driver, which checked them when it read the
+    same file (a training or implant-check work item; it spares each worker process importing
+    every method's library, seconds each)."""
+    path = _suite_path(name_or_path)
+    table = _read_table(path)
+    problems = check_table(SuiteTable, table, "")
+    if problems:  # with the recipe's and the world's, so one run of the tool lists them all
+        problems += _recipe_and_world_problems(table)
+        raise_problems(path, problems)
+    try:
+        return _parse(table, path, plugin_tables)
+    except SuiteFileError:
+        raise
+    except (TypeError, ValueError, LookupError) as error:
+        message = error.args[0] if isinstance(error, LookupError) and error.args else error
+        raise SuiteFileError(f"suite file {path}: {message}") from error
+
+
+def _world_problems(world: dict[str, Any]) -> list[str]:
+    """What is wrong with the [world] table's options, reading no data (an unknown world: the
+    registry's error, raised)."""
+    from counteraudit.train.worlds import WORLDS
+    world_class = WORLDS.get(world.get("name", "synthetic"))
+    return world_class.config_problems({k: v for k, v in world.items() if k != "name"})
+
+
+def _recipe_and_world_problems(table: dict[str, Any]) -> list[str]:
+    from counteraudit.train.worlds import WORLDS
+    problems = []
+    if isinstance(table.get("recipe", {}), dict):
+        problems += recipe_problems(table.get("recipe", {}))
+    world = table.get("world", {})
+    if isinstance(world, dict) and world.get("name", "synthetic") in WORLDS:
+        problems += _world_problems(world)
+    return problems
+
+
+def _parse(table: dict[str, Any], path: Path, plugin_tables: bool = True) -> Suite:
+    """The suite's models from its checked table; every problem of the plug-in tables (the
+    world's options, each family's parameters, each model's recipe) is gathered and raised as
+    one error before anything is built."""
+    from counteraudit.anomalies import FAMILIES  # late: anomalies imports train
+    from counteraudit.train.architectures import ARCHITECTURES
+    from counteraudit.train.worlds import WORLDS
+
+    table = dict(table)
+    problems: list[str] = []
+    name = table.pop("name")
+    world = table.pop("world", {"name": "synthetic"})
+    # The world's options checked now, reading no data: a bad one fails before any job starts.
+    world_class = WORLDS.get(world.get("name", "synthetic"))
+    world_problems = _world_problems(world)
+    problems += world_problems
+    architecture = table.pop("architecture", {}).get("name", "small_resnet")
+    ARCHITECTURES.get(architecture)  # unknown names list the valid ones
+    recipe_table = table.pop("recipe", {})
+    problems += recipe_problems(recipe_table)
+    recipe_ok = not problems[len(world_problems):]
+    world_side = (None if world_problems else
+                  int(world.get("image_size", world_class.default_image_size)))
+    ref_table = {**ReferencesTable().model_dump(), **table.pop("references", {})}
+    count, seed_start, held_out = ref_table["count"], ref_table["seed_start"], ref_table["held_out"]
+    entries = [dict(entry) for entry in table.pop("anomalies", [])]
+    sweep_entries = [dict(entry) for entry in table.pop("sweeps", [])]
+    for position, entry in enumerate(entries):
+        where = f"[[anomalies]] entry {position + 1} ({entry['name']})"
+        problems += _entry_problems(entry, recipe_table if recipe_ok else None, world_side,
+                                    where, FAMILIES)
+    for position, entry in enumerate(sweep_entries):
+        if recipe_ok and entry.get("recipe"):
+            problems += recipe_problems({**recipe_table, **entry["recipe"]},
+                                        f"[[sweeps]] entry {position + 1} recipe")
+    problems += _plugin_problems(table) if plugin_tables else []
+    if problems:
+        raise_problems(path, problems)
+
+    recipe = Recipe.from_dict(recipe_table)
+    if recipe.resolution_schedule and not world_class.crops_from_files:
+        raise ValueError(f"recipe.resolution_schedule trains at several crop sizes, but the "
+                         f"{world.get('name', 'synthetic')} world renders its images at one size; "
+                         "remove the schedule (it is for worlds that crop from files: imagenet)")
+    common = {"world": world, "architecture": architecture, "recipe": recipe}
+    references = [ModelSpec(name=f"reference-{i:02d}", family=REFERENCE, seed=seed_start + i, **common)
+                  for i in range(count)]
+    # the seeds after the references', so a suite with more references shares these models
+    nulls = [ModelSpec(name=f"{HELD_OUT}-{i:02d}", family=REFERENCE, seed=seed_start + count + i,
+                       **common) for i in range(held_out)]
+    anomalies = []
+    for entry in entries:
+        family = FAMILIES.get(entry["family"])
+        anomalies.append(ModelSpec(name=entry["name"], family=entry["family"],
+                                   params=family.validate_params(dict(entry.get("params", {}))),
+                                   seed=int(entry.get("seed", default_anomaly_seed(entry["name"]))),
+                                   checkpoint=entry.get("checkpoint"), row=entry.get("row"),
+                                   **{**common, "recipe": Recipe.from_dict(
+                                       {**recipe_table, **entry.get("recipe", {})})}))
+    sweeps = []
+    for entry in sweep_entries:
+        sweep, specs = _expand_sweep(entry, common, recipe_table)
+        sweeps.append(sweep)
+        anomalies += specs
+    names = [s.name for s in references + nulls + anomalies]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"model names must be unique; repeated: {duplicates}")
+    return Suite(name=name, path=path, world=world, architecture=architecture, recipe=recipe,
+                 references=references, anomalies=anomalies, tables=table, held_out=nulls,
+                 sweeps=sweeps)
+
+
+def _named_problems(names, registry, where: str) -> list[str]:
+    """The registry's own message (with the nearest valid name) for each unknown name."""
+    problems = []
+    for name in names:
+        try:
+            registry.get(name)
+        except UnknownNameError as error:
+            problems.append(f"{where}: {error.args[0]}")
+    return problems
+
+
+def _built_problems(tables: dict[str, dict[str, Any]], registry, build, header: str) -> list[str]:
+    """Each ``[header.<name>]`` table against the registry, and its parameters built."""
+    problems = _named_problems(tables, registry, f"[{header}.<name>]")
+    for name, params in tables.items():
+        if name in registry:
+            try:
+                build(name, params)
+            except (TypeError, ValueError, LookupError) as error:
+                message = error.args[0] if isinstance(error, LookupError) and error.args else error
+                problems.append(f"[{header}.{name}] {message}")
+    return problems
+
+
+def _plugin_problems(tables: dict[str, Any]) -> list[str]:
+    """The tables of plug-ins (explanation methods, auditors, the executor) checked against their
+    registries and built, so a typo fails before training rather than after it."""
+    explain, discover = tables.get("explain", {}), tables.get("discover", {})
+    problems = []
+    # Importing the methods imports their libraries (seconds): only where there is a table to check.
+    if any((explain.get("methods"), explain.get("batch_sizes"), tables.get("methods"),
+            discover.get("auditors"), discover.get("budget"), tables.get("auditors"))):
+        # late: explain imports this module (issue 29 moves this check to the layer above)
+        from counteraudit.evaluate.discovery import auditors as _auditors  # noqa: F401  (registers them)
+        from counteraudit.explain import methods as _methods  # noqa: F401  (registers them)
+        from counteraudit.evaluate.discovery.auditors.base import AUDITORS, build_auditor
+        from counteraudit.explain.base import METHODS, build_method
+        problems += _named_problems(explain.get("methods") or [], METHODS, "[explain] methods")
+        problems += _named_problems(explain.get("batch_sizes", {}), METHODS,
+                                    "[explain] batch_sizes")
+        problems += _built_problems(tables.get("methods", {}), METHODS, build_method, "methods")
+        problems += _named_problems(discover.get("auditors") or [], AUDITORS, "[discover] auditors")
+        problems += _named_problems(discover.get("budget", {}), AUDITORS, "[discover] budget")
+        problems += _built_problems(tables.get("auditors", {}), AUDITORS, build_auditor, "auditors")
+    from counteraudit.slurm.errors import ExecutorConfigError
+    from counteraudit.slurm.executor_config import executor_config_from
+    slurm = tables.get("slurm", {})
+    if "log_dir" in slurm or any(isinstance(v, dict) and "log_dir" in v for v in slurm.values()):
+        problems.append("[slurm] log_dir: a suite file cannot choose where logs are written (they "
+                        "go under the runs folder); remove it, and give --log-dir on the command "
+                        "line if you want them elsewhere")
+    for stage in [None, *(k for k, v in slurm.items() if isinstance(v, dict) and k != "slurm_extra")]:
+        try:
+            executor_config_from(None, slurm, stage_name=stage)
+        except (ExecutorConfigError, TypeError, ValueError) as error:
+            problems.append(f"[slurm{'.' + stage if stage else ''}] {error}")
+    return problems
+
+
+def _entry_problems(entry: dict[str, Any], recipe_table: dict[str, Any] | None,
+                    world_side: int | None, where: str, families) -> list[str]:
+    """What is wrong with one [[anomalies]] entry: its family's parameters, its recipe (None: the
+    suite's is wrong, said already), whether its cue fits the images and training crops, and its
+    external checkpoint."""
+    if entry["family"] not in families:
+        return _named_problems([entry["family"]], families, f"{where} family")
+    family = families.get(entry["family"])
+    entry_recipe = {**(recipe_table or {}), **entry.get("recipe", {})}
+    problems = (recipe_problems(entry_recipe, f"{where} recipe")
+                if recipe_table is not None and entry.get("recipe") else [])
+    try:
+        params = family.validate_params(dict(entry.get("params", {})))
+    except (TypeError, ValueError) as error:
+        return problems + [f"{where} params: {error}"]
+    # a trigger or watermark that does not fit the images or a training crop fails now
+    if world_side is not None and recipe_table is not None and not problems:
+        schedule = _resolution_segments(entry_recipe.get("resolution_schedule", ()))
+        for side in sorted({world_side, *(size for _, size in schedule)}):
+            try:
+                family.check_image_size(params, side, side)
+            except ValueError as error:
+                problems.append(f"{where}: {error}")
+    if entry.get("checkpoint") is not None:
+        # late: train.checkpoint imports this module
+        from counteraudit.train.checkpoint import check_external_checkpoint
+        try:
+            check_external_checkpoint(entry["checkpoint"])
+        except (OSError, ValueError) as error:
+            problems.append(f"{where} checkpoint: {error}")
+    return problems
+
+
+def _expand_sweep(entry: dict[str, Any], common: dict[str, Any],
+                  recipe_table: dict[str, Any]) -> tuple[Sweep, list[ModelSpec]]:
+    """One [[sweeps]] entry -> its Sweep and its models: the base params with the family's
+    strength parameter set to each value, one seed and one recipe for all of them."""
+    from counteraudit.anomalies import FAMILIES
+    from counteraudit.anomalies.base import strength_families
+    family = FAMILIES.get(entry["family"])
+    with_strength = strength_families()
+    if family.strength is None:
+        raise ValueError(f"sweeps: family {family.name!r} has no strength parameter to sweep; "
+                         "families with one (family: parameter): "
+                         f"{', '.join(f'{k}: {v}' for k, v in with_strength.items())}")
+    parameter, values = family.strength, entry["values"]
+    if len(set(values)) != len(values):
+        raise ValueError(f"sweeps: {family.name} values={values!r} repeat a value; give each once")
+    base = dict(entry.get("params", {}))
+    if parameter in base:
+        raise ValueError(f"sweeps: {family.name} params set {parameter}={base[parameter]!r}, the "
+                         f"swept parameter; remove it from params (values = {values} sets it)")
+    prefix = entry.get("name", f"{family.name}-{parameter}")
+    # One seed for the whole sweep (by default from its name prefix): the models differ only in
+    # the swept value, so a change along the curve is the strength's, not a new seed's.
+    seed = int(entry.get("seed", default_anomaly_seed(prefix)))
+    sweep_recipe = Recipe.from_dict({**recipe_table, **entry.get("recipe", {})})
+    specs = [ModelSpec(name=safe_name(f"{prefix}{value:g}", f"[[sweeps]] {prefix} model name"),
+                       family=family.name, seed=seed,
+                       params=family.validate_params({**base, parameter: value}),
+                       **{**common, "recipe": sweep_recipe}) for value in values]
+    return Sweep(name=prefix, family=family.name, parameter=parameter,
+                 values=tuple(float(v) for v in values),
+                 models=tuple(s.name for s in specs)), specs
+
+
+def default_anomaly_seed(name: str) -> int:
+    """An anomalous model's seed when its entry gives none: from its name, not its position, so
+    adding, removing or reordering entries never changes (and retrains) the other models."""
+    return derive_seed("anomaly", name) % 1_000_000_000
+
+
+def toml_text(table: dict[str, Any], prefix: str = "") -> str:
+    """A suite table as TOML: values first (a table inside an array as an inline table), then
+    each nested table under its header. Strings are JSON-quoted, which TOML reads the same."""
+    import json
+    lines = [f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in table.items()
+             if not isinstance(v, dict)]
+    for key, value in table.items():
+        if isinstance(value, dict):
+            header = f"{prefix}.{json.dumps(str(key))}" if prefix else json.dumps(str(key))
+            lines += ["", f"[{header}]", toml_text(value, header)]
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    import json
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}"
+                                for k, v in value.items()) + " }"
+    if isinstance(value, (int, float, str)):
+        return json.dumps(value)
+    raise TypeError(f"cannot write {value!r} ({type(value).__name__}) to a suite file")
+
+
+def _overridden(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``_merged``, where a None in ``overrides`` removes the key (TOML has no null)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _overridden(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def write_derived_suite(base: Suite, name: str, overrides: dict[str, Any], path: Path) -> Suite:
+    """A suite file at ``path``: ``base``'s file with its ``extends`` chain resolved, named
+    ``name``, with ``overrides`` on top (tables merge key by key; a None removes a key), loaded.
+    A whole file, not an object in memory, so every work item (a Slurm job included) loads the
+    same suite from its path."""
+    from counteraudit.train.core.artifacts import atomic_write_text
+    table = _overridden({**_read_table(base.path), "name": name}, overrides)
+    text = toml_text({"name": table.pop("name"), **table})
+    atomic_write_text(path, f"# {base.path.name} with changes, written by counteraudit\n{text}\n")
+    return load_suite(path)

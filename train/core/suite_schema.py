@@ -1,0 +1,313 @@
+"""The suite file's schema: every table and key, its type and its range, checked when a suite is read.
+
+A suite file may come from a stranger, and a typo must not silently run a default or fail after
+an hour of training. So before any work, ``train.suite.load_suite`` checks the whole file (its
+``extends`` chain resolved) against ``SuiteTable`` and the plug-in registries, and raises one
+``SuiteFileError`` listing every problem: the table and key, the value given, what it must be,
+the key's meaning and recommended value, and for an unknown key or table the nearest valid name.
+
+Validation is pydantic's (v2), in strict mode on the file's values as JSON. Why pydantic: its
+strict JSON mode has exactly TOML's types (a whole number stays whole: ``count = 2.9`` and
+``epochs = "3"`` are errors, ``lr = 1`` is a number), it reports every error with its location,
+and the ranges and explanations live beside each key (``Field(ge=..., description=...)``) rather
+than in hand-written checks. The dataclasses that hold a suite's settings (``Recipe``, each
+world's config) carry their own ranges the same way; ``dataclass_table`` turns one into a table
+schema, so a key added to a dataclass is checked without touching this file.
+
+The schema checks and never converts: a suite's values go on exactly as written (they are part of
+model keys, where ``2`` and ``2.0`` hash differently).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import typing
+from typing import Annotated, Any
+
+from pydantic import (BaseModel, ConfigDict, Field, StringConstraints, ValidationError,
+                      create_model)
+
+from counteraudit.train.core.registry import nearest
+
+# A name that becomes one path component (a suite's folder, a model's link, an image set's):
+# letters, digits, '.', '_', '-', starting with a letter or digit (so never '..' or a hidden file).
+SAFE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+SAFE_NAME_LENGTH = 100
+SafeName = Annotated[str, StringConstraints(pattern=SAFE_NAME_PATTERN, max_length=SAFE_NAME_LENGTH)]
+SAFE_NAME_RULE = (f"a single folder name of at most {SAFE_NAME_LENGTH} letters, digits, '.', '_' "
+                  "or '-', starting with a letter or digit (no '/', no '..')")
+
+
+class SuiteFileError(ValueError):
+    """A suite file that cannot be run as written; the message names the file, each key and its fix."""
+
+
+class _Table(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ReferencesTable(_Table):
+    count: int = Field(5, ge=2, description=(
+        "reference models to train: the anomaly score's spread needs a pair, and scoring (each "
+        "reference against the others, left out in turn) needs 3 (the paper: 12, the demo: 5)"))
+    seed_start: int = Field(0, ge=0, description="the first reference's seed; the others follow")
+    held_out: int = Field(0, ge=0, description=(
+        "more seeds trained like the references and scored as null models (8 or more make the "
+        "false-positive rate worth reading; 0: none)"))
+
+
+# The fewest references the score stage can use: it scores each reference against the others
+# with that one left out (evaluate/scoring/scores.py), and the spread needs a pair.
+MIN_SCORED_REFERENCES = 3
+
+
+class EvaluateTable(_Table):
+    detection_images: int = Field(50, ge=2, description="m, images explained per model for "
+                                                        "detection (the paper: 50)")
+    localization_images: int = Field(40, ge=2, description="p, abnormal images per localizable "
+                                                           "model (the paper: 40)")
+    seed: int = Field(0, ge=0, description="seed of the image sets' draw")
+
+
+class ExplainTable(_Table):
+    methods: list[str] | None = Field(None, description="explanation methods to run (default: "
+                                                         "every registered method)")
+    batch_sizes: dict[str, Annotated[int, Field(ge=1)]] = Field(
+        default_factory=dict, description="images per batch, by method (default: the method's)")
+    chunk_images: int | None = Field(None, ge=0, description=(
+        "images per work item of the explain stage (0 or absent: one item per model and method; "
+        "16 is a good start on Slurm)"))
+
+
+class DiscoverTable(_Table):
+    auditors: list[str] | None = Field(None, description="failure-discovery auditors to run "
+                                                          "(default: every registered auditor)")
+    seed: int = Field(0, ge=0, description="seed of the auditors' searches")
+    budget: dict[str, Annotated[int, Field(ge=1)]] = Field(
+        default_factory=dict, description="images each auditor may generate, by auditor")
+
+
+class ArchitectureTable(_Table):
+    name: str = Field("small_resnet", description="a registered architecture")
+
+
+class ScheduleSegment(_Table):
+    epochs: int = Field(ge=1, description="epochs trained at this crop size")
+    size: int = Field(ge=1, description="the training crop's side in pixels")
+
+
+class AnomalyEntry(_Table):
+    name: SafeName = Field(description=f"the model's name, {SAFE_NAME_RULE}")
+    family: str = Field(description="a registered anomaly family")
+    params: dict[str, Any] = Field(default_factory=dict, description="the family's parameters")
+    seed: int | None = Field(None, ge=0, description="training seed (default: from the name)")
+    checkpoint: str | None = Field(None, description=(
+        "a weights-only .pth file to load instead of training (train/convert_checkpoint.py "
+        "converts a full pickle you trust)"))
+    recipe: dict[str, Any] = Field(default_factory=dict, description="keys of [recipe] to "
+                                                                      "override for this model")
+    row: str | None = Field(None, description="its Table 1 row (default: its family)")
+
+
+class SweepEntry(_Table):
+    family: str = Field(description="a registered anomaly family with a strength parameter")
+    values: list[float] = Field(min_length=2, description="2 or more strengths, one model each")
+    params: dict[str, Any] = Field(default_factory=dict, description="the family's other "
+                                                                      "parameters")
+    seed: int | None = Field(None, ge=0, description="one seed for the whole sweep (default: "
+                                                     "from its name)")
+    recipe: dict[str, Any] = Field(default_factory=dict, description="keys of [recipe] to "
+                                                                      "override for the sweep")
+    name: SafeName | None = Field(None, description=f"the models' name prefix, {SAFE_NAME_RULE}")
+
+
+class SuiteTable(_Table):
+    """A whole suite file. Plug-in tables (a world's options, a method's, an auditor's, a family's
+    parameters) are checked against their registries by ``train.suite`` once this passes."""
+    name: SafeName = Field(description=f"the suite's name and folder, {SAFE_NAME_RULE}")
+    world: dict[str, Any] = Field(default_factory=dict, description="the world and its options")
+    architecture: ArchitectureTable = Field(default_factory=ArchitectureTable)
+    recipe: dict[str, Any] = Field(default_factory=dict, description="the training recipe")
+    references: ReferencesTable = Field(default_factory=ReferencesTable)
+    anomalies: list[AnomalyEntry] = Field(default_factory=list)
+    sweeps: list[SweepEntry] = Field(default_factory=list)
+    explain: ExplainTable = Field(default_factory=ExplainTable)
+    methods: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
+        "[methods.<name>]: a method's parameters"))
+    evaluate: EvaluateTable = Field(default_factory=EvaluateTable)
+    discover: DiscoverTable = Field(default_factory=DiscoverTable)
+    auditors: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
+        "[auditors.<name>]: an auditor's parameters"))
+    slurm: dict[str, Any] = Field(default_factory=dict, description="executor options "
+                                                                    "(slurm/README.md)")
+
+
+# ---------------------------------------------------------------- dataclasses as tables
+@functools.cache
+def dataclass_table(cls: type, overrides: tuple[tuple[str, Any], ...] = ()) -> type[BaseModel]:
+    """A strict table schema for the dataclass ``cls``: one key per field, its type and the
+    ranges and description its annotation carries (``Annotated[int, Field(ge=1, ...)]``).
+    ``overrides``: (field, annotation) pairs for fields whose file form differs."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    replaced = dict(overrides)
+    definitions = {}
+    for field in dataclasses.fields(cls):
+        default = (field.default if field.default is not dataclasses.MISSING
+                   else field.default_factory() if field.default_factory is not dataclasses.MISSING
+                   else ...)
+        definitions[field.name] = (replaced.get(field.name, hints[field.name]), default)
+    return create_model(f"{cls.__name__}Table", __base__=_Table, **definitions)
+
+
+def check_table(schema: type[BaseModel], table: Any, where: str) -> list[str]:
+    """The problems of ``table`` under ``schema``, each one line naming ``where`` and the key."""
+    try:
+        schema.model_validate_json(json.dumps(table, default=str))
+    except ValidationError as error:
+        problems: dict[tuple, list[dict[str, Any]]] = {}
+        for problem in error.errors():  # one line per key, whichever union members it failed
+            loc = _real_loc(table, problem["loc"], problem["type"] == "missing")
+            problems.setdefault(loc, []).append(problem)
+        # a union member that failed at a table's own level ("must be a list") is noise beside
+        # the member that matched the table's shape and failed at one of its keys
+        deepest = [loc for loc in problems
+                   if not any(other[:len(loc)] == loc and other != loc for other in problems)]
+        return [_describe({**problems[loc][0], "loc": loc, "alternatives": problems[loc]},
+                          schema, table, where) for loc in deepest]
+    return []
+
+
+def _real_loc(table: Any, loc: tuple, missing: bool) -> tuple:
+    """``loc`` without the tags pydantic adds for union members ('int', 'str'): only the parts
+    that index into the file's data (and, for a ``missing`` key, the key that is absent)."""
+    real, node = [], table
+    for position, part in enumerate(loc):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        elif missing and position == len(loc) - 1 and isinstance(node, dict):
+            pass
+        else:
+            continue
+        real.append(part)
+    return tuple(real)
+
+
+def raise_problems(path, problems: list[str]) -> typing.NoReturn:
+    lines = "\n".join(f"  - {problem}" for problem in problems)
+    count = "a problem" if len(problems) == 1 else f"{len(problems)} problems"
+    raise SuiteFileError(f"suite file {path} has {count}; nothing was run:\n{lines}")
+
+
+# ---------------------------------------------------------------- messages
+_EXPECTED = {
+    "int_type": "a whole number", "int_from_float": "a whole number", "float_type": "a number",
+    "bool_type": "true or false", "string_type": "a string in quotes", "list_type": "a list [...]",
+    "dict_type": "a table", "model_type": "a table", "dataclass_type": "a table",
+    "tuple_type": "a list [...]", "model_attributes_type": "a table", "none_required": "absent",
+}
+_BOUNDS = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),
+           "less_than_equal": ("<=", "le"), "less_than": ("<", "lt")}
+
+
+def _location(where: str, loc: tuple) -> str:
+    """('anomalies', 2, 'seed') -> '[[anomalies]] entry 3, seed'; ('recipe', 'epochs') ->
+    '[recipe] epochs'; within ``where`` (a table's own header) the key alone."""
+    parts, text = list(loc), where
+    while parts:
+        part = parts.pop(0)
+        if isinstance(part, int):
+            text = f"{text} entry {part + 1}" if text else f"entry {part + 1}"
+        elif not text:
+            is_array = parts and isinstance(parts[0], int)
+            text = f"[[{part}]]" if is_array else f"[{part}]" if parts else str(part)
+        else:
+            text = f"{text}, {part}" if text.endswith(tuple("0123456789")) else f"{text} {part}"
+    return text
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        text = json.dumps(value, default=str)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return repr(value)
+
+
+def _field_info(schema: type[BaseModel], loc: tuple):
+    """The pydantic FieldInfo at ``loc`` (None where the path leaves declared fields)."""
+    model, info = schema, None
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue
+        info = model.model_fields.get(part)
+        if info is None:
+            return None
+        model = _nested_model(info.annotation)
+    return info
+
+
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The table model inside an annotation (``X``, ``list[X]``, ``X | None``), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in typing.get_args(annotation):
+        inner = _nested_model(argument)
+        if inner is not None:
+            return inner
+    return None
+
+
+def _siblings(schema: type[BaseModel], loc: tuple) -> list[str]:
+    """The valid keys of the table that holds ``loc``'s last key."""
+    parent = loc[:-1]
+    while parent and isinstance(parent[-1], int):
+        parent = parent[:-1]
+    if not parent:
+        return list(schema.model_fields)
+    info = _field_info(schema, parent)
+    model = _nested_model(info.annotation) if info is not None else None
+    return list(model.model_fields) if model is not None else []
+
+
+def _describe(problem: dict[str, Any], schema: type[BaseModel], table: Any, where: str) -> str:
+    loc = tuple(part for part in problem["loc"]
+                if not (isinstance(part, str) and part.startswith(("function-", "json-"))))
+    kind, key = problem["type"], _location(where, loc)
+    if kind == "extra_forbidden":
+        valid = [key for key in _siblings(schema, loc) if key != "name" or len(loc) > 1]
+        name = loc[-1]
+        is_table = isinstance(problem.get("input"), dict) and not where and len(loc) == 1
+        what = f"unknown table [{name}]" if is_table else f"{key}: unknown key"
+        return (f"{what}{nearest(name, valid)}; valid {'tables' if is_table else 'keys'}: "
+                f"{', '.join(valid)}")
+    if kind == "missing":
+        info = _field_info(schema, loc)
+        meaning = f" ({info.description})" if info is not None and info.description else ""
+        return f"{key} is missing; add it{meaning}"
+    value = problem.get("input")
+    info = _field_info(schema, loc)
+    meaning = f"; {loc[-1]}: {info.description}" if info is not None and info.description else ""
+    if kind in _BOUNDS:
+        sign, bound = _BOUNDS[kind][0], problem["ctx"][_BOUNDS[kind][1]]
+        return f"{key} = {_value_text(value)} must be {sign} {bound}{meaning}"
+    if kind == "string_pattern_mismatch" or (kind == "string_too_long"
+                                               and info is not None and "name" in str(loc[-1])):
+        return f"{key} = {_value_text(value)} is not {SAFE_NAME_RULE}"
+    if kind == "too_short":
+        return (f"{key} = {_value_text(value)} must hold at least {problem['ctx']['min_length']} "
+                f"items{meaning}")
+    if kind == "too_long":
+        return (f"{key} = {_value_text(value)} must hold at most {problem['ctx']['max_length']} "
+                f"items{meaning}")
+    expected = " or ".join(dict.fromkeys(_EXPECTED.get(p["type"], p["msg"].lower())
+                                         for p in problem.get("alternatives", [problem])))
+    given = type(value).__name__
+    given = {"str": "a string", "int": "a whole number", "float": "a number with a fraction",
+             "bool": "true or false", "list": "a list", "dict": "a table"}.get(given, given)
+    return f"{key} = {_value_text(value)} must be {expected}, not {given}{meaning}"
