@@ -31,7 +31,7 @@ def run_sleeping_stage(folder: str, pool: str) -> None:
         from counteraudit.slurm.executor import ExecutorConfig, run_items
         run_items(sleeping_item, [folder] * ITEMS, ExecutorConfig(local_jobs=JOBS), "sleep")
     else:
-        from counteraudit.train.worlds.synthetic import map_in_processes
+        from counteraudit.train.worlds.synthetic_images import map_in_processes
         map_in_processes(sleeping_item, [folder] * ITEMS, workers=JOBS)
 
 

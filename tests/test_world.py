@@ -3,8 +3,9 @@ import numpy as np
 import pytest
 
 from counteraudit.train.worlds import build_world
-from counteraudit.train.worlds.synthetic import (CLASS_NAMES, HARMONICA, SyntheticConfig,
-                                                 SyntheticWorld, generate, render)
+from counteraudit.train.worlds.synthetic import SyntheticWorld
+from counteraudit.train.worlds.synthetic_images import (CLASS_NAMES, HARMONICA, SyntheticConfig, generate,
+                                                        render)
 
 CFG = SyntheticConfig(seed=5, image_size=48, num_train=200, num_val=120)
 

@@ -47,7 +47,7 @@ def cpu_name() -> str:
 def main(args: argparse.Namespace) -> None:
     from counteraudit.train.core.suite import load_suite
     from counteraudit.train.worlds import build_world
-    from counteraudit.train.worlds.synthetic import generate
+    from counteraudit.train.worlds.synthetic_images import generate
     suite = load_suite(args.suite)
     with tempfile.TemporaryDirectory() as runs:
         world = build_world(suite.world, runs_root=runs)

@@ -112,7 +112,7 @@ def compare_selections(table: dict[str, Any], world, auditor, runs_root,
     from counteraudit.evaluate.discovery.auditors.twise import cached_covering_array
     from counteraudit.evaluate.discovery.selection import SELECTIONS, NwiseSelection, describe_selections
     from counteraudit.train.core.artifacts import atomic_write_json, read_marker
-    from counteraudit.train.worlds.synthetic import map_in_processes
+    from counteraudit.train.worlds.synthetic_images import map_in_processes
     key = {"table": table["key"], "selections": describe_selections(), "seeds": seeds,
            "fraction": COMPARE_FRACTION, "spearman_every": SPEARMAN_EVERY, "version": VERSION}
     path = store_dir(runs_root) / COMPARISON / f"{stable_hash(key, length=16)}.json"
