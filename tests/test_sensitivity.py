@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from counteraudit.evaluate.studies.protocol_choices import PROTOCOL_CHOICES
-from counteraudit.evaluate.sensitivity import compare, plan_variants, Variant
+from counteraudit.evaluate.studies.sensitivity import Variant, compare, plan_variants
 from counteraudit.explain.base import METHODS, build_method
 from counteraudit.explain.stage import method_params, suite_methods
 from counteraudit.train.core.registry import UnknownNameError

@@ -7,7 +7,7 @@ from typing import Callable
 
 import pandas as pd
 
-from counteraudit.evaluate.sensitivity import CHANGED, side_by_side
+from counteraudit.evaluate.studies.sensitivity import CHANGED, side_by_side
 
 SECTION_ID = "sensitivity"
 TITLE = "Sensitivity to protocol choices"
