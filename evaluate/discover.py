@@ -47,7 +47,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace) -> dict:
     from counteraudit.evaluate.discovery.tables import discovery_tables
-    from counteraudit.evaluate.scoring.stage import write_tables
+    from counteraudit.evaluate.reporting.tables import write_tables
     from counteraudit.evaluate.reporting.tables import to_markdown
     from counteraudit.evaluate.discovery.stage import discover_suite, load_suite_findings, suite_auditors
     from counteraudit.train.core.suite import load_suite

@@ -54,7 +54,8 @@ def suite_dose_tables(suite, methods, distance, distance_name, runs_root=None, a
 
 def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
     from counteraudit.evaluate.studies.dose_response import sweep_table, threshold_text
-    from counteraudit.evaluate.scoring.stage import prepare, write_tables
+    from counteraudit.evaluate.scoring.stage import prepare
+    from counteraudit.evaluate.reporting.tables import write_tables
     from counteraudit.evaluate.reporting.tables import to_markdown
     suite, methods, distance, distance_name, note = prepare(args)
     if getattr(args, "dry_run", False):

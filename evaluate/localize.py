@@ -29,7 +29,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict:
-    from counteraudit.evaluate.scoring.stage import localization_scores, localization_tables, prepare, write_tables
+    from counteraudit.evaluate.scoring.stage import localization_scores, localization_tables, prepare
+    from counteraudit.evaluate.reporting.tables import write_tables
     from counteraudit.evaluate.reporting.tables import to_markdown
     suite, methods, distance, distance_name, note = prepare(args)
     if getattr(args, "dry_run", False):

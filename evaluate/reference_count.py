@@ -167,7 +167,7 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
                           detection_by_n=pd.concat(detected, ignore_index=True) if detected else None,
                           localization_by_n=pd.DataFrame(located) if located else None, rng=rng)
     print_power(tables, suite, args)
-    from counteraudit.evaluate.scoring.stage import write_tables
+    from counteraudit.evaluate.reporting.tables import write_tables
     tables = {"localization-by-n": table, **tables}
     # runs/<suite>/tables/power-*: the report's power section reads them
     write_tables(suite, {f"power-{name}-{distance_name}": frame for name, frame in tables.items()},

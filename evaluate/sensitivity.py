@@ -47,7 +47,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
     from counteraudit.evaluate.scoring.baseline import BASELINE
-    from counteraudit.evaluate.scoring.stage import describe_distance, prepare, write_tables
+    from counteraudit.evaluate.scoring.stage import describe_distance, prepare
+    from counteraudit.evaluate.reporting.tables import write_tables
     from counteraudit.evaluate.reporting.tables import to_markdown
     suite, methods, distance, distance_name, note = prepare(args)
     variants, skipped = plan_variants(suite, methods, args.choice, args.runs_dir)

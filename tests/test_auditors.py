@@ -313,7 +313,8 @@ def test_discover_prints_tables_3_and_4(trained, capsys):
 
 
 def test_report_section_shows_top_subgroups_with_examples_that_satisfy_them(trained):
-    from counteraudit.evaluate.report import html_table, stored_discovery
+    from counteraudit.evaluate.report import stored_discovery
+    from counteraudit.evaluate.reporting.html import html_table
     from counteraudit.evaluate.reporting.discovery import (EXAMPLES_PER_SUBGROUP, TOP_SUBGROUPS,
                                                         discovery_section, example_images)
     from counteraudit.train.core.suite import load_suite

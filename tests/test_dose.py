@@ -164,7 +164,7 @@ def test_a_sweep_without_localization_has_no_localization_threshold_and_a_missin
 
 
 def test_the_report_panel_draws_each_curve_once_per_method():
-    from counteraudit.evaluate.report import html_table
+    from counteraudit.evaluate.reporting.html import html_table
     from counteraudit.evaluate.reporting.dose import dose_section
     dose = dose_table(*constructed({"a": [0.9, 1.2, 1.5], "b": [1.1, 0.95, 1.3]},
                                    {"a": [(0.6, 0.45, 0.75)] * 3, "b": [(0.5, 0.3, 0.7)] * 3}))

@@ -111,7 +111,7 @@ def test_needs_table_names_each_methods_smallest_counts():
 
 def test_the_report_power_section_reads_the_tables_reference_count_wrote(tmp_path):
     from counteraudit.evaluate.reporting.power import power_section
-    from counteraudit.evaluate.report import html_table
+    from counteraudit.evaluate.reporting.html import html_table
     assert "python evaluate/reference_count.py adds" in power_section(tmp_path, "l2", html_table)
     by_n = pd.DataFrame({"method": ["a", "a", "b", "b"], "model": "x", "n": [3, 4, 3, 4],
                          "fraction_detected": [0.5, 1.0, 0.0, 0.25]})

@@ -122,7 +122,6 @@ def print_power(tables: dict[str, pd.DataFrame], suite, args: argparse.Namespace
 def power_section(tables_dir, distance_name: str, html_table) -> str:
     """The report's power section from the power-* tables evaluate/reference_count.py wrote, or
     a line saying how to make them."""
-    from html import escape
     from pathlib import Path
     from counteraudit.evaluate.reporting.svg import Series, line_plot
     def read(name):

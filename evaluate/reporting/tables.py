@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from counteraudit.evaluate.scoring.stage import TABLES
 from counteraudit.train.core.artifacts import atomic_write_text
 
 FORMATS = ("md", "csv", "tex")
@@ -107,3 +108,11 @@ def write_table(frame: pd.DataFrame, path_stem: str | Path, formats: Sequence[st
                  "csv": lambda: to_csv(frame),
                  "tex": lambda: to_latex(frame, float_format, caption=caption, label=label)}
     return [atomic_write_text(stem.with_name(f"{stem.name}.{fmt}"), renderers[fmt]()) for fmt in formats]
+
+
+def write_tables(suite, tables: dict[str, pd.DataFrame], runs_root=None) -> list[Path]:
+    """Every table of a stage under <runs>/<suite>/tables/<name>.{md,csv,tex}."""
+    written = []
+    for name, frame in tables.items():
+        written += write_table(frame, suite.root(runs_root) / TABLES / name)
+    return written

@@ -268,14 +268,6 @@ def _stage(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
-def write_tables(suite: Suite, tables: dict[str, pd.DataFrame], runs_root=None) -> list[Path]:
-    from counteraudit.evaluate.reporting.tables import write_table
-    written = []
-    for name, frame in tables.items():
-        written += write_table(frame, suite.root(runs_root) / TABLES / name)
-    return written
-
-
 def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str) -> dict[str, pd.DataFrame]:
     """Table 1 (families in registry order, stark first), the per-model detection table and the
     per-layer rows of layered methods, keyed by the file names ``write_tables`` gives them."""

@@ -1,0 +1,131 @@
+"""The report's detection sections: Table 1 and its per-model and per-layer tables, the detection
+examples (each anomalous model's median image beside a reference's), and the Abar strip plots."""
+from __future__ import annotations
+
+from html import escape
+
+from counteraudit.evaluate.reporting.html import fmt, html_table, is_detected, median_image
+
+
+def detection_section(report) -> str:
+    summary, per_model = report.table("detection"), report.table("detection-per-model")
+    per_layer = report.table("detection-per-layer")
+    where = f"{report.distance_name}; {len(report.references)} references"
+    parts = ['<section id="detection"><h2>Detection (Table 1)</h2>',
+             html_table(summary, caption=f"Table 1: fraction of each family's models detected ({where})"),
+             '<p class="note">E detects f when Abar(f, E), the mean anomaly score over the detection '
+             "images, exceeds every reference's own leave-one-out Abar. Margin = Abar(f) / max_i Abar(g_i) "
+             "(above 1 means detected); p = rank p-value.</p>"]
+    intervals = report.tables.get(f"detection-intervals-{report.distance_name}")
+    if intervals is not None and (intervals["n_models"] >= 2).any():
+        parts.append(html_table(intervals, caption=(
+            f"Table 1 with exact (Clopper-Pearson) 95% intervals for families of two models or "
+            f"more ({where})")))
+    ratios = report.tables.get(f"detection-vs-outputs-{report.distance_name}")
+    if ratios is not None:
+        parts.append(html_table(ratios, float_format="{:.2f}", caption=(
+            f"Against the outputs-only control: margin(method) / margin(outputs_only) per "
+            f"anomalous model (above 1: the explanation sets the model further from the "
+            f"references than the outputs do; {where})")))
+    nulls = report.tables.get(f"detection-null-{report.distance_name}")
+    if nulls is not None:
+        parts.append(html_table(nulls, caption=(
+            f"Null row: held-out references scored as if anomalous; the fraction flagged is "
+            f"the rule's empirical false-positive rate (exact 95% interval), beside 1/(n+1) "
+            f"({where})")))
+    anomalous = per_model[per_model["role"] != "reference"]
+    if not anomalous.empty:
+        wide = anomalous.pivot_table(index=["family", "model"], columns="method", values="margin",
+                                     sort=False).reset_index()
+        wide.columns.name = None
+        parts.append(html_table(wide, float_format="{:.2f}", caption=f"Margin per anomalous model ({where})"))
+    parts.append("<details><summary>Per-model detection table (every model, every method)</summary>"
+                 + html_table(per_model, caption=f"Per-model detection ({where})") + "</details>")
+    for method in dict.fromkeys(per_layer["method"]):
+        rows = per_layer[(per_layer["method"] == method) & (per_layer["role"] != "reference")]
+        if rows.empty:
+            continue
+        wide = rows.pivot_table(index=["family", "model"], columns="layer", values="margin",
+                                sort=False).reset_index()
+        wide.columns.name = None
+        parts.append(html_table(wide, float_format="{:.2f}",
+                                caption=f"{method}: margin per layer ({where})"))
+        parts.append(f"<details><summary>{escape(method)}: per-layer detection table</summary>"
+                     + html_table(per_layer[per_layer["method"] == method],
+                                  caption=f"{method} per layer ({where})") + "</details>")
+    return "\n".join(parts) + "</section>"
+
+
+def detection_examples(report) -> str:
+    from counteraudit.anomalies.image_sets import DETECTION
+    reference = report.references[0]
+    per_model = report.table("detection-per-model")
+    parts = ['<section id="detection-examples"><h2>Detection examples</h2>',
+             f'<p class="note">For each method and anomalous model: the detection image on which the '
+             f"model's anomaly score is the median of its {len(report.image_sets[DETECTION].images)}, "
+             f"reference {escape(reference)}'s visualization of it and the model's, with their anomaly "
+             "scores A on that image (the reference scored leave-one-out). Abar and margin are the "
+             "model's over all images.</p>"]
+    for method in report.methods:
+        layer = report.shown_layer(method)
+        rows = []
+        for spec in report.anomalies:
+            scores = report.image_scores(report.detection, method, layer, spec.name)
+            position = median_image(scores)
+            if position is None:
+                continue
+            reference_score = report.image_scores(report.detection, method, layer, reference).get(position)
+            verdict = per_model[(per_model["method"] == method) & (per_model["model"] == spec.name)]
+            summary = ""
+            if not verdict.empty:
+                v = verdict.iloc[0]
+                summary = (f"<br>Abar {fmt(v['abar'])}, margin {fmt(v['margin'])}<br>"
+                           + ('<span class="fail">detected</span>' if is_detected(v["detected"])
+                              else "not detected"))
+            reference_figure = report.figure(
+                report.visualization(method, reference, DETECTION, position),
+                f"{method} {reference} image {position}", f"{escape(reference)}<br>A = {fmt(reference_score)}")
+            model_figure = report.figure(
+                report.visualization(method, spec.name, DETECTION, position),
+                f"{method} {spec.name} image {position}",
+                f"<b>{escape(spec.name)}</b><br>A = {fmt(scores.get(position))}")
+            rows.append(f"<tr><th>{escape(spec.name)}<br><small>{escape(spec.family)}</small>{summary}</th>"
+                        f"<td>{report.input_figure(DETECTION, position, 'input')}</td>"
+                        f"<td>{reference_figure}</td><td>{model_figure}</td></tr>")
+        title = method + (f" (layer {layer})" if layer else "")
+        parts.append(f"<h3>{escape(title)}</h3><table class=\"examples\"><thead><tr><th>model</th><th>input</th>"
+                     f"<th>reference</th><th>anomalous model</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
+    return "\n".join(parts) + "</section>"
+
+
+def distributions(report) -> str:
+    from counteraudit.evaluate.reporting.svg import ANOMALOUS_COLOR, MISSED_COLOR, REFERENCE_COLOR, StripRow, strip_plot
+    per_model = report.table("detection-per-model")
+    plots = []
+    for method in report.methods:
+        rows = per_model[per_model["method"] == method]
+        references = rows[rows["role"] == "reference"]
+        strips = [StripRow("references", references["abar"].tolist(), REFERENCE_COLOR,
+                           [f"{m}: Abar {a:.4g}" for m, a in zip(references["model"], references["abar"])])]
+        nulls = rows[rows["role"] == "null"]
+        if not nulls.empty:  # the rule's null distribution: held-out references
+            flagged = int(nulls["detected"].map(is_detected).sum())
+            strips.append(StripRow(f"held-out references ({flagged}/{len(nulls)} flagged)",
+                                   nulls["abar"].tolist(), REFERENCE_COLOR,
+                                   [f"{m}: Abar {a:.4g}, margin {fmt(g)}" for m, a, g in
+                                    zip(nulls["model"], nulls["abar"], nulls["margin"])]))
+        for record in rows[rows["role"] == "anomalous"].to_dict("records"):
+            detected = is_detected(record["detected"])
+            strips.append(StripRow(record["model"], [record["abar"]],
+                                   ANOMALOUS_COLOR if detected else MISSED_COLOR,
+                                   [f"{record['model']} ({record['family']}): Abar {record['abar']:.4g}, "
+                                    f"margin {fmt(record['margin'])}, {'detected' if detected else 'not detected'}"]))
+        threshold = references["abar"].max() if not references.empty else None
+        plots.append(strip_plot(strips, x_label="Abar (mean anomaly score)", threshold=threshold,
+                                threshold_label="max reference Abar", title=method))
+    return ('<section id="distributions"><h2>Score distributions</h2>'
+            f'<p class="note">Per method: each model\'s mean anomaly score Abar over the detection images '
+            f"({report.distance_name}; layered methods: mean over layers). Grey: references (each scored "
+            "leave-one-out); red: detected anomalous model; blue: missed. Dashed: the highest reference "
+            'Abar, the detection threshold. Hover a point for its value.</p><div class="plots">'
+            + "".join(plots) + "</div></section>")

@@ -1,0 +1,171 @@
+"""The report as one HTML page: what it shows (a Report of one suite's results), its header, and
+the sections in order, each written by its own module in this folder."""
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+# the section modules, named apart from the Report fields of the same names
+from counteraudit.evaluate.reporting import detection as detection_sections
+from counteraudit.evaluate.reporting import implants as implant_sections
+from counteraudit.evaluate.reporting import localization as localization_sections
+from counteraudit.evaluate.reporting.html import SCRIPT, STYLE, html_table, png_data_uri
+from counteraudit.evaluate.reporting.sensitivity import SECTION_ID as SENSITIVITY_ID
+from counteraudit.evaluate.reporting.sensitivity import TITLE as SENSITIVITY_TITLE
+
+DEFAULT_EXAMPLES = 1     # normal and abnormal inputs shown per localizable model
+DEFAULT_IMAGE_SIDE = 128  # embedded images are downscaled to at most this many pixels a side
+
+
+class Report:
+    def __init__(self, *, suite, methods: list[str], distance_name: str, note: str | None,
+                 detection: pd.DataFrame, localization: pd.DataFrame | None,
+                 tables: dict[str, pd.DataFrame], implants: dict[str, dict | None], image_sets: dict,
+                 runs_root=None, examples: int = DEFAULT_EXAMPLES, image_side: int = DEFAULT_IMAGE_SIDE,
+                 discovery=None, sensitivity: dict[str, pd.DataFrame] | None = None):
+        from counteraudit.anomalies.image_sets import localizable
+        from counteraudit.evaluate.scoring.detection import with_layer_column
+        self.suite, self.methods, self.distance_name, self.note = suite, methods, distance_name, note
+        self.detection = with_layer_column(detection)
+        self.localization = with_layer_column(localization) if localization is not None else None
+        self.tables, self.implants, self.image_sets = tables, implants, image_sets
+        self.runs_root, self.examples, self.image_side = runs_root, examples, image_side
+        self.references = [s.name for s in suite.references]
+        self.anomalies = list(suite.anomalies)
+        self.localizable = list(localizable(suite)) if localization is not None else []
+        self.discovery = discovery  # (findings, tables, world) or None
+        self.sensitivity = sensitivity  # evaluate/sensitivity.py's tables, or None
+        self._explanations: dict[tuple[str, str, str], Any] = {}
+        self.image_count = 0
+
+    # ---- data access
+    def table(self, name: str) -> pd.DataFrame:
+        return self.tables[f"{name}-{self.distance_name}"]
+
+    def explanation(self, method: str, model: str, image_set: str):
+        from counteraudit.explain.stage import load_results
+        key = (method, model, image_set)
+        if key not in self._explanations:
+            self._explanations[key] = load_results(self.suite, method, [model], image_set, self.runs_root)[model]
+        return self._explanations[key]
+
+    def shown_layer(self, method: str) -> str:
+        """The layer whose images the examples show: the first of a layered method, else ''."""
+        from counteraudit.evaluate.scoring.detection import NO_LAYER
+        layers = self.explanation(method, self.references[0], "detection").layers
+        return str(layers[0]) if layers else NO_LAYER
+
+    def visualization(self, method: str, model: str, image_set: str, position: int) -> np.ndarray:
+        result = self.explanation(method, model, image_set)
+        images = result.images[0] if result.layers is not None else result.images
+        return images[position]
+
+    @staticmethod
+    def image_scores(frame: pd.DataFrame, method: str, layer: str, model: str, **where) -> pd.Series:
+        """image -> score of one model, method and layer (optionally more column filters)."""
+        mask = (frame["method"] == method) & (frame["layer"] == layer) & (frame["model"] == model)
+        for column, value in where.items():
+            mask &= frame[column] == value
+        return frame[mask].set_index("image")["score"]
+
+    # ---- pieces of HTML
+    def figure(self, image: np.ndarray, alt: str, caption: str, display: int = 112) -> str:
+        uri, width, height = png_data_uri(image, self.image_side)
+        self.image_count += 1
+        scale = display / max(width, height)
+        return (f'<figure><img class="viz" src="{uri}" alt="{escape(alt)}" title="{escape(alt)}" '
+                f'width="{round(width * scale)}" height="{round(height * scale)}">'
+                f"<figcaption>{caption}</figcaption></figure>")
+
+    def input_figure(self, set_name: str, position: int, what: str) -> str:
+        image_set = self.image_sets[set_name]
+        label = int(image_set.labels[position])
+        caption = f"{escape(what)}<br>{escape(set_name)} #{position}, class {label}"
+        return self.figure(image_set.images[position], f"{what}: {set_name} image {position}", caption)
+
+    def html(self) -> str:
+        sections = [self.header(),
+                    detection_sections.detection_section(self),
+                    localization_sections.localization_section(self),
+                    implant_sections.implant_section(self),
+                    detection_sections.detection_examples(self),
+                    localization_sections.localization_examples(self),
+                    detection_sections.distributions(self),
+                    localization_sections.roc_section(self),
+                    self.dose_section(), self.power_section(), self.sensitivity_section(),
+                    self.discovery_section()]
+        title = f"counteraudit report: {self.suite.name}"
+        return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+                f"<title>{escape(title)}</title>\n<script>{SCRIPT}</script>\n<style>{STYLE}</style></head>\n"
+                '<body data-images-loaded="pending" data-errors="pending">\n'
+                + "\n".join(s for s in sections if s) + "\n</body></html>\n")
+
+    def header(self) -> str:
+        from counteraudit.anomalies.image_sets import set_sizes
+        m, p = set_sizes(self.suite)
+        failed = [name for name, r in self.implants.items() if r is not None and not r["passed"]]
+        unchecked = [name for name, r in self.implants.items() if r is None]
+        lines = [f"<h1>{escape(f'counteraudit report: suite {self.suite.name}')}</h1>",
+                 '<p id="distance"><b>Distance:</b> ' + escape(self.distance_name)
+                 + (f' <span class="warn">({escape(self.note)})</span>' if self.note else "") + "</p>",
+                 f"<p><b>Models:</b> {len(self.suite.models)} ({len(self.references)} references, "
+                 f"{len(self.anomalies)} anomalous, {len(self.localizable)} of them localizable). "
+                 f"<b>Methods:</b> {escape(', '.join(self.methods))}. <b>Images:</b> m = {m} detection, "
+                 f"p = {p} normal + {p} abnormal per localizable model.</p>",
+                 '<p class="note">Example images of layered methods (Caricatures) show their first layer only, '
+                 "with that layer's scores; tables and plots use the overall score (mean over layers).</p>"]
+        if failed:
+            lines.append(f'<p class="warn">IMPLANT FAILED for {len(failed)} model(s): {escape(", ".join(failed))}. '
+                         "Their defect did not take, so they are not counter-audits.</p>")
+        if unchecked:
+            lines.append(f'<p class="warn">No implant check recorded for: {escape(", ".join(unchecked))}.</p>')
+        entries = [("detection", "Detection (Table 1)"), ("localization", "Localization (Table 2)"),
+                   ("implants", "Implant verification"), ("detection-examples", "Detection examples"),
+                   ("localization-examples", "Localization examples"),
+                   ("distributions", "Score distributions"), ("roc", "ROC curves")]
+        if self.suite.sweeps:
+            entries.append(("dose", "Dose-response"))
+        entries.append(("power", "Power"))
+        entries.append((SENSITIVITY_ID, SENSITIVITY_TITLE))
+        if self.discovery is not None:
+            entries.append(("discovery", "Failure discovery (Tables 3 and 4)"))
+        if not self.localizable:
+            entries = [e for e in entries if e[0] not in ("localization", "localization-examples", "roc")]
+        lines.append("<nav><ul>" + "".join(f'<li><a href="#{i}">{escape(t)}</a></li>' for i, t in entries)
+                     + "</ul></nav>")
+        return "<header>" + "\n".join(lines) + "</header>"
+
+    def sensitivity_section(self) -> str:
+        from counteraudit.evaluate.reporting.sensitivity import sensitivity_section
+        return sensitivity_section(self.sensitivity, html_table)
+
+    def power_section(self) -> str:
+        from counteraudit.evaluate.reporting.power import power_section
+        from counteraudit.evaluate.scoring.stage import TABLES
+        return power_section(self.suite.root(self.runs_root) / TABLES, self.distance_name, html_table)
+
+    def dose_section(self) -> str:
+        name = f"dose-{self.distance_name}"
+        if name not in self.tables:
+            return ""
+        from counteraudit.evaluate.reporting.dose import dose_section
+        return dose_section(self.tables[name], self.table("dose-thresholds"), html_table)
+
+    def discovery_section(self) -> str:
+        if self.discovery is None:
+            return ('<p class="note">No failure-discovery findings for this suite yet: '
+                    "python evaluate/discover.py adds Tables 3 and 4 and their section.</p>")
+        from counteraudit.evaluate.reporting.discovery import discovery_section
+        results, tables, world = self.discovery
+        return discovery_section(results, tables, world, self.figure, html_table)
+
+    def example_positions(self, spec) -> tuple[list[int], list[int]]:
+        """The first ``examples`` normal (detection-set) and abnormal positions of one model."""
+        frame = self.localization
+        rows = frame[(frame["model"] == spec.name) & (frame["method"] == self.methods[0])]
+        normal = sorted(set(rows.loc[~rows["abnormal"].astype(bool), "image"].astype(int)))[:self.examples]
+        abnormal = sorted(set(rows.loc[rows["abnormal"].astype(bool), "image"].astype(int)))[:self.examples]
+        return normal, abnormal
