@@ -13,7 +13,7 @@ import torch
 from counteraudit.evaluate.discovery.auditors import AUDITORS, BudgetError, build_auditor
 from counteraudit.evaluate.discovery.auditors.base import median_interval
 from counteraudit.evaluate.discovery.auditors.error_ratio import error_ratios, one_hot
-from counteraudit.evaluate.discovery.auditors.twise import covering_array
+from counteraudit.evaluate.discovery.covering_arrays import covering_array
 from counteraudit.train.architectures import build_model
 from counteraudit.train.worlds import synthetic_factors
 from counteraudit.train.worlds.synthetic import SyntheticConfig, SyntheticWorld

@@ -74,7 +74,7 @@ def test_bo_finds_the_planted_worst_subdomain_within_its_budget():
 
 
 def test_nwise_starts_with_the_rows_of_a_pairwise_covering_array():
-    from counteraudit.evaluate.discovery.auditors.twise import covering_array
+    from counteraudit.evaluate.discovery.covering_arrays import covering_array
     subdomains, rates = toy_objective()
     rows = covering_array(TOY_GRID, 2, seed=3)
     state = search(subdomains, lambda i: rates[i], "nwise", 10 + len(rows), seed=3)

@@ -109,7 +109,7 @@ def _one_search(job) -> dict[str, Any]:
 def compare_selections(table: dict[str, Any], world, auditor, runs_root,
                        seeds: int = SEEDS) -> list[dict[str, Any]]:
     """Every selection function over ``seeds`` search seeds on one reference (stored)."""
-    from counteraudit.evaluate.discovery.auditors.twise import cached_covering_array
+    from counteraudit.evaluate.discovery.covering_arrays import cached_covering_array
     from counteraudit.evaluate.discovery.selection import SELECTIONS, NwiseSelection, describe_selections
     from counteraudit.train.core.artifacts import atomic_write_json, read_marker
     from counteraudit.train.worlds.synthetic_images import map_in_processes

@@ -85,7 +85,7 @@ class Subdomains:
     def covering(self, t: int, seed: int) -> list[dict[str, str]]:
         if self._covering is not None:
             return self._covering(t, seed)
-        from counteraudit.evaluate.discovery.auditors.twise import covering_array
+        from counteraudit.evaluate.discovery.covering_arrays import covering_array
         return covering_array(self.grid, t, seed, self.feasible)
 
 

@@ -75,7 +75,7 @@ class SurrogateSearch(Auditor):
 
     def subdomains(self, world):
         """The grid's feasible subdomains (built once per world)."""
-        from counteraudit.evaluate.discovery.auditors.twise import cached_covering_array
+        from counteraudit.evaluate.discovery.covering_arrays import cached_covering_array
         from counteraudit.evaluate.discovery.selection import Subdomains
         memo = getattr(self, "_subdomains", None)
         if memo is None or memo[0] is not world:
