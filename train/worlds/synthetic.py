@@ -416,7 +416,7 @@ class InMemorySplit(Split):
         return InMemorySplit(images, self._labels, self.annotations, self.hflip)
 
 
-@WORLDS.register("synthetic")
+@WORLDS.register
 class SyntheticWorld(World):
     name = "synthetic"
     config_class = SyntheticConfig

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from counteraudit.evaluate.discovery.auditors.base import (Auditor, BudgetError, Finding, conditions_key,
-                                                median_interval, register_auditor)
+from counteraudit.evaluate.discovery.auditors.base import (AUDITORS, Auditor, BudgetError, Finding,
+                                                           conditions_key, median_interval)
 
 SYSTEMATIC_ERROR = "systematic_error"
 MISCLASSIFICATION = "misclassification"
@@ -100,7 +100,7 @@ def uncovered(rows: list[dict[str, str]], grid: dict[str, list[str]], t: int,
     return missing
 
 
-@register_auditor
+@AUDITORS.register
 class Twise(Auditor):
     name = "twise"
     Params = TwiseParams
