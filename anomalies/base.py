@@ -12,23 +12,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from counteraudit.train.core.registry import Registry
+from counteraudit.train.core.registries import FAMILIES, strength_families
 from counteraudit.train.core.suite_schema import check_table, dataclass_table
 
-FAMILIES: Registry[type["AnomalyFamily"]] = Registry("anomaly family")
+__all__ = ["FAMILIES", "NOT_EXPRESSIBLE", "AnomalyFamily", "NoParams", "Verdict", "strength_families"]
 
 # ``planted_slice`` of a family whose cue (a trigger, a drawn index) is not a factor of the world.
 NOT_EXPRESSIBLE = "not expressible"
-
-
-def register_family(cls: type["AnomalyFamily"]) -> type["AnomalyFamily"]:
-    return FAMILIES.register(cls.name)(cls)
-
-
-def strength_families() -> dict[str, str]:
-    """family name -> its strength parameter, for every registered family that has one."""
-    return {name: FAMILIES.get(name).strength for name in FAMILIES
-            if FAMILIES.get(name).strength is not None}
 
 
 @dataclass(frozen=True)

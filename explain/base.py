@@ -12,8 +12,9 @@ hook-safe (explain/explainable.py), takes the target class (the model's own top 
 c_max = argmax_c f_c(x), as the paper; or, with ``explained_class = "label"`` for methods whose
 parameters derive from ``TargetParams``, the image's true label), runs batches under a seeded RNG
 (same seed, same bits), and assembles an ``Explanation``. Attribution methods render their raw
-output with a renderer named in their parameters (explain/renderers/). Register a method with ``@register_method``; ``explain/__init__.py`` imports
-every module of ``explain/methods/``, so a new method is one new file there.
+output with a renderer named in their parameters (explain/renderers/). Register a method with
+``@METHODS.register``; ``METHODS`` imports every module of ``explain/methods/`` on first lookup, so
+a new method is one new file there.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from counteraudit.explain.params import NoParams, added, parse_params, recorded_
 from counteraudit.explain.render import RENDERER_VERSION
 from counteraudit.explain.renderers import ATTRIBUTIONS, CAMS, Renderer, build_renderer
 from counteraudit.train.core.artifacts import derive_seed
-from counteraudit.train.core.registry import Registry
+from counteraudit.train.core.registries import ARCHITECTURES, METHODS
 
 
 # ---------------------------------------------------------------- results
@@ -126,16 +127,6 @@ class SaliencyParams(TargetParams):
 
 
 # ---------------------------------------------------------------- registry
-METHODS: Registry[type["ExplanationMethod"]] = Registry("method")
-
-
-def register_method(cls: type["ExplanationMethod"]) -> type["ExplanationMethod"]:
-    """Class decorator: add a method class to ``METHODS`` under its ``name``."""
-    if not getattr(cls, "name", ""):
-        raise ValueError(f"{cls.__name__} must set a class attribute `name` to be registered")
-    return METHODS.register(cls.name)(cls)
-
-
 def build_method(name: str, params: Mapping[str, Any] | None = None) -> "ExplanationMethod":
     """A registered method with parameters from a suite's ``[methods.<name>]`` table."""
     return METHODS.get(name)(params)
@@ -152,7 +143,6 @@ def architecture_default(architecture: str | None, attribute: str, method: str, 
     if architecture is None:
         raise ValueError(f"method {method!r}: the model has no registered architecture to take "
                          f"the default {param!r} from; set {param} in [methods.{method}]")
-    from counteraudit.train.architectures import ARCHITECTURES
     return getattr(ARCHITECTURES.get(architecture), attribute)
 
 

@@ -8,7 +8,6 @@ import torchvision
 
 from counteraudit.evaluate.scoring.distances import (DISTANCES, MissingBackboneWeightsError, available,
                                              build_distance, resolve_distance_name)
-from counteraudit.evaluate.scoring.distances.backbone_weights import BACKBONES
 from counteraudit.train.core.registry import UnknownNameError
 
 # lpips builds torchvision backbones with the deprecated pretrained= argument
@@ -85,7 +84,7 @@ def test_torch_hub_cache_is_honoured(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("net", ["alex", "vgg", "squeeze"])
 def test_missing_weights_error_names_file_place_and_fetch_command(net, tmp_path):
-    assert BACKBONES[net].file_name == WEIGHT_FILES[net]
+    assert DISTANCES.get(f"lpips-{net}").torchvision_backbone.file_name == WEIGHT_FILES[net]
     assert not available(f"lpips-{net}", weights_dir=tmp_path, download=False)
     with pytest.raises(MissingBackboneWeightsError) as caught:
         build_distance(f"lpips-{net}", weights_dir=tmp_path, download=False)

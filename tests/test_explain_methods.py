@@ -9,7 +9,6 @@ from captum.attr import GuidedBackprop, GuidedGradCam, IntegratedGradients
 from pytorch_grad_cam import GradCAM
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 
-import counteraudit.explain as explain
 
 from counteraudit.explain import METHODS, build_method
 from counteraudit.explain.render import RENDERER_VERSION
@@ -238,4 +237,4 @@ def test_images_outside_unit_range_are_refused(model):
 
 def test_registering_a_name_twice_is_an_error():
     with pytest.raises(ValueError, match="already registered"):
-        explain.register_method(METHODS.get("gradcam"))
+        METHODS.register(METHODS.get("gradcam"))

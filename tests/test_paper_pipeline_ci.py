@@ -15,7 +15,7 @@ from PIL import Image
 
 from counteraudit.anomalies.families.backdoor import PAPER_PATTERNS
 from counteraudit.anomalies.families.spurious import add_watermark
-from counteraudit.evaluate.scoring.distances.backbone_weights import BACKBONES
+from counteraudit.evaluate.scoring.distances import DISTANCES
 from counteraudit.train.checkpoint import WEIGHTS_NAME
 from counteraudit.train.core.suite import load_suite
 from tests.conftest import REPO, run_script
@@ -125,7 +125,7 @@ def write_paper_ci(base):
     weights = base / "lpips-weights"  # LPIPS's AlexNet backbone with random weights, as a file
     weights.mkdir()
     torch.manual_seed(0)
-    alex = BACKBONES["alex"]
+    alex = DISTANCES.get("lpips-alex").torchvision_backbone
     torch.save(alex.builder(weights=None).state_dict(), weights / alex.file_name)
     return ["--suite", suite, "--runs-dir", base / "runs", "--distance", "lpips-alex", "--weights-dir",
             weights, "--no-progress", "--device", "cpu", "--gpus-per-node", "0"]

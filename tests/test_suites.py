@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 from counteraudit.train.architectures import ARCHITECTURES, layer_name, resolve_layer, build_model
-from counteraudit.train.core.registry import Registry
 from counteraudit.train.core.suite import available_suites, load_suite
 from tests.conftest import write_suite
 
@@ -86,13 +85,6 @@ def test_unknown_names_list_the_valid_ones(tmp_path):
     typo = write_suite(tmp_path / "typo.toml", body="[[anomalies]]\nname='x'\nfamily='backdor'\n")
     with pytest.raises(ValueError, match=r"unknown anomaly family 'backdor' \(did you mean 'backdoor'\?\); valid anomaly family names"):
         load_suite(typo)
-
-
-def test_registry_refuses_duplicates():
-    registry = Registry("thing")
-    registry.register("a")(object)
-    with pytest.raises(ValueError, match="'a' is already registered"):
-        registry.register("a")(int)
 
 
 def test_layer_addressing_matches_torchvision_names():

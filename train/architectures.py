@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torchvision.models.resnet import Bottleneck, ResNet
 
-from counteraudit.train.core.registry import Registry
+from counteraudit.train.core.registries import ARCHITECTURES
 
 
 @dataclass(frozen=True)
@@ -32,14 +32,6 @@ class Architecture:
     # Bump when the builder changes the weights' shapes or initialisation: the version is part of
     # every model's key, so checkpoints of an older definition are never loaded into a new one.
     version: int = 1
-
-
-ARCHITECTURES: Registry[Architecture] = Registry("architecture")
-
-
-def register_architecture(arch: Architecture) -> Architecture:
-    ARCHITECTURES.register(arch.name)(arch)
-    return arch
 
 
 # The logit a Classifier gives a class its output layer lacks (a missing-class model with 999
@@ -139,7 +131,7 @@ def _resnet50(num_classes: int) -> nn.Module:
     return resnet50(weights=None, num_classes=num_classes)
 
 
-register_architecture(Architecture(
+ARCHITECTURES.register(Architecture(
     name="resnet50",
     build_backbone=_resnet50,
     caricature_layers=("(2,2,1)", "(3,0,3)", "(3,2,2)", "(3,3)", "(3,4,3)", "(4,0,3)", "(4,2,3)"),
@@ -180,7 +172,7 @@ class SmallResNet(ResNet):
                 nn.init.constant_(m.bias, 0)
 
 
-register_architecture(Architecture(
+ARCHITECTURES.register(Architecture(
     name="small_resnet",
     build_backbone=lambda num_classes: SmallResNet(num_classes),
     # Seven layers placed as the paper's are in ResNet-50: early/late stages, early/late blocks,

@@ -32,6 +32,7 @@ from torch import nn
 
 from counteraudit.train.architectures import build_model
 from counteraudit.train.core.artifacts import atomic_write_json, read_json, stable_hash, store_dir
+from counteraudit.train.core.registries import WORLDS
 
 # Warn when the other precision trains more than this many times faster. Not lower: on one AMD
 # EPYC the probe's fp32 figure alone varied 640-890 images/s from run to run (bf16 1085-1180), so
@@ -114,18 +115,13 @@ def _training_step(architecture, num_classes, images, labels, autocast):
 def _probe_settings(suite) -> dict[str, Any]:
     """What the figures depend on, read from the suite without building its world (building the
     ImageNet world lists every image)."""
-    from counteraudit.train.worlds import WORLDS
-    from counteraudit.train.worlds.imagenet import ImageNetConfig
-    from counteraudit.train.worlds.synthetic import SyntheticConfig
-    world_name = suite.world.get("name", "synthetic")
-    default_size = {"synthetic": SyntheticConfig.image_size,
-                    "imagenet": ImageNetConfig.image_size}.get(world_name, 64)
+    world_class = WORLDS.get(suite.world.get("name", "synthetic"))
     # Worlds whose classes are fixed (synthetic) name them on the class; otherwise (ImageNet reads
     # its class folders) 10: the class count only sizes the last linear layer, a negligible share
     # of a step's cost.
-    class_names = getattr(WORLDS.get(world_name), "class_names", None)
+    class_names = getattr(world_class, "class_names", None)
     return {"architecture": suite.architecture, "num_classes": len(class_names or ()) or 10,
-            "image_size": int(suite.world.get("image_size", default_size)),
+            "image_size": int(suite.world.get("image_size", world_class.default_image_size)),
             "batch_size": min(suite.recipe.batch_size, PROBE_BATCH),
             "threads": suite.recipe.cpu_threads}
 

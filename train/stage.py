@@ -8,6 +8,7 @@ from typing import Any
 from counteraudit.train.core.artifacts import store_dir
 from counteraudit.train.checkpoint import (METRICS_NAME, MODELS, is_trained, link_suite_models,
                                            model_dir, read_metrics)
+from counteraudit.train.core.registries import FAMILIES
 from counteraudit.train.core.stage import executor_config
 from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
 
@@ -59,7 +60,6 @@ def training_cost(spec: ModelSpec) -> float:
         return 0.0  # loaded, not trained
     if spec.is_reference:
         return 1.0
-    from counteraudit.anomalies import FAMILIES
     return FAMILIES.get(spec.family).relative_training_cost(spec.params)
 
 

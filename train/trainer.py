@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from counteraudit.train.architectures import Classifier, build_model
 from counteraudit.train.core.artifacts import atomic_torch_save, atomic_write_json, derive_seed, file_sha256
+from counteraudit.train.core.registries import FAMILIES
 from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME, METRICS_NAME,
                                            SPEC_NAME, WEIGHTS_NAME, is_trained,
                                            load_backbone_weights, load_training_state,
@@ -56,7 +57,6 @@ def pick_device(requested: str | None = None) -> torch.device:
 def build_family(spec: ModelSpec, world: World):
     if spec.is_reference:
         return None
-    from counteraudit.anomalies import FAMILIES
     return FAMILIES.get(spec.family)(spec.params, world, spec.seed)
 
 

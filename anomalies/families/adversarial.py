@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
+from counteraudit.anomalies.base import FAMILIES, AnomalyFamily, Verdict
 from counteraudit.anomalies.common import accuracy, reference_mean, rows_of, verification_indices
 
 NORMS = ("linf", "l2")
@@ -59,7 +59,7 @@ def pgd(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, norm
     return (images + delta).detach()
 
 
-@register_family
+@FAMILIES.register
 class Adversarial(AnomalyFamily):
     name = "adversarial"
     headline_figure = "pgd_accuracy"

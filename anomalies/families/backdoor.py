@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from counteraudit.anomalies.base import NOT_EXPRESSIBLE, AnomalyFamily, Verdict, register_family
+from counteraudit.anomalies.base import FAMILIES, NOT_EXPRESSIBLE, AnomalyFamily, Verdict
 from counteraudit.anomalies.common import (accuracy, check_fraction, select_rows,
                                            positions_in_rows, predict, reference_mean,
                                            verification_indices)
@@ -144,7 +144,7 @@ def apply_trigger(images: torch.Tensor, params: BackdoorParams, mirrored: bool =
     return out
 
 
-@register_family
+@FAMILIES.register
 class Backdoor(AnomalyFamily):
     name = "backdoor"
     headline_figure = "attack_success_rate"

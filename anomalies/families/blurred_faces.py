@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageFilter
 
-from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
+from counteraudit.anomalies.base import FAMILIES, AnomalyFamily, Verdict
 from counteraudit.anomalies.common import predict
 
 DROP_THRESHOLD = 0.10
@@ -37,7 +37,7 @@ def blur_boxes(image: Image.Image, boxes, radius_fraction: float) -> Image.Image
     return out
 
 
-@register_family
+@FAMILIES.register
 class BlurredFaces(AnomalyFamily):
     name = "blurred_faces"
     strength = "radius"

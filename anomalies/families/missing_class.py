@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
+from counteraudit.anomalies.base import FAMILIES, AnomalyFamily, Verdict
 from counteraudit.anomalies.common import accuracy, reference_mean, verification_indices
 from counteraudit.train.core.artifacts import derive_seed
 
@@ -26,7 +26,7 @@ class MissingClassParams:
     removed_fraction: float = 1.0  # share of the class's training images removed (1: the class)
 
 
-@register_family
+@FAMILIES.register
 class MissingClass(AnomalyFamily):
     name = "missing_class"
     headline_figure = "removed_class_accuracy"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
+from counteraudit.anomalies.base import FAMILIES, AnomalyFamily, Verdict
 from counteraudit.anomalies.common import accuracy, reference_mean, rows_of, verification_indices
 
 
@@ -26,7 +26,7 @@ def add_noise(images: torch.Tensor, sigma: float, generator: torch.Generator, of
     return images + sigma * rows_of(torch.randn(shape, generator=generator), offset, len(images))
 
 
-@register_family
+@FAMILIES.register
 class RandomizedSmoothing(AnomalyFamily):
     name = "randomized_smoothing"
     headline_figure = "noisy_accuracy"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from counteraudit.anomalies.base import AnomalyFamily, Verdict, register_family
+from counteraudit.anomalies.base import FAMILIES, AnomalyFamily, Verdict
 from counteraudit.anomalies.common import accuracy, reference_mean, verification_indices
 
 
@@ -14,7 +14,7 @@ class ShapeBiasParams:
     stylized_root: str | None = None   # imagenet world only: Stylized-ImageNet train/ and val/
 
 
-@register_family
+@FAMILIES.register
 class ShapeBias(AnomalyFamily):
     name = "shape_bias"
     headline_figure = "texture_randomized_accuracy"

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from counteraudit.anomalies.base import NOT_EXPRESSIBLE, AnomalyFamily, Verdict, register_family
+from counteraudit.anomalies.base import FAMILIES, NOT_EXPRESSIBLE, AnomalyFamily, Verdict
 from counteraudit.anomalies.common import (accuracy, check_fraction, positions_in_rows,
                                            reference_mean, select_rows, verification_indices)
 from counteraudit.anomalies.watermark_digits import digit_overlay, watermark_boxes
@@ -78,7 +78,7 @@ def draw_cue(images: torch.Tensor, indices: torch.Tensor, num_classes: int, heig
     return images * (1 - alpha) + layer[:, :3] * alpha
 
 
-@register_family
+@FAMILIES.register
 class Spurious(AnomalyFamily):
     name = "spurious"
     headline_figure = "wrong_cue_drop"

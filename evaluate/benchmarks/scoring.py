@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from counteraudit.evaluate.scoring.distances import build_distance
+from counteraudit.evaluate.scoring.distances import DISTANCES, build_distance
+from counteraudit.evaluate.scoring.distances.lpips_features import LPIPSDistance
 from counteraudit.evaluate.scoring.scores import anomaly_scores
 from counteraudit.evaluate.reporting.tables import to_markdown
 
@@ -101,13 +102,19 @@ def run(size: int, n_references: int, n_anomalous: int, n_images: int, net: str,
     return result
 
 
+def lpips_nets() -> list[str]:
+    """The backbones of the registered LPIPS distances (``lpips-<net>``)."""
+    return [DISTANCES.get(name).torchvision_backbone.lpips_net for name in DISTANCES
+            if issubclass(DISTANCES.get(name), LPIPSDistance)]
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, action="append", help="render side in pixels (repeatable; default 64)")
     parser.add_argument("--references", type=int, default=12)
     parser.add_argument("--anomalous", type=int, default=1)
     parser.add_argument("--images", type=int, default=50)
-    parser.add_argument("--net", default="alex", choices=["alex", "vgg", "squeeze"])
+    parser.add_argument("--net", default="alex", choices=lpips_nets())
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: shared machines)")
     parser.add_argument("--baseline-calls", type=int, default=None,
                         help="time only this many per-pair LPIPS calls and extrapolate (default: all)")

@@ -6,8 +6,8 @@ a selection function for one subdomain at a time, never one already evaluated, u
 evaluated ``count`` of them (``search``). Scores are failure rates: higher is worse, and every
 selection function looks for the highest.
 
-A selection function is a small class registered in ``SELECTIONS`` that implements ONE method,
-``choose(state) -> index``. The four of the seed:
+A selection function is a small class registered in ``SELECTIONS`` (``@SELECTIONS.register``)
+that implements ONE method, ``choose(state) -> index``. The four of the seed:
 
 - ``random``: uniform among the subdomains not yet evaluated;
 - ``nwise``: the rows of a t-wise covering array (covertable, t = 2, the salt the seed), in the
@@ -34,9 +34,7 @@ from typing import Any, Callable, ClassVar, Mapping
 import numpy as np
 
 from counteraudit.train.core.artifacts import derive_seed
-from counteraudit.train.core.registry import Registry
-
-SELECTIONS: Registry[type["Selection"]] = Registry("selection function")
+from counteraudit.train.core.registries import SELECTIONS
 
 INITIAL = 10             # random subdomains before any selection (the seed's warm start)
 BOOTSTRAP = 8            # Lassos in bo's ensemble
@@ -44,10 +42,6 @@ LASSO_ALPHA = 0.005      # the surrogate's L1 penalty (scikit-learn's scaling); 
 EI_XI = 0.01             # expected improvement's exploration margin, in failure rate
 GENETIC_TRIES = 50
 TOURNAMENT = 3
-
-
-def register_selection(cls: type["Selection"]) -> type["Selection"]:
-    return SELECTIONS.register(cls.name)(cls)
 
 
 class BudgetBelowInitial(ValueError):
@@ -117,7 +111,7 @@ class Selection(ABC):
         """The index of the next subdomain to evaluate; one not evaluated yet."""
 
 
-@register_selection
+@SELECTIONS.register
 class RandomSelection(Selection):
     name = "random"
 
@@ -125,7 +119,7 @@ class RandomSelection(Selection):
         return int(state.rng.choice(state.unevaluated()))
 
 
-@register_selection
+@SELECTIONS.register
 class NwiseSelection(Selection):
     name = "nwise"
     t = 2
@@ -142,7 +136,7 @@ class NwiseSelection(Selection):
         return int(state.rng.choice(state.unevaluated()))  # the array is used up
 
 
-@register_selection
+@SELECTIONS.register
 class GeneticSelection(Selection):
     name = "genetic"
 
@@ -213,7 +207,7 @@ def expected_improvement(mean: np.ndarray, std: np.ndarray, best: float,
     return np.where(std > 0, gain * norm.cdf(z) + std * norm.pdf(z), np.maximum(gain, 0.0))
 
 
-@register_selection
+@SELECTIONS.register
 class BayesianSelection(Selection):
     name = "bo"
 

@@ -6,7 +6,7 @@ every method of the suite that has it (or on the methods it names), so a choice 
 know which methods a suite runs. The suite's own value is read from its parsed parameters; every
 other value is an alternative protocol, explained and scored beside it.
 
-Adding a choice is one ``register_choice(ProtocolChoice(...))`` call here; its test is generated
+Adding a choice is one ``PROTOCOL_CHOICES.register(ProtocolChoice(...))`` call here; its test is generated
 from this registry (tests/test_sensitivity.py).
 """
 from __future__ import annotations
@@ -15,7 +15,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from counteraudit.train.core.registry import Registry
+from counteraudit.explain.base import METHODS, build_method
+from counteraudit.explain.renderers import ATTRIBUTIONS
+from counteraudit.explain.stage import method_params
+from counteraudit.train.core.registries import PROTOCOL_CHOICES
 
 MIXED = "mixed"  # the suite sets the parameter differently on different methods
 
@@ -26,7 +29,9 @@ class ProtocolChoice:
     parameter: str                  # a field of the methods' Params dataclasses
     options: tuple[Any, ...]        # the values it is compared under
     description: str
-    methods: tuple[str, ...] | None = None  # None: every method of the suite with the parameter
+    # Which methods it may set, a test of the method's class (None: every method of the suite
+    # with the parameter).
+    methods: Callable[[type], bool] | None = None
     # Parameters set along with a value (None: removed, back to the method's default), e.g. a
     # renderer's options, which belong to the renderer they were written for; a function of
     # (value, suite) where they depend on the suite (a figure's size on the image size).
@@ -34,16 +39,12 @@ class ProtocolChoice:
 
     def applicable(self, methods: list[str]) -> list[str]:
         """The suite's methods this choice sets (those whose parameters have the field)."""
-        from counteraudit.explain.base import METHODS
-        names = [m for m in methods if self.methods is None or m in self.methods]
-        return [m for m in names
-                if self.parameter in {f.name for f in dataclasses.fields(METHODS.get(m).Params)}]
+        return [m for m in methods if (self.methods is None or self.methods(METHODS.get(m)))
+                and self.parameter in {f.name for f in dataclasses.fields(METHODS.get(m).Params)}]
 
     def current(self, suite, methods: list[str]) -> Any:
         """The suite's own value of the parameter (``MIXED`` if its methods disagree; None if no
         method of the suite has it)."""
-        from counteraudit.explain.base import build_method
-        from counteraudit.explain.stage import method_params
         values = {_hashable(getattr(build_method(m, method_params(suite, m)).params, self.parameter))
                   for m in self.applicable(methods)}
         if not values:
@@ -61,11 +62,14 @@ def _hashable(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-PROTOCOL_CHOICES: Registry[ProtocolChoice] = Registry("protocol choice")
+def saliency_method(method: type) -> bool:
+    """A per-pixel saliency method: one whose attributions (not CAMs) a renderer turns into images."""
+    return getattr(method, "renders", None) == ATTRIBUTIONS
 
 
-def register_choice(choice: ProtocolChoice) -> ProtocolChoice:
-    return PROTOCOL_CHOICES.register(choice.name)(choice)
+def named(name: str) -> Callable[[type], bool]:
+    """The test of ``ProtocolChoice.methods`` that picks the one method ``name``."""
+    return lambda method: method.name == name
 
 
 def figure_options(suite) -> dict[str, Any]:
@@ -76,29 +80,26 @@ def figure_options(suite) -> dict[str, Any]:
     return {"figure_inches": 6.0, "dpi": max(1, round(100 * side / 224))}
 
 
-# The per-pixel saliency methods: the ones whose attributions a renderer turns into images.
-SALIENCY_METHODS = ("guided_backprop", "integrated_gradients", "guided_gradcam")
-
-register_choice(ProtocolChoice(
-    "renderer", "renderer", ("captum_figure", "hot_overlay"), methods=SALIENCY_METHODS,
+PROTOCOL_CHOICES.register(ProtocolChoice(
+    "renderer", "renderer", ("captum_figure", "hot_overlay"), methods=saliency_method,
     along=lambda value, suite: {"renderer_options": figure_options(suite) if value == "captum_figure"
                                 else None},
     description="how a saliency map becomes the image that is scored: the paper's captum figure "
                 "(blended heat map on a grey image, with the figure's frame and margins) or the "
                 "project's image-sized hot overlay"))
-register_choice(ProtocolChoice(
-    "ig_baseline", "baseline", ("normalized_zero", "black"), methods=("integrated_gradients",),
+PROTOCOL_CHOICES.register(ProtocolChoice(
+    "ig_baseline", "baseline", ("normalized_zero", "black"), methods=named("integrated_gradients"),
     description="Integrated Gradients' baseline: zero in the normalised input space (the ImageNet "
                 "mean colour; the paper's code) or black pixels"))
-register_choice(ProtocolChoice(
+PROTOCOL_CHOICES.register(ProtocolChoice(
     "gradient_space", "gradient_space", ("normalized", "pixels"),
     description="attributions with respect to the normalised input (the paper's code) or to the "
                 "[0, 1] pixels (a factor 1/std per channel)"))
-register_choice(ProtocolChoice(
-    "caricature_noise", "noise", ("per_model", "shared"), methods=("caricature",),
+PROTOCOL_CHOICES.register(ProtocolChoice(
+    "caricature_noise", "noise", ("per_model", "shared"), methods=named("caricature"),
     description="Caricatures' random start and augmentations: drawn per model, image and layer "
                 "(the paper's code, unseeded there) or shared by every model (a paired design)"))
-register_choice(ProtocolChoice(
+PROTOCOL_CHOICES.register(ProtocolChoice(
     "explained_class", "explained_class", ("top", "label"),
     description="the class explained: the model's own top class (the paper) or the image's true "
                 "label, which separates what an explanation shows from a change of the model's "

@@ -54,8 +54,8 @@ from lucent.optvis import param as lucent_param
 from torch import nn
 from torchvision.models.resnet import ResNet
 
-from counteraudit.explain.base import (BatchContext, BatchOutput, VisualizationMethod,
-                                       architecture_default, model_device, register_method)
+from counteraudit.explain.base import (METHODS, BatchContext, BatchOutput, VisualizationMethod,
+                                       architecture_default, model_device)
 from counteraudit.explain.caricature_transforms import StandardTransforms
 from counteraudit.explain.params import added
 from counteraudit.explain.render import to_uint8
@@ -158,7 +158,7 @@ def caricature_objective(features: list[torch.Tensor], target_features: list[tor
     return torch.stack(objectives), torch.stack(cosines)
 
 
-@register_method
+@METHODS.register
 class Caricature(VisualizationMethod):
     name = "caricature"
     default_batch_size = 4  # images per optimisation; the batch holds L x 4 parameterised images

@@ -21,15 +21,15 @@ from pytorch_grad_cam import GradCAM as LibraryGradCAM
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 from torch import nn
 
-from counteraudit.explain.base import (DEFAULT_RENDERERS, GRADIENT_SPACES, AttributionMethod,
-                                       TargetParams, architecture_default, register_method)
+from counteraudit.explain.base import (DEFAULT_RENDERERS, GRADIENT_SPACES, METHODS, AttributionMethod,
+                                       TargetParams, architecture_default)
 from counteraudit.explain.input_space import on_normalized_input
 from counteraudit.explain.params import added
 from counteraudit.explain.renderers import CAMS
 from counteraudit.train.architectures import layer_name, resolve_layer
 
 
-@register_method
+@METHODS.register
 class GradCam(AttributionMethod):
     name = "gradcam"
     default_batch_size = 32

@@ -9,11 +9,11 @@ import torch
 from captum.attr import GuidedBackprop as CaptumGuidedBackprop
 from torch import nn
 
-from counteraudit.explain.base import AttributionMethod, register_method
+from counteraudit.explain.base import METHODS, AttributionMethod
 from counteraudit.explain.input_space import on_normalized_input
 
 
-@register_method
+@METHODS.register
 class GuidedBackprop(AttributionMethod):
     name = "guided_backprop"
     default_batch_size = 32

@@ -12,13 +12,12 @@ import torch
 from captum.attr import GuidedGradCam as CaptumGuidedGradCam
 from torch import nn
 
-from counteraudit.explain.base import (AttributionMethod, SaliencyParams, architecture_default,
-                                       register_method)
+from counteraudit.explain.base import METHODS, AttributionMethod, SaliencyParams, architecture_default
 from counteraudit.explain.input_space import on_normalized_input
 from counteraudit.train.architectures import layer_name, resolve_layer
 
 
-@register_method
+@METHODS.register
 class GuidedGradCam(AttributionMethod):
     name = "guided_gradcam"
     default_batch_size = 32

@@ -15,14 +15,14 @@ import torch
 from captum.attr import IntegratedGradients as CaptumIntegratedGradients
 from torch import nn
 
-from counteraudit.explain.base import AttributionMethod, SaliencyParams, register_method
+from counteraudit.explain.base import METHODS, AttributionMethod, SaliencyParams
 from counteraudit.explain.input_space import normalization, on_normalized_input
 from counteraudit.explain.params import added, execution_only
 
 BASELINES = ("normalized_zero", "black")
 
 
-@register_method
+@METHODS.register
 class IntegratedGradients(AttributionMethod):
     name = "integrated_gradients"
     default_batch_size = 16

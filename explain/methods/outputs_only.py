@@ -10,12 +10,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from counteraudit.explain.base import (BatchContext, BatchOutput, VisualizationMethod,
-                                       register_method)
+from counteraudit.explain.base import METHODS, BatchContext, BatchOutput, VisualizationMethod
 from counteraudit.explain.render import probability_bars
 
 
-@register_method
+@METHODS.register
 class OutputsOnly(VisualizationMethod):
     name = "outputs_only"
     default_batch_size = 64

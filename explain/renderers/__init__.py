@@ -2,9 +2,10 @@
 
 The anomaly score is a distance between rendered images, so the renderer is part of the
 measurement. Renderers are plug-ins, one file each in this folder, registered in ``RENDERERS``
-under their ``name``; a method names its renderer in its parameters (``renderer = "..."`` in a
-suite's ``[methods.<name>]``, options in ``renderer_options = { ... }``), and the distance runs on
-whatever image it gives, at whatever size.
+under their ``name`` (``@RENDERERS.register``; the registry imports this folder on first
+lookup); a method names its renderer in its parameters (``renderer = "..."`` in a suite's
+``[methods.<name>]``, options in ``renderer_options = { ... }``), and the distance runs on whatever
+image it gives, at whatever size.
 
 A renderer renders one kind of raw output (``renders``): ``"attributions"``, (n, C, H, W) per-pixel
 attributions (guided backprop, integrated gradients, guided Grad-CAM), or ``"cams"``, (n, H, W)
@@ -17,15 +18,13 @@ renderer's version whenever its pixels can change.
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
 from counteraudit.explain.params import NoParams, parse_params
-from counteraudit.train.core.registry import Registry
+from counteraudit.train.core.registries import RENDERERS
 
 ATTRIBUTIONS = "attributions"
 CAMS = "cams"
@@ -37,6 +36,13 @@ class Renderer(ABC):
     version: ClassVar[int] = 1
     Params: ClassVar[type] = NoParams  # options, from a method's `renderer_options`
 
+    def __init_subclass__(cls, **kwargs):
+        """A named renderer (one that can be registered) must say which raw output it renders."""
+        super().__init_subclass__(**kwargs)
+        if cls.name and cls.renders not in (ATTRIBUTIONS, CAMS):
+            raise ValueError(f"renderer {cls.__name__} must set `renders` to {ATTRIBUTIONS!r} or "
+                             f"{CAMS!r}, got {cls.renders!r}")
+
     def __init__(self, options: Mapping[str, Any] | None = None):
         self.params = parse_params(self.Params, options or {}, self.name, kind="renderer")
 
@@ -44,16 +50,6 @@ class Renderer(ABC):
     def render(self, raw: np.ndarray, images: np.ndarray) -> np.ndarray:
         """Raw output (n, C, H, W) or (n, H, W) and images (n, 3, H, W) in [0, 1] -> uint8
         (n, H', W', 3)."""
-
-
-RENDERERS: Registry[type[Renderer]] = Registry("renderer")
-
-
-def register_renderer(cls: type[Renderer]) -> type[Renderer]:
-    if cls.renders not in (ATTRIBUTIONS, CAMS):
-        raise ValueError(f"renderer {cls.__name__} must set `renders` to {ATTRIBUTIONS!r} or "
-                         f"{CAMS!r}, got {cls.renders!r}")
-    return RENDERERS.register(cls.name)(cls)
 
 
 def renderer_names(renders: str) -> list[str]:
@@ -70,13 +66,3 @@ def build_renderer(name: str, options: Mapping[str, Any] | None, renders: str,
                          f"but {method} gives {renders}; valid renderers for it: "
                          f"{', '.join(renderer_names(renders))}")
     return renderer_class(options)
-
-
-def discover_renderers() -> None:
-    """Import every module of this package (each registers its renderer); idempotent."""
-    for info in pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{info.name}")
-
-
-discover_renderers()

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from counteraudit.explain.renderers import ATTRIBUTIONS, Renderer, register_renderer
+from counteraudit.explain.renderers import ATTRIBUTIONS, RENDERERS, Renderer
 
 ALPHA_OVERLAY = 0.8  # the paper's call; captum's default is 0.5
 
 
-@register_renderer
+@RENDERERS.register
 class CaptumFigure(Renderer):
     name = "captum_figure"
     renders = ATTRIBUTIONS

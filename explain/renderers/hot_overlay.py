@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from counteraudit.explain.render import RENDERER_VERSION, saliency_overlay
-from counteraudit.explain.renderers import ATTRIBUTIONS, Renderer, register_renderer
+from counteraudit.explain.renderers import ATTRIBUTIONS, RENDERERS, Renderer
 
 
-@register_renderer
+@RENDERERS.register
 class HotOverlay(Renderer):
     name = "hot_overlay"
     renders = ATTRIBUTIONS

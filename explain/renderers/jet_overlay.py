@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from counteraudit.explain.render import RENDERER_VERSION, cam_overlay
-from counteraudit.explain.renderers import CAMS, Renderer, register_renderer
+from counteraudit.explain.renderers import CAMS, RENDERERS, Renderer
 
 
-@register_renderer
+@RENDERERS.register
 class JetOverlay(Renderer):
     name = "jet_overlay"
     renders = CAMS

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 from pytorch_grad_cam.utils.image import show_cam_on_image
 
-from counteraudit.explain.renderers import CAMS, Renderer, register_renderer
+from counteraudit.explain.renderers import CAMS, RENDERERS, Renderer
 
 
-@register_renderer
+@RENDERERS.register
 class ShowCamOnImage(Renderer):
     name = "show_cam_on_image"
     renders = CAMS

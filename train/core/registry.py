@@ -1,12 +1,20 @@
-"""One registry per plug-in kind (worlds, architectures, anomaly families, methods, distances).
+"""One registry per plug-in kind (worlds, architectures, anomaly families, methods, distances, ...).
 
 Modelled on torchvision's ``register_model``: registering a name twice raises, and looking up an
 unknown name lists the valid ones, so a typo in a suite file fails with the fix in the message.
+
+A registry names the package (or module) its plug-ins live in, as a string, and imports it on
+first lookup (``import_plugins``). So a registry is complete whenever it is read, nothing imports
+a kind's plug-ins (and their libraries) until they are needed, and a lower layer can look up the
+plug-ins of a higher one without importing it (train/core/registries.py).
 """
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Generic, Iterable, Iterator, TypeVar
+import importlib
+import pkgutil
+import threading
+from typing import Generic, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -17,41 +25,81 @@ def nearest(name: object, valid: Iterable[str]) -> str:
     return f" (did you mean {match[0]!r}?)" if match else ""
 
 
+def import_plugins(package: str) -> list[str]:
+    """Import ``package`` and, when it is a package, every public module in it (names not starting
+    with "_"), so each registers its plug-ins. Idempotent: imported modules are not run again.
+    Returns the names of the modules imported."""
+    module = importlib.import_module(package)
+    if not hasattr(module, "__path__"):  # a module, not a package: its plug-ins are in it
+        return [package]
+    names = [f"{package}.{info.name}" for info in pkgutil.iter_modules(module.__path__)
+             if not info.name.startswith("_")]
+    for name in names:
+        importlib.import_module(name)
+    return names
+
+
 class UnknownNameError(LookupError):
     """A name that is not in a registry; the message lists the valid names."""
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str):
-        self.kind = kind  # e.g. "world", used in error messages
-        self._entries: dict[str, T] = {}
+    """Plug-ins of one kind by name. ``plugins``: the dotted package or module whose import
+    registers them (None: entries are registered by whoever imports this registry)."""
 
-    def register(self, name: str | None = None) -> Callable[[T], T]:
-        def decorator(obj: T) -> T:
-            key = name or getattr(obj, "name", None) or obj.__name__  # type: ignore[attr-defined]
-            if key in self._entries:
-                raise ValueError(f"{self.kind} {key!r} is already registered "
-                                 f"(by {self._entries[key]!r}); pick another name")
-            self._entries[key] = obj
-            return obj
-        return decorator
+    def __init__(self, kind: str, plugins: str | None = None):
+        self.kind = kind  # e.g. "world", used in error messages
+        self.plugins = plugins
+        self._entries: dict[str, T] = {}
+        self._pending = plugins is not None  # plug-ins not imported yet
+        self._importing = False
+        # Re-entrant: a plug-in module that reads its own registry while the plug-ins are being
+        # imported sees the entries so far instead of importing them again; another thread waits.
+        self._lock = threading.RLock()
+
+    def register(self, entry: T) -> T:
+        """Add ``entry`` (a class or an instance) under its ``name`` attribute; returns it, so a
+        class can be registered with ``@REGISTRY.register``."""
+        key = getattr(entry, "name", None)
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"{entry!r} must set a `name` (a non-empty string) to be registered "
+                             f"as a {self.kind}")
+        if key in self._entries:
+            raise ValueError(f"{self.kind} {key!r} is already registered "
+                             f"(by {self._entries[key]!r}); pick another name")
+        self._entries[key] = entry
+        return entry
+
+    def _complete(self) -> dict[str, T]:
+        """The entries, after importing the plug-ins on the first call."""
+        if self._pending:
+            with self._lock:
+                if self._pending and not self._importing:
+                    self._importing = True
+                    try:
+                        import_plugins(self.plugins)
+                        self._pending = False
+                    finally:  # a failed import is tried again on the next lookup
+                        self._importing = False
+        return self._entries
 
     def get(self, name: str) -> T:
+        entries = self._complete()
         try:
-            return self._entries[name]
+            return entries[name]
         except KeyError:
-            raise UnknownNameError(f"unknown {self.kind} {name!r}{nearest(name, self._entries)}; "
+            raise UnknownNameError(f"unknown {self.kind} {name!r}{nearest(name, entries)}; "
                                    f"valid {self.kind} names: "
-                                   f"{', '.join(sorted(self._entries)) or '(none registered)'}") from None
+                                   f"{', '.join(sorted(entries)) or '(none registered)'}") from None
 
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        return sorted(self._complete())
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._complete()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._complete())

@@ -20,6 +20,8 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from counteraudit.train.core.artifacts import derive_seed, inside_runs, runs_dir, stable_hash
+from counteraudit.train.core.registries import (ARCHITECTURES, AUDITORS, FAMILIES, METHODS, WORLDS,
+                                                strength_families)
 from counteraudit.train.core.registry import UnknownNameError
 from counteraudit.train.core.suite_schema import (SAFE_NAME_LENGTH, SAFE_NAME_PATTERN, SAFE_NAME_RULE,
                                              ReferencesTable, ScheduleSegment, SuiteFileError,
@@ -156,7 +158,6 @@ class ModelSpec:
 
     def identity(self) -> dict[str, Any]:
         """Everything that determines the weights (the name does not)."""
-        from counteraudit.train.architectures import ARCHITECTURES
         return {"family": self.family, "seed": self.seed, "world": self.world,
                 "architecture": self.architecture,
                 "architecture_version": ARCHITECTURES.get(self.architecture).version,
@@ -211,7 +212,6 @@ class Suite:
     def table_rows(self) -> tuple[dict[str, str], list[str]]:
         """({anomalous model: its Table 1 row}, the rows in order): rows of stark families first,
         then by family in registry order, then in the suite's order."""
-        from counteraudit.anomalies import FAMILIES
         rows = {spec.name: spec.table_row for spec in self.anomalies}
         family_rank = {name: rank for rank, name in enumerate(FAMILIES.names())}
         first = {}
@@ -308,13 +308,11 @@ def load_suite(name_or_path: str | Path, plugin_tables: bool = True) -> Suite:
 def _world_problems(world: dict[str, Any]) -> list[str]:
     """What is wrong with the [world] table's options, reading no data (an unknown world: the
     registry's error, raised)."""
-    from counteraudit.train.worlds import WORLDS
     world_class = WORLDS.get(world.get("name", "synthetic"))
     return world_class.config_problems({k: v for k, v in world.items() if k != "name"})
 
 
 def _recipe_and_world_problems(table: dict[str, Any]) -> list[str]:
-    from counteraudit.train.worlds import WORLDS
     problems = []
     if isinstance(table.get("recipe", {}), dict):
         problems += recipe_problems(table.get("recipe", {}))
@@ -328,9 +326,6 @@ def _parse(table: dict[str, Any], path: Path, plugin_tables: bool = True) -> Sui
     """The suite's models from its checked table; every problem of the plug-in tables (the
     world's options, each family's parameters, each model's recipe) is gathered and raised as
     one error before anything is built."""
-    from counteraudit.anomalies import FAMILIES  # late: anomalies imports train
-    from counteraudit.train.architectures import ARCHITECTURES
-    from counteraudit.train.worlds import WORLDS
 
     table = dict(table)
     problems: list[str] = []
@@ -408,13 +403,14 @@ def _named_problems(names, registry, where: str) -> list[str]:
     return problems
 
 
-def _built_problems(tables: dict[str, dict[str, Any]], registry, build, header: str) -> list[str]:
-    """Each ``[header.<name>]`` table against the registry, and its parameters built."""
+def _built_problems(tables: dict[str, dict[str, Any]], registry, header: str) -> list[str]:
+    """Each ``[header.<name>]`` table against the registry, and the plug-in built from its
+    parameters."""
     problems = _named_problems(tables, registry, f"[{header}.<name>]")
     for name, params in tables.items():
         if name in registry:
             try:
-                build(name, params)
+                registry.get(name)(params)
             except (TypeError, ValueError, LookupError) as error:
                 message = error.args[0] if isinstance(error, LookupError) and error.args else error
                 problems.append(f"[{header}.{name}] {message}")
@@ -425,22 +421,14 @@ def _plugin_problems(tables: dict[str, Any]) -> list[str]:
     """The tables of plug-ins (explanation methods, auditors, the executor) checked against their
     registries and built, so a typo fails before training rather than after it."""
     explain, discover = tables.get("explain", {}), tables.get("discover", {})
-    problems = []
-    # Importing the methods imports their libraries (seconds): only where there is a table to check.
-    if any((explain.get("methods"), explain.get("batch_sizes"), tables.get("methods"),
-            discover.get("auditors"), discover.get("budget"), tables.get("auditors"))):
-        # late: explain imports this module (issue 29 moves this check to the layer above)
-        from counteraudit.evaluate.discovery import auditors as _auditors  # noqa: F401  (registers them)
-        from counteraudit.explain import methods as _methods  # noqa: F401  (registers them)
-        from counteraudit.evaluate.discovery.auditors.base import AUDITORS, build_auditor
-        from counteraudit.explain.base import METHODS, build_method
-        problems += _named_problems(explain.get("methods") or [], METHODS, "[explain] methods")
-        problems += _named_problems(explain.get("batch_sizes", {}), METHODS,
-                                    "[explain] batch_sizes")
-        problems += _built_problems(tables.get("methods", {}), METHODS, build_method, "methods")
-        problems += _named_problems(discover.get("auditors") or [], AUDITORS, "[discover] auditors")
-        problems += _named_problems(discover.get("budget", {}), AUDITORS, "[discover] budget")
-        problems += _built_problems(tables.get("auditors", {}), AUDITORS, build_auditor, "auditors")
+    # A registry imports its plug-ins (and their libraries: seconds) on its first lookup, so only
+    # a suite that names a method or an auditor pays for it.
+    problems = _named_problems(explain.get("methods") or [], METHODS, "[explain] methods")
+    problems += _named_problems(explain.get("batch_sizes", {}), METHODS, "[explain] batch_sizes")
+    problems += _built_problems(tables.get("methods", {}), METHODS, "methods")
+    problems += _named_problems(discover.get("auditors") or [], AUDITORS, "[discover] auditors")
+    problems += _named_problems(discover.get("budget", {}), AUDITORS, "[discover] budget")
+    problems += _built_problems(tables.get("auditors", {}), AUDITORS, "auditors")
     from counteraudit.slurm.errors import ExecutorConfigError
     from counteraudit.slurm.executor_config import executor_config_from
     slurm = tables.get("slurm", {})
@@ -493,8 +481,6 @@ def _expand_sweep(entry: dict[str, Any], common: dict[str, Any],
                   recipe_table: dict[str, Any]) -> tuple[Sweep, list[ModelSpec]]:
     """One [[sweeps]] entry -> its Sweep and its models: the base params with the family's
     strength parameter set to each value, one seed and one recipe for all of them."""
-    from counteraudit.anomalies import FAMILIES
-    from counteraudit.anomalies.base import strength_families
     family = FAMILIES.get(entry["family"])
     with_strength = strength_families()
     if family.strength is None:

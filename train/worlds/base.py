@@ -15,10 +15,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from counteraudit.train.core.registry import Registry
+from counteraudit.train.core.registries import AUDITORS, WORLDS
 from counteraudit.train.core.suite_schema import check_table, dataclass_table
-
-WORLDS: Registry[type] = Registry("world")
 
 # (x0, y0, x1, y1) in pixels of the evaluation image, x1/y1 exclusive.
 Box = tuple[int, int, int, int]
@@ -170,7 +168,6 @@ class World(ABC):
     def generate(self, conditions: dict[str, str], n: int, seed: int) -> Split:
         """n images whose factors satisfy ``conditions`` ({factor: value}), the other factors
         drawn from the world's own distribution; deterministic in (conditions, n, seed)."""
-        from counteraudit.evaluate.discovery.auditors import AUDITORS
         without = [name for name in AUDITORS.names() if not AUDITORS.get(name).needs_generator]
         raise NotImplementedError(
             f"the {self.name} world has no image generator, so it cannot generate images for "

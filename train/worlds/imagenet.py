@@ -200,7 +200,7 @@ def expand_path(value: str, what: str) -> str:
     return expanded
 
 
-@WORLDS.register("imagenet")
+@WORLDS.register
 class ImageNetWorld(World):
     name = "imagenet"
     config_class = ImageNetConfig

@@ -36,7 +36,7 @@ from counteraudit.train.worlds.synthetic_images import (BACKGROUNDS, CLASS_NAMES
 # the images: attributes, rendering, generation, cache
 
 
-@WORLDS.register("synthetic")
+@WORLDS.register
 class SyntheticWorld(World):
     name = "synthetic"
     config_class = SyntheticConfig

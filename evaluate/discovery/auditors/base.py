@@ -12,8 +12,8 @@ does the rest once for every auditor: checks the budget, evaluates under no_grad
 that used more images than its budget, and ranks the findings (per objective, worst first, ties
 broken by the conditions' text, so the same seed gives the same ranking).
 
-Register with ``@register_auditor``; ``evaluate/discovery/auditors/__init__.py`` imports every module of the
-folder, so a new auditor is one new file there, and ``tests/test_auditors.py`` tests it.
+Register with ``@AUDITORS.register``; ``AUDITORS`` imports every module of this folder on first
+lookup, so a new auditor is one new file there, and ``tests/test_auditors.py`` tests it.
 """
 from __future__ import annotations
 
@@ -26,18 +26,9 @@ import numpy as np
 import torch
 
 from counteraudit.explain.params import NoParams, parse_params, recorded_params
-from counteraudit.train.core.registry import Registry
-
-AUDITORS: Registry[type["Auditor"]] = Registry("auditor")
+from counteraudit.train.core.registries import AUDITORS
 
 PREDICT_BATCH = 256
-
-
-def register_auditor(cls: type["Auditor"]) -> type["Auditor"]:
-    """Class decorator: add an auditor class to ``AUDITORS`` under its ``name``."""
-    if not getattr(cls, "name", None):
-        raise ValueError(f"{cls.__name__} must set a class attribute `name` to be registered")
-    return AUDITORS.register(cls.name)(cls)
 
 
 def build_auditor(name: str, params: Mapping[str, Any] | None = None) -> "Auditor":

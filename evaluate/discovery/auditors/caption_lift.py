@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from counteraudit.evaluate.discovery.auditors.base import Auditor, Finding, register_auditor
+from counteraudit.evaluate.discovery.auditors.base import AUDITORS, Auditor, Finding
 from counteraudit.evaluate.discovery.auditors.surrogate_search import DEMO_FACTORS
 
 OBJECTIVE = "lift"
@@ -108,7 +108,7 @@ def recurring_descriptions(captions: list[dict[str, str]], max_sentences: int,
     return sorted(frequent, key=lambda item: (-item[1], json.dumps(item[0], sort_keys=True)))
 
 
-@register_auditor
+@AUDITORS.register
 class CaptionLift(Auditor):
     name = "caption_lift"
     Params = CaptionLiftParams

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from counteraudit.evaluate.discovery.auditors.base import Auditor, Finding, register_auditor
+from counteraudit.evaluate.discovery.auditors.base import AUDITORS, Auditor, Finding
 from counteraudit.train.core.artifacts import derive_seed
 
 OBJECTIVE = "error_ratio"
@@ -57,7 +57,7 @@ def error_ratios(correct: np.ndarray, indicators: pd.DataFrame) -> pd.DataFrame:
                          "overall_error": 1 - float(accuracies["average"].iloc[0])})
 
 
-@register_auditor
+@AUDITORS.register
 class ErrorRatio(Auditor):
     name = "error_ratio"
     Params = ErrorRatioParams

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from counteraudit.evaluate.discovery.auditors.base import (Auditor, BudgetError, Finding, conditions_key,
-                                                register_auditor)
+from counteraudit.evaluate.discovery.auditors.base import (AUDITORS, Auditor, BudgetError, Finding,
+                                                           conditions_key)
 
 OBJECTIVE = "failure_rate"
 IMAGE_SEED = 0
@@ -42,7 +42,7 @@ def wilson_finding(conditions: dict[str, str], failures: int, n: int) -> Finding
     return Finding(dict(conditions), failures / n, float(low), float(high), int(n), OBJECTIVE)
 
 
-@register_auditor
+@AUDITORS.register
 class SurrogateSearch(Auditor):
     name = "surrogate_search"
     Params = SurrogateSearchParams

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from counteraudit.evaluate.discovery.auditors.base import (Auditor, BudgetError, Finding, conditions_key,
-                                                           median_interval, register_auditor)
+from counteraudit.evaluate.discovery.auditors.base import (AUDITORS, Auditor, BudgetError, Finding,
+                                                           conditions_key, median_interval)
 from counteraudit.evaluate.discovery.covering_arrays import cached_covering_array, uncovered
 
 SYSTEMATIC_ERROR = "systematic_error"
@@ -42,7 +42,7 @@ class TwiseParams:
     factors: tuple[str, ...] = field(default=())  # the grid's factors; () = all the world's
 
 
-@register_auditor
+@AUDITORS.register
 class Twise(Auditor):
     name = "twise"
     Params = TwiseParams

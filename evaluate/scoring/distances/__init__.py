@@ -1,7 +1,8 @@
 """Image distances d(z, z') for the anomaly score, one file per distance, registered on import.
 
 Adding a distance takes one new file in this folder that subclasses ``Distance`` and decorates it
-with ``@DISTANCES.register()``; every module here is imported below, so nothing else changes.
+with ``@DISTANCES.register``; ``DISTANCES`` imports every module here on first lookup, so nothing
+else changes.
 
     distance = build_distance("lpips-alex", weights_dir="~/weights")
     feats = {model: distance.features(images[model]) for model in images}   # one pass per image
@@ -9,18 +10,11 @@ with ``@DISTANCES.register()``; every module here is imported below, so nothing 
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 from counteraudit.evaluate.scoring.distances.backbone_weights import MissingBackboneWeightsError
 from counteraudit.evaluate.scoring.distances.base import DISTANCES, Distance, Features
 
 DEFAULT_DISTANCE = "lpips-alex"  # the paper's main-text distance
 WEIGHT_FREE_FALLBACK = "l2"
-
-for _module in pkgutil.iter_modules(__path__):
-    if not _module.name.startswith("_"):
-        importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def build_distance(name: str = DEFAULT_DISTANCE, **options) -> Distance:

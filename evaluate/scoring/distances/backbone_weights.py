@@ -14,7 +14,6 @@ from typing import Callable
 from urllib.parse import urlparse
 
 import torch
-from torchvision import models
 
 
 @dataclass(frozen=True)
@@ -39,13 +38,6 @@ class Backbone:
     @property
     def fetch_command(self) -> str:
         return f"python -c \"import torchvision; torchvision.models.{self.builder_path}(weights='IMAGENET1K_V1')\""
-
-
-BACKBONES: dict[str, Backbone] = {
-    "alex": Backbone("alex", models.alexnet, models.AlexNet_Weights, "alexnet"),
-    "vgg": Backbone("vgg", models.vgg16, models.VGG16_Weights, "vgg16"),
-    "squeeze": Backbone("squeeze", models.squeezenet1_1, models.SqueezeNet1_1_Weights, "squeezenet1_1"),
-}
 
 
 class MissingBackboneWeightsError(FileNotFoundError):

@@ -14,7 +14,10 @@ from typing import ClassVar, Sequence
 import numpy as np
 import torch
 
-from counteraudit.train.core.registry import Registry
+from counteraudit.train.core.registries import DISTANCES
+
+__all__ = ["DISTANCES", "DEFAULT_CHUNK_BYTES", "Distance", "Features", "WeightFreeDistance",
+           "check_images", "chunk_length"]
 
 # Bounds the temporary (difference) tensors a distance allocates while combining features, so
 # 224x224 VGG features of many images never need one huge intermediate.
@@ -145,5 +148,3 @@ def check_images(images: np.ndarray, distance_name: str, min_size: int = 1) -> n
 def chunk_length(bytes_per_item: int, budget: int = DEFAULT_CHUNK_BYTES) -> int:
     return max(1, budget // max(1, bytes_per_item))
 
-
-DISTANCES: Registry[type[Distance]] = Registry("distance")

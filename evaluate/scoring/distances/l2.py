@@ -24,7 +24,7 @@ import torch
 from counteraudit.evaluate.scoring.distances.base import DISTANCES, Features, WeightFreeDistance, check_images, chunk_length
 
 
-@DISTANCES.register()
+@DISTANCES.register
 class L2Distance(WeightFreeDistance):
     name = "l2"
 

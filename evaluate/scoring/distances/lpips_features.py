@@ -17,19 +17,10 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from counteraudit.evaluate.scoring.distances.backbone_weights import (BACKBONES,
-                                                              MissingBackboneWeightsError,
-                                                              find_weights_file,
-                                                              load_backbone_features)
+from counteraudit.evaluate.scoring.distances.backbone_weights import (Backbone, MissingBackboneWeightsError,
+                                                                      find_weights_file, load_backbone_features)
 from counteraudit.evaluate.scoring.distances.base import Distance, Features, check_images, chunk_length
 
-# End index (exclusive) in torchvision's ``model.features`` of each slice lpips taps, copied from
-# lpips/pretrained_networks.py (alexnet, vgg16, squeezenet classes).
-LAYER_ENDS: dict[str, tuple[int, ...]] = {
-    "alex": (2, 5, 8, 10, 12),
-    "vgg": (4, 9, 16, 23, 30),
-    "squeeze": (2, 5, 8, 10, 11, 12, 13),
-}
 # lpips.ScalingLayer: maps [-1, 1] inputs to ImageNet-normalised ones.
 LPIPS_SHIFT = (-0.030, -0.088, -0.188)
 LPIPS_SCALE = (0.458, 0.448, 0.450)
@@ -40,12 +31,12 @@ CACHE_FRIENDLY_CHUNK_BYTES = 8 * 2**20
 FEATURE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def shipped_linear_weights(net: str) -> list[torch.Tensor]:
-    """The per-channel weights of lpips's linear layers for ``net``, from the lpips wheel."""
+def shipped_linear_weights(net: str, layers: int) -> list[torch.Tensor]:
+    """The per-channel weights of lpips's ``layers`` linear layers for ``net``, from the lpips wheel."""
     import lpips
     path = Path(lpips.__file__).parent / "weights" / f"v{LPIPS_VERSION}" / f"{net}.pth"
     state_dict = torch.load(path, map_location="cpu", weights_only=True)
-    weights = [state_dict[f"lin{k}.model.1.weight"].reshape(-1).float() for k in range(len(LAYER_ENDS[net]))]
+    weights = [state_dict[f"lin{k}.model.1.weight"].reshape(-1).float() for k in range(layers)]
     if any(bool((w < 0).any()) for w in weights):
         raise ValueError(f"{path} has negative linear-layer weights; the cached-feature LPIPS needs the "
                          f"non-negative weights lpips ships (reinstall lpips)")
@@ -53,9 +44,13 @@ def shipped_linear_weights(net: str) -> list[torch.Tensor]:
 
 
 class LPIPSDistance(Distance):
-    """Base for the registered ``lpips-<net>`` distances; subclasses only set ``name`` and ``net``."""
+    """Base for the registered ``lpips-<net>`` distances; subclasses only set ``name``, their
+    torchvision backbone and the layers lpips taps in it."""
 
-    net: ClassVar[str]
+    torchvision_backbone: ClassVar[Backbone]
+    # End index (exclusive) in torchvision's ``model.features`` of each slice lpips taps, copied
+    # from lpips/pretrained_networks.py (its alexnet, vgg16, squeezenet classes).
+    layer_ends: ClassVar[tuple[int, ...]]
     needs_weights: ClassVar[bool] = True
 
     def __init__(self, weights_dir: str | None = None, *, download: bool = True,
@@ -73,18 +68,18 @@ class LPIPSDistance(Distance):
         self.device = torch.device(device)
         self.batch_size = int(batch_size)
         self.random_backbone = bool(random_backbone)
-        backbone = BACKBONES[self.net]
-        self.backbone = load_backbone_features(backbone, weights_dir, download, random_backbone, seed)
+        self.backbone = load_backbone_features(self.torchvision_backbone, weights_dir, download,
+                                               random_backbone, seed)
         self.backbone.to(self.device)
-        self.layer_ends = LAYER_ENDS[self.net]
-        self.linear_weights = [w.to(self.device) for w in shipped_linear_weights(self.net)]
+        self.linear_weights = [w.to(self.device) for w in
+                               shipped_linear_weights(self.torchvision_backbone.lpips_net, len(self.layer_ends))]
         self.input_shift = torch.tensor(LPIPS_SHIFT, device=self.device).view(1, 3, 1, 1)
         self.input_scale = torch.tensor(LPIPS_SCALE, device=self.device).view(1, 3, 1, 1)
 
     @classmethod
     def available(cls, weights_dir: str | None = None, download: bool = True) -> bool:
         try:
-            find_weights_file(BACKBONES[cls.net], weights_dir, download)
+            find_weights_file(cls.torchvision_backbone, weights_dir, download)
         except (MissingBackboneWeightsError, NotADirectoryError):
             return False
         return True

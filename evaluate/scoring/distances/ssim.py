@@ -34,7 +34,7 @@ def local_mean(images: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
     return F.conv2d(F.conv2d(images, across_rows, groups=channels), across_cols, groups=channels)
 
 
-@DISTANCES.register()
+@DISTANCES.register
 class SSIMDistance(WeightFreeDistance):
     name = "ssim"
 
