@@ -13,6 +13,8 @@ import argparse
 import importlib
 import sys
 
+from counteraudit.train.core.stage import ScriptHelpFormatter, run_cli
+
 # subcommand -> the module of its stage script (get_args_parser + main)
 STAGE_SCRIPTS = {
     "train": "counteraudit.train.train",
@@ -25,10 +27,6 @@ STAGE_SCRIPTS = {
     "discover": "counteraudit.evaluate.discover",
     "sensitivity": "counteraudit.evaluate.sensitivity",
 }
-
-
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The script's docstring as written, and each option's default, as the scripts show them."""
 
 
 def _summary(module) -> str:
@@ -56,12 +54,11 @@ def _build_parsers(add_help: bool = True):
         own = module.get_args_parser(add_help=False)
         by_name[name] = commands.add_parser(
             name, parents=[own], help=_summary(module), description=module.__doc__,
-            formatter_class=_HelpFormatter)
+            formatter_class=ScriptHelpFormatter)
     return parser, by_name
 
 
 def main(argv: list[str] | None = None) -> int:
-    from counteraudit.train.core.stage import run_cli
     parser, by_name = _build_parsers()
     args = parser.parse_args(argv)
     run_cli(importlib.import_module(STAGE_SCRIPTS[args.command]).main, by_name[args.command], args)

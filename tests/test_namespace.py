@@ -1,6 +1,8 @@
 """One import namespace and one command: with packages named `evaluate` and `train` ahead on the
 path (Hugging Face's `evaluate` is in many ML environments), every counteraudit module still
 imports, and the stage scripts and the `counteraudit` command still run, from any folder."""
+import importlib
+import json
 import os
 import re
 import shutil
@@ -14,21 +16,31 @@ from tests.conftest import REPO, write_suite
 
 from counteraudit.evaluate.cli import STAGE_SCRIPTS as COMMANDS
 
+from counteraudit.evaluate.benchmarks import benchmark_parser
+
 # every subcommand's script file: counteraudit.evaluate.detect -> evaluate/detect.py
 STAGE_SCRIPTS = [module.removeprefix("counteraudit.").replace(".", "/") + ".py"
                  for module in COMMANDS.values()]
+# every benchmark script, from the folder's listing: a new one is covered without a line here
+BENCHMARK_SCRIPTS = sorted(path.relative_to(REPO).as_posix()
+                           for path in (REPO / "evaluate" / "benchmarks").glob("*.py")
+                           if path.name != "__init__.py")
 
 
-@pytest.fixture
-def shadowed(tmp_path) -> dict[str, str]:
+def impostor_environment(folder: Path) -> dict[str, str]:
     """An environment whose path starts with impostor `evaluate`, `train`, `explain`, `slurm` and
-    `anomalies` packages that fail loudly when imported."""
-    impostors = tmp_path / "impostors"
+    `anomalies` packages (in ``folder``) that fail loudly when imported."""
+    impostors = folder / "impostors"
     for name in ("evaluate", "train", "explain", "slurm", "anomalies"):
         (impostors / name).mkdir(parents=True)
         (impostors / name / "__init__.py").write_text(
             f"raise ImportError('the impostor package {name!r} was imported')\n")
     return {**os.environ, "PYTHONPATH": str(impostors)}
+
+
+@pytest.fixture
+def shadowed(tmp_path) -> dict[str, str]:
+    return impostor_environment(tmp_path)
 
 
 def python(code_or_script, *args, env, cwd) -> subprocess.CompletedProcess:
@@ -57,33 +69,49 @@ print(len(names))
     assert imported >= 60  # every module of the five packages (about 70 today)
 
 
-# Every stage script's --help, each run as `python <script>` would run it (argv, sys.path[0] its
-# folder, __main__), in one interpreter: one import of torch instead of one per script. The real
-# run of train.py below is a separate `python train/train.py` process.
-HELP_OF_EVERY_SCRIPT = """
-import contextlib, io, os, runpy, sys
-scripts = sys.argv[1:]
-for script in scripts:
+# Scripts run as `python <script> <args>` would run them (argv, sys.path[0] the script's folder,
+# __main__), all in one interpreter: one import of torch instead of one per script. Takes a JSON
+# list of argument lists (the script first); prints, as JSON on its last line, each run's exit
+# status, stdout and stderr, in order.
+RUN_SCRIPTS = """
+import contextlib, io, json, os, runpy, sys
+runs = []
+for argv in json.loads(sys.argv[1]):
     saved_path, saved_argv = list(sys.path), sys.argv
-    sys.path[0], sys.argv = os.path.dirname(script), [script, "--help"]
-    shown = io.StringIO()
-    with contextlib.redirect_stdout(shown):
+    sys.path[0], sys.argv = os.path.dirname(argv[0]), argv
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            runpy.run_path(script, run_name="__main__")
+            runpy.run_path(argv[0], run_name="__main__")
         except SystemExit as exit:
-            assert exit.code in (0, None), (script, exit.code)
+            code = exit.code or 0
     sys.path[:], sys.argv = saved_path, saved_argv
-    assert "--suite" in shown.getvalue(), (script, shown.getvalue())
+    runs.append({"code": code, "out": out.getvalue(), "err": err.getvalue()})
     impostors = {"evaluate", "train", "explain", "slurm", "anomalies"} & set(sys.modules)
-    assert not impostors, (script, impostors)
-print(len(scripts))
+    assert not impostors, (argv, impostors)
+print(json.dumps(runs))
 """
+# A benchmark run whose mistake the script must report as run_cli does (one line, status 2).
+BAD_BENCHMARK_RUN = ["evaluate/benchmarks/decode.py", "--images", "0"]
 
 
-def test_stage_scripts_and_the_command_run_from_another_folder(shadowed, tmp_path):
-    shown = python(HELP_OF_EVERY_SCRIPT, *(REPO / script for script in STAGE_SCRIPTS),
-                   env=shadowed, cwd=tmp_path)
-    assert shown.stdout.strip() == str(len(STAGE_SCRIPTS))
+@pytest.fixture(scope="module")
+def script_runs(tmp_path_factory) -> dict[tuple[str, ...], dict]:
+    """Every stage and benchmark script's --help, and BAD_BENCHMARK_RUN, from another folder with
+    impostor packages ahead on the path: {(script, *args): {"code", "out", "err"}}."""
+    folder = tmp_path_factory.mktemp("scripts")
+    argvs = [[script, "--help"] for script in STAGE_SCRIPTS + BENCHMARK_SCRIPTS]
+    argvs.append(BAD_BENCHMARK_RUN)
+    shown = python(RUN_SCRIPTS, json.dumps([[str(REPO / argv[0]), *argv[1:]] for argv in argvs]),
+                   env=impostor_environment(folder), cwd=folder)
+    runs = json.loads(shown.stdout.strip().splitlines()[-1])
+    return {tuple(argv): run for argv, run in zip(argvs, runs)}
+
+
+def test_stage_scripts_and_the_command_run_from_another_folder(script_runs, shadowed, tmp_path):
+    for script in STAGE_SCRIPTS:
+        shown = script_runs[script, "--help"]
+        assert shown["code"] == 0 and "--suite" in shown["out"], (script, shown)
     command = shutil.which("counteraudit", path=str(Path(sys.executable).parent))
     assert command, "the counteraudit console script is not installed beside this python"
     listed = subprocess.run([command, "--help"], env=shadowed, cwd=tmp_path, capture_output=True,
@@ -105,7 +133,6 @@ def test_stage_scripts_and_the_command_run_from_another_folder(shadowed, tmp_pat
 
 def test_the_command_uses_the_scripts_parsers_and_reports_errors_as_they_do(tmp_path):
     from counteraudit.evaluate.cli import get_args_parser
-    import importlib
     parser = get_args_parser()
     for name, module_name in COMMANDS.items():
         own = importlib.import_module(module_name).get_args_parser(add_help=False)
@@ -116,3 +143,38 @@ def test_the_command_uses_the_scripts_parsers_and_reports_errors_as_they_do(tmp_
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert bad.stderr.startswith("counteraudit detect: error: unknown suite 'no-such-suite'")
+
+
+def test_every_benchmark_script_keeps_the_convention_and_runs_from_another_folder(script_runs):
+    """Each benchmark script: its docstring, with a command, as its --help; get_args_parser
+    (add_help); main(args); run as a file from any folder; a user's mistake one line and exit
+    status 2 (run_cli)."""
+    assert len(BENCHMARK_SCRIPTS) >= 5, BENCHMARK_SCRIPTS
+    for script in BENCHMARK_SCRIPTS:
+        shown = script_runs[script, "--help"]
+        assert shown["code"] == 0, (script, shown)
+        usage = shown["out"].splitlines()[0]
+        assert re.match(r"usage: counteraudit [\w ]+ benchmark \[-h\]", usage), (script, usage)
+        module = importlib.import_module(
+            "counteraudit." + script.removesuffix(".py").replace("/", "."))
+        assert module.__doc__.strip().splitlines()[0] in shown["out"], script
+        assert f"python {script}" in module.__doc__, f"{script}: its docstring shows no command"
+        assert module.get_args_parser(add_help=False).add_help is False, script
+        assert callable(module.main), script
+    bad = script_runs[tuple(BAD_BENCHMARK_RUN)]
+    assert bad["code"] == 2 and bad["err"].startswith(
+        "counteraudit decoding benchmark: error: --images 0"), bad
+
+
+def test_benchmark_parser_names_the_benchmark_and_shows_its_docstring_and_defaults():
+    docstring = """Time one thing.
+
+    python evaluate/benchmarks/thing.py --rounds 3
+    """
+    parser = benchmark_parser("thing", docstring)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (5: steady)")
+    shown = parser.format_help()
+    assert shown.startswith("usage: counteraudit thing benchmark [-h] [--rounds ROUNDS]")
+    assert "    python evaluate/benchmarks/thing.py --rounds 3" in shown  # as written
+    assert "rounds (5: steady) (default: 5)" in shown
+    assert benchmark_parser("thing", docstring, add_help=False).format_help().find("-h") == -1

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from counteraudit.train.checkpoint import CHECKPOINT_NAME, METRICS_NAME, WEIGHTS_NAME, model_dir
-from counteraudit.train.core.suite import load_suite
-from counteraudit.train.trainer import load_trained_model, train_model
+from counteraudit.train.core.suite import Recipe, load_suite
+from counteraudit.train.trainer import load_trained_model, train_model, warmup_lr
 from counteraudit.train.worlds import build_world
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,6 +83,20 @@ def test_lr_warmup_across_an_epoch_boundary_resumes_to_the_same_bits(suite_and_w
     assert len(straight["history"]) == spec.recipe.epochs
     train_model(base, tmp_path / "plain", world=world, progress=False)  # no warmup: other weights
     assert not _same(_weights(tmp_path / "straight"), _weights(tmp_path / "plain"))
+
+
+def test_warmup_ramps_the_step_schedule_from_the_step_number_alone():
+    """lr/15, 2*lr/15, ... up to the step schedule's lr at step 15 (1.5 epochs of 10 steps), then
+    the step schedule: the same value for a step however the run got there (resumed or not)."""
+    recipe = Recipe(lr=0.3, lr_gamma=0.5, lr_step_epochs=2)
+    assert warmup_lr(recipe, epoch=0, step=0, steps_per_epoch=10, warmup_steps=15) == pytest.approx(0.3 / 15)
+    assert warmup_lr(recipe, epoch=0, step=9, steps_per_epoch=10, warmup_steps=15) == pytest.approx(0.3 * 10 / 15)
+    assert warmup_lr(recipe, epoch=1, step=4, steps_per_epoch=10, warmup_steps=15) == 0.3
+    assert warmup_lr(recipe, epoch=1, step=9, steps_per_epoch=10, warmup_steps=15) == 0.3
+    assert warmup_lr(recipe, epoch=2, step=0, steps_per_epoch=10, warmup_steps=15) == 0.3 * 0.5
+    # a warmup longer than the first decay ramps the decayed rate
+    assert warmup_lr(recipe, epoch=2, step=0, steps_per_epoch=10, warmup_steps=42) == \
+        pytest.approx(0.3 * 0.5 * 21 / 42)
 
 
 def test_killed_process_resumes_from_its_last_checkpoint(tiny_suite, runs, tmp_path):

@@ -94,7 +94,7 @@ def measure_precisions(architecture: str, num_classes: int, image_size: int, bat
 
 
 def _training_step(architecture, num_classes, images, labels, autocast):
-    """The trainer's step (train/trainer.py _train) on one fixed batch, as a closure."""
+    """The trainer's step (train/trainer.py train_one_step) on one fixed batch, as a closure."""
     # Normalisation constants only condition the inputs; they do not change the step's cost.
     model = build_model(architecture, num_classes, (0.5,) * 3, (0.25,) * 3)
     model = model.to(memory_format=torch.channels_last).train()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import platform
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_N
                                            load_backbone_weights, load_training_state,
                                            load_weights_only, read_metrics, save_training_state,
                                            training_lock)
-from counteraudit.train.core.suite import ModelSpec
+from counteraudit.train.core.suite import ModelSpec, Recipe
 from counteraudit.train.worlds import Batch, World, build_world
 
 
@@ -112,6 +113,33 @@ def _distributed() -> tuple[int, int]:
     return 0, 1
 
 
+@dataclass(frozen=True)
+class Processes:
+    """Who trains a model: this process, rank ``rank`` of ``world_size`` DDP processes, or one
+    process emulating ``emulated`` of them (module docstring)."""
+    rank: int = 0
+    world_size: int = 1
+    emulated: int = 1
+
+    @property
+    def writes(self) -> bool:
+        """Rank 0 writes the files and the log; the other ranks train alongside it."""
+        return self.rank == 0
+
+    @property
+    def slices(self) -> int:
+        """Into how many slices each global batch is cut."""
+        return max(self.world_size, self.emulated)
+
+
+def _processes(emulate_processes: int) -> Processes:
+    rank, world_size = _distributed()
+    if world_size > 1 and emulate_processes > 1:
+        raise ValueError(f"emulate_processes={emulate_processes} is for a single process; this one "
+                         f"is rank {rank} of a real {world_size}-process run")
+    return Processes(rank, world_size, emulate_processes)
+
+
 def train_model(spec: ModelSpec, directory: str | Path, world: World | None = None,
                 device: str | torch.device | None = None, progress: bool = True,
                 stop_after_epoch: int | None = None, runs_root: str | Path | None = None,
@@ -148,6 +176,208 @@ def train_model(spec: ModelSpec, directory: str | Path, world: World | None = No
         torch.set_num_threads(threads)
 
 
+def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.device,
+           progress: bool, stop_after_epoch: int | None, runs_root,
+           emulate_processes: int = 1) -> dict[str, Any]:
+    """The recipe: set up, resume from the last checkpoint, train the remaining epochs with a
+    checkpoint after each, evaluate and save. The order of these calls is part of the result (the
+    torch RNG draws init, then a resume restores its state), as are the float operations of the
+    helpers: a model keeps its bits, and a runs folder its models, only while both stay."""
+    processes = _processes(emulate_processes)
+    world = world or build_world(spec.world, runs_root=runs_root)
+    if processes.writes:
+        atomic_write_json(directory / SPEC_NAME, spec.to_dict())
+    model = new_model(spec, world).to(device)
+    if spec.checkpoint:
+        load_backbone_weights(model, spec.checkpoint)
+        return _evaluate_and_save(spec, directory, model, world, device, {
+            "source": "external", "external_checkpoint": str(spec.checkpoint)}, processes)
+
+    family = build_family(spec, world)
+    split = world.split("train") if family is None else family.training_split(world.split("train"))
+    optimizer, scheduler = _optimizer_and_scheduler(model, spec.recipe)
+    done = _resume(directory, spec, model, optimizer, scheduler, processes)
+    run = _training_run(spec, model, family, split, optimizer, scheduler, device, processes,
+                        progress)
+    for epoch in range(done.next_epoch, spec.recipe.epochs):
+        record, images = train_one_epoch(run, epoch)
+        done.add_epoch(record, images)
+        if processes.writes:
+            _log_epoch(spec, record)
+        last = epoch + 1 == spec.recipe.epochs
+        if processes.writes and ((epoch + 1) % CHECKPOINT_EVERY_EPOCHS == 0 or last):
+            _save_checkpoint(directory, run, epoch, done)
+        if processes.world_size > 1:
+            dist.barrier()  # no rank runs ahead of the checkpoint
+        if stop_after_epoch is not None and epoch + 1 >= stop_after_epoch and not last:
+            return {"interrupted_after_epoch": epoch + 1}
+    return _evaluate_and_save(spec, directory, model, world, device,
+                              _training_metrics(spec, done, processes), processes)
+
+
+# ---------------------------------------------------------------- set-up, resume, checkpoint
+@dataclass
+class TrainingProgress:
+    """What the finished epochs produced: a checkpoint saves it, a resume restores it."""
+    next_epoch: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    train_seconds: float = 0.0
+    images_seen: int = 0  # every process's images
+
+    def add_epoch(self, record: dict[str, Any], images: int) -> None:
+        self.next_epoch = record["epoch"]
+        self.train_seconds += record["seconds"]
+        self.images_seen += images
+        self.history.append(record)
+
+
+@dataclass
+class TrainingRun:
+    """One model's training, set up: what its epochs and steps use."""
+    spec: ModelSpec
+    model: Classifier       # the model itself: its backbone is what is saved
+    net: nn.Module          # what the step runs: the model, or its DDP wrapper
+    family: Any             # the anomaly family (None: a reference model)
+    split: Any              # the training split (the family's, which may add images)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    device: torch.device
+    processes: Processes
+    autocast: contextlib.AbstractContextManager
+    loss_fn: nn.Module
+    data_seed: int
+    steps_per_epoch: int
+    warmup_steps: int
+    progress: bool          # show a progress bar
+
+
+def _optimizer_and_scheduler(model: nn.Module, recipe: Recipe
+                             ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.StepLR]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=recipe.lr, momentum=recipe.momentum,
+                                weight_decay=recipe.weight_decay)
+    return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, recipe.lr_step_epochs,
+                                                      recipe.lr_gamma)
+
+
+def _resume(directory: Path, spec: ModelSpec, model: Classifier, optimizer: torch.optim.Optimizer,
+            scheduler, processes: Processes) -> TrainingProgress:
+    """Restore the last checkpoint's model, optimizer, schedule and torch RNG; its progress (none
+    without a checkpoint)."""
+    state = load_training_state(directory)
+    if state is None:
+        return TrainingProgress()
+    if state["spec_key"] != spec.key:
+        raise RuntimeError(f"{directory / 'checkpoint.pth'} belongs to spec {state['spec_key']},"
+                           f" not {spec.key}; delete the folder to retrain")
+    model.backbone.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["torch_rng"])
+    if processes.writes:  # always logged: it is how a requeued job shows it lost no finished epoch
+        print(f"[train] {spec.name}: resuming after epoch {state['epoch'] + 1}/{spec.recipe.epochs}"
+              f" from {directory / CHECKPOINT_NAME}", flush=True)
+    return TrainingProgress(state["epoch"] + 1, state["history"], state["train_seconds"],
+                            state["images_seen"])
+
+
+def _save_checkpoint(directory: Path, run: TrainingRun, epoch: int,
+                     done: TrainingProgress) -> None:
+    """Everything a resume after ``epoch`` needs (the keys checkpoint.TRAINING_STATE_KEYS names)."""
+    save_training_state(directory, {
+        "spec_key": run.spec.key, "epoch": epoch, "model": run.model.backbone.state_dict(),
+        "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+        "torch_rng": torch.get_rng_state(), "history": done.history,
+        "train_seconds": done.train_seconds, "images_seen": done.images_seen})
+
+
+def _training_run(spec: ModelSpec, model: Classifier, family, split, optimizer, scheduler,
+                  device: torch.device, processes: Processes, progress: bool) -> TrainingRun:
+    """The model in its training layout (and DDP wrapper), the precision, and the step counts."""
+    recipe = spec.recipe
+    cuda = device.type == "cuda"
+    # channels_last: the fast convolution layout on GPUs and, for these small models, on CPUs too
+    # (1.5x measured on the 2-core CI machine). bf16 autocast on CUDA, and on CPU if the recipe
+    # asks (recipe.cpu_bf16).
+    model = model.to(memory_format=torch.channels_last)
+    net: nn.Module = model
+    if processes.world_size > 1:
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if cuda or recipe.cpu_bf16
+                else contextlib.nullcontext())
+    steps_per_epoch = len(split) // recipe.batch_size
+    if steps_per_epoch == 0:
+        raise ValueError(f"{spec.name}: batch_size {recipe.batch_size} is larger than the "
+                         f"{len(split)} training images; lower recipe.batch_size")
+    if recipe.batch_size < processes.slices:
+        raise ValueError(f"{spec.name}: batch_size {recipe.batch_size} cannot be split over "
+                         f"{processes.slices} processes; use fewer GPUs/tasks or a larger batch")
+    return TrainingRun(spec, model, net, family, split, optimizer, scheduler, device, processes,
+                       autocast, nn.CrossEntropyLoss(), derive_seed(spec.seed, "data"),
+                       steps_per_epoch, int(round(recipe.lr_warmup_epochs * steps_per_epoch)),
+                       progress)
+
+
+def warmup_lr(recipe: Recipe, epoch: int, step: int, steps_per_epoch: int,
+              warmup_steps: int) -> float:
+    """The learning rate at ``step`` of ``epoch``: the step schedule's, ramped up linearly over
+    the first ``warmup_steps`` steps. From the step alone, so a resumed run gets the same."""
+    done = epoch * steps_per_epoch + step + 1
+    return (recipe.lr * recipe.lr_gamma ** (epoch // recipe.lr_step_epochs)
+            * min(1.0, done / warmup_steps))
+
+
+# ---------------------------------------------------------------- one epoch, one step
+@dataclass
+class _EpochMeter:
+    """An epoch's loss and accuracy, summed slice by slice in training order (the order the
+    history's floats depend on)."""
+    loss_sum: float = 0.0
+    correct: int = 0
+    seen: int = 0         # this process's images
+    global_seen: int = 0  # every process's images, this one's slice or not
+
+    def add(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        self.loss_sum += float(loss.detach()) * len(labels)
+        self.correct += int((logits.argmax(1) == labels).sum())
+        self.seen += len(labels)
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / max(self.seen, 1)
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / max(self.seen, 1)
+
+
+def train_one_epoch(run: TrainingRun, epoch: int) -> tuple[dict[str, Any], int]:
+    """Train one epoch, the scheduler's step included; its history record, and how many images
+    every process trained on."""
+    recipe = run.spec.recipe
+    run.model.train()
+    generator = torch.Generator().manual_seed(derive_seed(run.spec.seed, "anomaly", epoch))
+    started, meter = time.perf_counter(), _EpochMeter()
+    crop = recipe.crop_size(epoch)  # progressive resizing: from the epoch alone, resumable
+    batches = run.split.train_batches(recipe.batch_size, run.data_seed, epoch,
+                                      part=(run.processes.rank, run.processes.world_size),
+                                      image_size=crop)
+    bar = tqdm(batches, total=run.steps_per_epoch,
+               desc=f"{run.spec.name} epoch {epoch + 1}/{recipe.epochs}", leave=False,
+               disable=not run.progress or not run.processes.writes, dynamic_ncols=True)
+    for step, batch in enumerate(bar):
+        if run.warmup_steps:
+            lr = warmup_lr(recipe, epoch, step, run.steps_per_epoch, run.warmup_steps)
+            for group in run.optimizer.param_groups:
+                group["lr"] = lr
+        train_one_step(run, batch, generator, meter)
+        bar.set_postfix(loss=f"{meter.loss:.3f}", acc=f"{meter.accuracy:.3f}")
+    run.scheduler.step()
+    seconds = time.perf_counter() - started
+    return {"epoch": epoch + 1, "loss": meter.loss, "train_accuracy": meter.accuracy,
+            "seconds": seconds, "lr": run.optimizer.param_groups[0]["lr"],
+            **({"crop_size": crop} if crop is not None else {})}, meter.global_seen
+
+
 def _batch_slices(batch: Batch, emulate_processes: int) -> list[Batch]:
     """The batches this process trains on in one step: the one it loaded (under DDP, the world
     loaded only this process's slice), or the N slices of the whole batch when emulating N."""
@@ -156,162 +386,82 @@ def _batch_slices(batch: Batch, emulate_processes: int) -> list[Batch]:
     return [batch]
 
 
-def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.device,
-           progress: bool, stop_after_epoch: int | None, runs_root,
-           emulate_processes: int = 1) -> dict[str, Any]:
-    rank, world_size = _distributed()
-    if world_size > 1 and emulate_processes > 1:
-        raise ValueError(f"emulate_processes={emulate_processes} is for a single process; this one "
-                         f"is rank {rank} of a real {world_size}-process run")
-    world = world or build_world(spec.world, runs_root=runs_root)
-    if rank == 0:
-        atomic_write_json(directory / SPEC_NAME, spec.to_dict())
-    model = new_model(spec, world).to(device)
-    if spec.checkpoint:
-        load_backbone_weights(model, spec.checkpoint)
-        return _finish(spec, directory, model, world, device, {"source": "external",
-                       "external_checkpoint": str(spec.checkpoint)}, rank)
-
-    family = build_family(spec, world)
-    split = world.split("train")
-    if family is not None:
-        split = family.training_split(split)
-    recipe = spec.recipe
-    optimizer = torch.optim.SGD(model.parameters(), lr=recipe.lr, momentum=recipe.momentum,
-                                weight_decay=recipe.weight_decay)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, recipe.lr_step_epochs, recipe.lr_gamma)
-    state = load_training_state(directory)
-    start_epoch, history, train_seconds, images_seen = 0, [], 0.0, 0
-    if state is not None:
-        if state["spec_key"] != spec.key:
-            raise RuntimeError(f"{directory / 'checkpoint.pth'} belongs to spec {state['spec_key']},"
-                               f" not {spec.key}; delete the folder to retrain")
-        model.backbone.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["torch_rng"])
-        start_epoch, history = state["epoch"] + 1, state["history"]
-        train_seconds, images_seen = state["train_seconds"], state["images_seen"]
-        if rank == 0:  # always logged: it is how a requeued job shows it lost no finished epoch
-            print(f"[train] {spec.name}: resuming after epoch {state['epoch'] + 1}/{recipe.epochs}"
-                  f" from {directory / CHECKPOINT_NAME}", flush=True)
-
-    cuda = device.type == "cuda"
-    # channels_last: the fast convolution layout on GPUs and, for these small models, on CPUs too
-    # (1.5x measured on the 2-core CI machine). bf16 autocast on CUDA, and on CPU if the recipe
-    # asks (recipe.cpu_bf16).
-    model = model.to(memory_format=torch.channels_last)
-    net: nn.Module = model
-    if world_size > 1:
-        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if cuda or recipe.cpu_bf16
-                else contextlib.nullcontext())
-    loss_fn = nn.CrossEntropyLoss()
-    data_seed = derive_seed(spec.seed, "data")
-    steps_per_epoch = len(split) // recipe.batch_size
-    if steps_per_epoch == 0:
-        raise ValueError(f"{spec.name}: batch_size {recipe.batch_size} is larger than the "
-                         f"{len(split)} training images; lower recipe.batch_size")
-    warmup_steps = int(round(recipe.lr_warmup_epochs * steps_per_epoch))
-    slice_count = max(world_size, emulate_processes)
-    if recipe.batch_size < slice_count:
-        raise ValueError(f"{spec.name}: batch_size {recipe.batch_size} cannot be split over "
-                         f"{slice_count} processes; use fewer GPUs/tasks or a larger batch")
-
-    for epoch in range(start_epoch, recipe.epochs):
-        model.train()
-        generator = torch.Generator().manual_seed(derive_seed(spec.seed, "anomaly", epoch))
-        started, loss_sum, correct, seen, global_seen = time.perf_counter(), 0.0, 0, 0, 0
-        crop = recipe.crop_size(epoch)  # progressive resizing: from the epoch alone, resumable
-        batches = split.train_batches(recipe.batch_size, data_seed, epoch, part=(rank, world_size),
-                                      image_size=crop)
-        bar = tqdm(batches, total=steps_per_epoch,
-                   desc=f"{spec.name} epoch {epoch + 1}/{recipe.epochs}", leave=False,
-                   disable=not progress or rank != 0, dynamic_ncols=True)
-        for step, batch in enumerate(bar):
-            if warmup_steps:  # the step schedule times the warmup, from the step alone: resumable
-                done = epoch * steps_per_epoch + step + 1
-                for group in optimizer.param_groups:
-                    group["lr"] = (recipe.lr * recipe.lr_gamma ** (epoch // recipe.lr_step_epochs)
-                                   * min(1.0, done / warmup_steps))
-            slices = _batch_slices(batch, emulate_processes)
-            global_seen += batch.global_size  # every process's images, this one's slice or not
-            # Every process draws the family's randomness for the whole global batch, from the
-            # same generator state; emulated processes therefore each start from the step's.
-            step_rng = generator.get_state() if family is not None and len(slices) > 1 else None
-            optimizer.zero_grad(set_to_none=True)
-            rank0_buffers = None
-            for index, part in enumerate(slices):
-                images, labels = part.images, part.labels
-                if family is not None:
-                    if step_rng is not None:
-                        generator.set_state(step_rng)
-                    # Under the training's autocast, PGD's passes included: they cost (steps) x
-                    # the training step, and bf16 runs them at the training's speed.
-                    with autocast:
-                        images, labels = family.training_inputs(model, images, labels, generator,
-                                                                part.offset, part.global_size)
-                images = images.to(device, non_blocking=True)
-                labels = labels.to(device, non_blocking=True)
-                images = images.contiguous(memory_format=torch.channels_last)
-                with autocast:
-                    logits = net(images)
-                    loss = loss_fn(logits.float(), labels)
-                # Emulated processes: DDP averages the N processes' gradients, so each slice's
-                # loss counts 1/N (each slice's own mean, as on its own process).
-                (loss / len(slices) if len(slices) > 1 else loss).backward()
-                if len(slices) > 1 and index == 0:  # BatchNorm running statistics: rank 0's
-                    rank0_buffers = [b.detach().clone() for b in model.buffers()]
-                loss_sum += float(loss.detach()) * len(labels)
-                correct += int((logits.argmax(1) == labels).sum())
-                seen += len(labels)
-            if rank0_buffers is not None:
-                with torch.no_grad():
-                    for buffer, saved in zip(model.buffers(), rank0_buffers):
-                        buffer.copy_(saved)
-            optimizer.step()
-            bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{correct / seen:.3f}")
-        scheduler.step()
-        epoch_seconds = time.perf_counter() - started
-        train_seconds += epoch_seconds
-        images_seen += global_seen
-        history.append({"epoch": epoch + 1, "loss": loss_sum / max(seen, 1),
-                        "train_accuracy": correct / max(seen, 1), "seconds": epoch_seconds,
-                        "lr": optimizer.param_groups[0]["lr"],
-                        **({"crop_size": crop} if crop is not None else {})})
-        if rank == 0:
-            print(f"[train] {spec.name} epoch {epoch + 1}/{recipe.epochs}: loss "
-                  f"{history[-1]['loss']:.3f}, train acc {history[-1]['train_accuracy']:.3f}, "
-                  f"{epoch_seconds:.1f}s{f', {crop} px' if crop is not None else ''}", flush=True)
-        last = epoch + 1 == recipe.epochs
-        if rank == 0 and ((epoch + 1) % CHECKPOINT_EVERY_EPOCHS == 0 or last):
-            save_training_state(directory, {
-                "spec_key": spec.key, "epoch": epoch, "model": model.backbone.state_dict(),
-                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "torch_rng": torch.get_rng_state(), "history": history,
-                "train_seconds": train_seconds, "images_seen": images_seen})
-        if world_size > 1:
-            dist.barrier()  # no rank runs ahead of the checkpoint
-        if stop_after_epoch is not None and epoch + 1 >= stop_after_epoch and not last:
-            return {"interrupted_after_epoch": epoch + 1}
-
-    return _finish(spec, directory, model, world, device, {
-        "source": "trained", "epochs": recipe.epochs, "history": history,
-        "train_seconds": train_seconds, "images_per_second": images_seen / max(train_seconds, 1e-9),
-        "processes": world_size,
-        **({"distributed_backend": str(dist.get_backend())} if world_size > 1 else {}),
-        **({"emulated_processes": emulate_processes} if emulate_processes > 1 else {})}, rank)
+def train_one_step(run: TrainingRun, batch: Batch, generator: torch.Generator,
+                   meter: _EpochMeter) -> None:
+    """One optimizer step on a batch: this process's slice of it, or, emulating N processes, the
+    N slices one after the other with their gradients averaged as DDP averages them."""
+    slices = _batch_slices(batch, run.processes.emulated)
+    meter.global_seen += batch.global_size
+    # Every process draws the family's randomness for the whole global batch, from the same
+    # generator state; emulated processes therefore each start from the step's.
+    step_rng = generator.get_state() if run.family is not None and len(slices) > 1 else None
+    run.optimizer.zero_grad(set_to_none=True)
+    rank0_buffers = None
+    for index, part in enumerate(slices):
+        images, labels = _slice_inputs(run, part, generator, step_rng)
+        with run.autocast:
+            logits = run.net(images)
+            loss = run.loss_fn(logits.float(), labels)
+        # Emulated processes: DDP averages the N processes' gradients, so each slice's loss
+        # counts 1/N (each slice's own mean, as on its own process).
+        (loss / len(slices) if len(slices) > 1 else loss).backward()
+        if len(slices) > 1 and index == 0:  # BatchNorm running statistics: rank 0's
+            rank0_buffers = [b.detach().clone() for b in run.model.buffers()]
+        meter.add(loss, logits, labels)
+    if rank0_buffers is not None:
+        with torch.no_grad():
+            for buffer, saved in zip(run.model.buffers(), rank0_buffers):
+                buffer.copy_(saved)
+    run.optimizer.step()
 
 
-def _finish(spec: ModelSpec, directory: Path, model: Classifier, world: World,
-            device: torch.device, extra: dict[str, Any], rank: int) -> dict[str, Any]:
+def _slice_inputs(run: TrainingRun, part: Batch, generator: torch.Generator,
+                  step_rng: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A slice's images (channels_last) and labels on the device, changed by the anomaly family."""
+    images, labels = part.images, part.labels
+    if run.family is not None:
+        if step_rng is not None:
+            generator.set_state(step_rng)
+        # Under the training's autocast, PGD's passes included: they cost (steps) x the training
+        # step, and bf16 runs them at the training's speed.
+        with run.autocast:
+            images, labels = run.family.training_inputs(run.model, images, labels, generator,
+                                                        part.offset, part.global_size)
+    images = images.to(run.device, non_blocking=True)
+    labels = labels.to(run.device, non_blocking=True)
+    return images.contiguous(memory_format=torch.channels_last), labels
+
+
+def _log_epoch(spec: ModelSpec, record: dict[str, Any]) -> None:
+    crop = record.get("crop_size")
+    print(f"[train] {spec.name} epoch {record['epoch']}/{spec.recipe.epochs}: loss "
+          f"{record['loss']:.3f}, train acc {record['train_accuracy']:.3f}, "
+          f"{record['seconds']:.1f}s{f', {crop} px' if crop is not None else ''}", flush=True)
+
+
+# ---------------------------------------------------------------- evaluate and save
+def _training_metrics(spec: ModelSpec, done: TrainingProgress,
+                      processes: Processes) -> dict[str, Any]:
+    return {"source": "trained", "epochs": spec.recipe.epochs, "history": done.history,
+            "train_seconds": done.train_seconds,
+            "images_per_second": done.images_seen / max(done.train_seconds, 1e-9),
+            "processes": processes.world_size,
+            **({"distributed_backend": str(dist.get_backend())}
+               if processes.world_size > 1 else {}),
+            **({"emulated_processes": processes.emulated} if processes.emulated > 1 else {})}
+
+
+def _evaluate_and_save(spec: ModelSpec, directory: Path, model: Classifier, world: World,
+                       device: torch.device, extra: dict[str, Any],
+                       processes: Processes) -> dict[str, Any]:
+    """Validation accuracy, then (rank 0) weights.pth and metrics.json; the metrics."""
     model = model.to(memory_format=torch.contiguous_format).eval()
     val = evaluate_accuracy(model, world.split("val"), batch_size=spec.recipe.eval_batch_size,
                             device=device)
     metrics = {"name": spec.name, "key": spec.key, "family": spec.family, "seed": spec.seed,
                "val_accuracy": val["accuracy"], "val_per_class_accuracy": val["per_class_accuracy"],
                "device": str(device), "torch": torch.__version__, "host": platform.node(), **extra}
-    if rank == 0:
+    if processes.writes:
         # weights before metrics: metrics.json is what marks the model as trained
         weights = atomic_torch_save(directory / WEIGHTS_NAME, model.backbone.state_dict())
         metrics["weights_sha256"] = file_sha256(weights)

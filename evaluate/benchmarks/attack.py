@@ -23,26 +23,35 @@ import time
 import torch
 from torch import nn
 
+from counteraudit.anomalies import FAMILIES
+from counteraudit.anomalies.common import accuracy, verification_indices
+from counteraudit.anomalies.families.adversarial import pgd
+from counteraudit.evaluate.benchmarks import benchmark_parser
+from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.stage import add_common_args, run_cli
+from counteraudit.train.core.suite import load_suite
+from counteraudit.train.cpu_probe import cpu_model_name
+from counteraudit.train.trainer import load_trained_model, new_model
+from counteraudit.train.worlds import build_world
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser("counteraudit attack precision benchmark", add_help=add_help,
-                                     description=__doc__.split("\n\n")[0])
+    parser = benchmark_parser("attack precision", __doc__, add_help)
     add_common_args(parser)
     parser.add_argument("--model", action="append", required=True, metavar="NAME",
-                        help="trained model of the suite to attack (repeat for several); include "
-                             "the adversarial model and a reference: the attack's drop differs")
+                        help="trained model of the suite to attack (repeatable; required): name "
+                             "the adversarial model and a reference, whose drops differ")
     parser.add_argument("--attack", default=None, metavar="NAME",
-                        help="adversarial model whose eps and steps to use (default: the first "
-                             "adversarial model among --model, else the suite's first)")
+                        help="adversarial model whose eps and steps to use; leave unset for the "
+                             "first adversarial model among --model, else the suite's first")
     parser.add_argument("--images", type=int, default=500,
                         help="val images attacked per model (500: +-2 points of accuracy)")
     parser.add_argument("--repeats", type=int, default=7,
                         help="timed adversarial training steps per precision, interleaved "
                              "(7: the median is steady on a shared 2-core machine)")
     parser.add_argument("--batch-size", type=int, default=None,
-                        help="batch of the timed step (default: the attack model's recipe)")
+                        help="batch of the timed step; leave unset for the attack model's "
+                             "recipe's, the batch its training runs")
     return parser
 
 
@@ -50,7 +59,6 @@ def attack(model: nn.Module, family, images: torch.Tensor, labels: torch.Tensor,
            bf16: bool, batch: int = 100) -> torch.Tensor:
     """``images`` attacked by the family's PGD with ``steps`` steps (model in eval mode), the
     attack run in fp32 or under bf16 autocast; the random start is the same in both."""
-    from counteraudit.anomalies.families.adversarial import pgd
     p = family.params
     generator = torch.Generator().manual_seed(0)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
@@ -66,7 +74,6 @@ def attack(model: nn.Module, family, images: torch.Tensor, labels: torch.Tensor,
 def time_training_steps(spec, world, family, batch_size: int, repeats: int) -> dict[str, list[float]]:
     """Seconds of one adversarial training step (the trainer's: the family's PGD under the
     autocast, then forward, loss, backward and SGD step), fp32 and bf16, interleaved."""
-    from counteraudit.train.trainer import new_model
     batch = next(world.split("train").train_batches(batch_size, seed=0, epoch=0))
     steps = {}
     for name, autocast in (("fp32", contextlib.nullcontext),
@@ -98,14 +105,6 @@ def time_training_steps(spec, world, family, batch_size: int, repeats: int) -> d
 
 
 def main(args: argparse.Namespace) -> dict:
-    from counteraudit.anomalies import FAMILIES
-    from counteraudit.anomalies.common import accuracy, verification_indices
-    from counteraudit.train.checkpoint import model_dir
-    from counteraudit.train.cpu_probe import cpu_model_name
-    from counteraudit.train.core.suite import load_suite
-    from counteraudit.train.trainer import load_trained_model
-    from counteraudit.train.worlds import build_world
-
     if args.images < 10 or args.repeats < 1:
         raise ValueError(f"--images {args.images} must be >= 10 and --repeats {args.repeats} >= 1")
     suite = load_suite(args.suite)

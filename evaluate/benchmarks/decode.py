@@ -26,6 +26,9 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from counteraudit.evaluate.benchmarks import benchmark_parser
+from counteraudit.train.core.stage import run_cli
+from counteraudit.train.cpu_probe import cpu_model_name
 from counteraudit.train.worlds import decoding
 
 # ImageNet's commonest shapes: 500x375 (4:3) and 375x500, with 500x333 and 333x500 (3:2) next.
@@ -35,13 +38,13 @@ NOISE = 28.0
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser("counteraudit decoding benchmark", add_help=add_help,
-                                     description=__doc__.split("\n\n")[0])
+    parser = benchmark_parser("decoding", __doc__, add_help)
     parser.add_argument("--images", type=int, default=48,
                         help="JPEGs to generate, cycling through sizes around 500x375 (48: a few "
                              "seconds a round per path)")
     parser.add_argument("--jpegs", default=None, metavar="DIR",
-                        help="time these JPEG files (any folder tree) instead of generated ones")
+                        help="time these JPEG files (any folder tree) instead of generated ones: "
+                             "a sample of your own data, whose decoding time may differ")
     parser.add_argument("--crop", type=int, default=224,
                         help="training crop side (224: the paper's; 160/192: paper-fast's)")
     parser.add_argument("--rounds", type=int, default=3,
@@ -113,7 +116,6 @@ def time_paths(files: list[str], crop: int, rounds: int, batch: int) -> dict[str
 
 
 def main(args: argparse.Namespace) -> dict[str, float]:
-    from counteraudit.train.cpu_probe import cpu_model_name
     if args.images < 1 or args.rounds < 1 or args.crop < 8:
         raise ValueError(f"--images {args.images} and --rounds {args.rounds} must be >= 1, "
                          f"--crop {args.crop} >= 8")
@@ -141,5 +143,4 @@ def main(args: argparse.Namespace) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    from counteraudit.train.core.stage import run_cli
     run_cli(main, get_args_parser())

@@ -28,10 +28,16 @@ from typing import Callable
 import numpy as np
 import torch
 
+from counteraudit.evaluate.benchmarks import benchmark_parser
 from counteraudit.explain import METHODS, build_method
 from counteraudit.explain.base import seeded_rng
 from counteraudit.train.architectures import ARCHITECTURES, build_model, layer_name, resolve_layer
+from counteraudit.train.core.stage import run_cli
 from counteraudit.train.worlds.synthetic import SyntheticConfig, SyntheticWorld
+
+with warnings.catch_warnings():  # lucent's render scripts a function with torch.jit: a notice
+    warnings.filterwarnings("ignore", r"`torch.jit.script` is deprecated", FutureWarning)
+    from lucent.optvis import objectives, param, render
 
 ARCHITECTURE = "small_resnet"
 CARICATURE = "caricature"  # timed on its own in part 2
@@ -40,6 +46,26 @@ CARICATURE = "caricature"  # timed on its own in part 2
 def part_one_methods() -> list[str]:
     """Every registered method but Caricatures."""
     return [name for name in METHODS if name != CARICATURE]
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = benchmark_parser("explanation throughput", __doc__, add_help)
+    parser.add_argument("--images", type=int, default=16,
+                        help="images per method (16: a few seconds a method one at a time)")
+    parser.add_argument("--batch-size", type=int, default=16,
+                        help="batch of the batched runs (16: every image in one batch)")
+    parser.add_argument("--caricature-steps", type=int, default=64,
+                        help="steps per Caricature (the method's default is 512; the ratio does "
+                             "not depend on it, the time per render grows linearly)")
+    parser.add_argument("--caricature-images", type=int, nargs="+", default=[1, 4],
+                        help="image counts for the Caricature comparison (4 = the method's "
+                             "default batch size)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (1 is stable on a shared CPU)")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="timed runs per figure, the best counts (2: enough after the "
+                             "warm-up run on an idle machine; more on a shared one)")
+    return parser
 
 
 def best_time(function: Callable[[], object], repeats: int) -> float:
@@ -86,8 +112,6 @@ def methods_table(checkpoint: Path, world: SyntheticWorld, images: torch.Tensor,
 
 def render_vis_per_layer(model: torch.nn.Module, image: torch.Tensor, layers, steps: int) -> None:
     """The paper's code: one lucent render_vis per layer, <f_l(x'), f_l(x)> as the objective."""
-    from lucent.optvis import objectives, param, render
-
     for layer in layers:
         module = resolve_layer(model, layer)
         features = {}
@@ -134,20 +158,7 @@ def caricature_table(checkpoint: Path, world: SyntheticWorld, images: torch.Tens
         ("render_vis per layer and image (paper)", lucent_render_vis_per_layer)]]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=int, default=16, help="images per method")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--caricature-steps", type=int, default=64,
-                        help="steps per Caricature (the method's default is 512; the ratio does "
-                             "not depend on it, the time per render grows linearly)")
-    parser.add_argument("--caricature-images", type=int, nargs="+", default=[1, 4],
-                        help="image counts for the Caricature comparison (4 = the method's "
-                             "default batch size)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (1 is stable on a shared CPU)")
-    parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
+def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
 
@@ -180,4 +191,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main, get_args_parser())

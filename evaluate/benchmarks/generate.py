@@ -12,49 +12,37 @@ made at the same moment, for the ratio (compare ratios, not absolute figures, ac
 """
 from __future__ import annotations
 
-import sys
-
-if __package__ in (None, ""):
-    sys.path.pop(0)  # run as a file: import counteraudit.*, not this folder's modules
-
 import argparse
-import platform
 import tempfile
 import time
 
+from counteraudit.evaluate.benchmarks import benchmark_parser
+from counteraudit.train.core.stage import run_cli
+from counteraudit.train.core.suite import load_suite
+from counteraudit.train.cpu_probe import cpu_model_name
+from counteraudit.train.worlds import build_world
+from counteraudit.train.worlds.synthetic_images import generate
+
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser("counteraudit generation benchmark", add_help=add_help,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = benchmark_parser("generation", __doc__, add_help)
     parser.add_argument("--suite", default="demo",
-                        help="suite whose world is measured (its [world] table)")
+                        help="suite whose world is measured (its [world] table); demo: the world "
+                             "the auditors draw from in the demo, quick: a smaller one")
     parser.add_argument("--images", type=int, default=2000,
                         help="images of the large conditional draw (2,000: well past the size "
                              "from which generation uses worker processes)")
     return parser
 
 
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def main(args: argparse.Namespace) -> None:
-    from counteraudit.train.core.suite import load_suite
-    from counteraudit.train.worlds import build_world
-    from counteraudit.train.worlds.synthetic_images import generate
     suite = load_suite(args.suite)
     with tempfile.TemporaryDirectory() as runs:
         world = build_world(suite.world, runs_root=runs)
         if not world.has_generator:
-            raise SystemExit(f"suite {suite.name!r}: the {suite.world.get('name')} world has no "
+            raise ValueError(f"suite {suite.name!r}: the {suite.world.get('name')} world has no "
                              "generator to measure")
-        print(f"CPU: {cpu_name()}; world of suite {suite.name!r}")
+        print(f"CPU: {cpu_model_name()}; world of suite {suite.name!r}")
         started = time.perf_counter()
         world.factor_pool()
         print(f"factor pool (once per world, then cached): {time.perf_counter() - started:.1f}s")
@@ -78,4 +66,4 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main(get_args_parser().parse_args())
+    run_cli(main, get_args_parser())

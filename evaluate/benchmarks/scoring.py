@@ -1,6 +1,7 @@
 """Time anomaly scoring with cached features against one LPIPS call per pair (the original code's way).
 
-    python -m counteraudit.evaluate.benchmarks.scoring --size 64 --size 224
+    python evaluate/benchmarks/scoring.py                        # 64-px renders
+    python evaluate/benchmarks/scoring.py --size 64 --size 224   # and the paper's 224 px
 
 Setup: n references + k anomalous models, m rendered images each (random uint8 renders), LPIPS with
 a randomly initialised backbone (timings do not depend on the weights' values; no download needed).
@@ -18,14 +19,47 @@ import time
 import warnings
 from itertools import combinations
 
+import lpips
 import numpy as np
 import pandas as pd
 import torch
 
+from counteraudit.evaluate.benchmarks import benchmark_parser
+from counteraudit.evaluate.reporting.tables import to_markdown
 from counteraudit.evaluate.scoring.distances import DISTANCES, build_distance
 from counteraudit.evaluate.scoring.distances.lpips_features import LPIPSDistance
 from counteraudit.evaluate.scoring.scores import anomaly_scores
-from counteraudit.evaluate.reporting.tables import to_markdown
+from counteraudit.train.core.artifacts import atomic_write_json
+from counteraudit.train.core.stage import run_cli
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = benchmark_parser("scoring", __doc__, add_help)
+    parser.add_argument("--size", type=int, action="append",
+                        help="render side in pixels (repeatable); leave unset for 64, the demo's "
+                             "renders; 224 is the paper's")
+    parser.add_argument("--references", type=int, default=12,
+                        help="reference models (12: the paper's count; the per-pair calls grow "
+                             "with its square)")
+    parser.add_argument("--anomalous", type=int, default=1,
+                        help="anomalous models scored (1 is enough: each adds n per-pair calls "
+                             "an image)")
+    parser.add_argument("--images", type=int, default=50,
+                        help="renders per model (50: the paper's detection images)")
+    parser.add_argument("--net", default="alex", choices=lpips_nets(),
+                        help="LPIPS backbone (alex: the distance the paper scores with)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (1: steady figures on a shared machine)")
+    parser.add_argument("--baseline-calls", type=int, default=None,
+                        help="time only this many per-pair LPIPS calls and extrapolate; leave "
+                             "unset to time them all and compare the two sides' scores")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the random renders and backbones (any: the timings do not "
+                             "depend on it)")
+    parser.add_argument("--json", default=None,
+                        help="also write the results to this JSON file (for a record across "
+                             "machines)")
+    return parser
 
 
 def random_renders(names: list[str], n_images: int, size: int, seed: int) -> dict[str, np.ndarray]:
@@ -47,7 +81,6 @@ def time_cached(renders, references, net: str, seed: int):
 
 
 def time_per_pair(renders, references, anomalous, net: str, seed: int, call_limit: int | None):
-    import lpips
     torch.manual_seed(seed)
     metric = lpips.LPIPS(pretrained=True, pnet_rand=True, net=net, verbose=False)
     as_tensor = {name: torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
@@ -108,30 +141,18 @@ def lpips_nets() -> list[str]:
             if issubclass(DISTANCES.get(name), LPIPSDistance)]
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, action="append", help="render side in pixels (repeatable; default 64)")
-    parser.add_argument("--references", type=int, default=12)
-    parser.add_argument("--anomalous", type=int, default=1)
-    parser.add_argument("--images", type=int, default=50)
-    parser.add_argument("--net", default="alex", choices=lpips_nets())
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: shared machines)")
-    parser.add_argument("--baseline-calls", type=int, default=None,
-                        help="time only this many per-pair LPIPS calls and extrapolate (default: all)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
-    args = parser.parse_args(argv)
+def main(args: argparse.Namespace) -> list[dict]:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=UserWarning, module="torchvision")
-    results = [run(size, args.references, args.anomalous, args.images, args.net, args.seed, args.baseline_calls)
-               for size in (args.size or [64])]
-    print(f"torch {torch.__version__}, {args.threads} CPU thread(s), LPIPS-{args.net} with a random backbone")
+    results = [run(size, args.references, args.anomalous, args.images, args.net, args.seed,
+                   args.baseline_calls) for size in (args.size or [64])]
+    print(f"torch {torch.__version__}, {args.threads} CPU thread(s), LPIPS-{args.net} with a "
+          "random backbone")
     print(to_markdown(pd.DataFrame(results), float_format="{:.3g}"))
     if args.json:
-        from counteraudit.train.core.artifacts import atomic_write_json
         atomic_write_json(args.json, results)
     return results
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main, get_args_parser())

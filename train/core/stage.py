@@ -11,6 +11,12 @@ from counteraudit.train.core.artifacts import runs_dir
 from counteraudit.train.core.suite import ModelSpec, Suite, available_suites, load_suite
 
 
+class ScriptHelpFormatter(argparse.RawDescriptionHelpFormatter,
+                          argparse.ArgumentDefaultsHelpFormatter):
+    """A script's --help: its docstring as written (usage lines included), and each option's
+    default."""
+
+
 def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--suite", default="demo",
                         help=f"suite name ({', '.join(available_suites())}) or path to a .toml "
