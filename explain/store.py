@@ -82,11 +82,8 @@ def is_stored(directory: str | os.PathLike, key: dict[str, Any]) -> bool:
 
 def load_explanation(directory: str | os.PathLike) -> Explanation:
     """The stored result (``raw`` comes back as float32 from its float16 copy)."""
-    directory = Path(directory)
-    stored = VISUALIZATION.read_marker(directory)
-    if stored is None:
-        raise FileNotFoundError(f"no finished explanation in {directory} (no {PARAMS_FILE}); "
-                                "run the explain stage for it")
+    stored = VISUALIZATION.require_marker(directory, f"no finished explanation in {directory}; "
+                                                     "run the explain stage for it")
     key = dict(stored["key"])
     key.pop("model_id", None)
     key.pop("image_set_id", None)

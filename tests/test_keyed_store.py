@@ -111,3 +111,10 @@ def test_a_crash_between_payload_and_marker_leaves_missing(tmp_path):
         KIND.save(tmp_path, KEY, killed)
     assert not KIND.is_stored(tmp_path, KEY)
     assert not KIND.is_stored(tmp_path)
+
+
+def test_require_marker_names_what_is_missing_and_the_marker(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not made yet; run make.py .*marker.json"):
+        KIND.require_marker(tmp_path, "the table is not made yet; run make.py")
+    KIND.save(tmp_path, KEY, write_table("x"), {"rows": 0})
+    assert KIND.require_marker(tmp_path, "unused")["rows"] == 0

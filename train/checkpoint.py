@@ -178,11 +178,8 @@ def load_training_state(directory: Path) -> dict[str, Any] | None:
 
 
 def read_metrics(directory: Path) -> dict[str, Any]:
-    metrics = TRAINED_MODEL.read_marker(directory)
-    if metrics is None:
-        raise FileNotFoundError(f"no readable {directory / METRICS_NAME}: the model is not trained "
-                                "yet; run python train/train.py for its suite")
-    return metrics
+    return TRAINED_MODEL.require_marker(directory, f"the model in {directory} is not trained "
+                                                   "yet; run python train/train.py for its suite")
 
 
 def training_lock(directory: Path) -> AbstractContextManager[None]:

@@ -70,6 +70,14 @@ class KeyedArtifact:
         record = read_marker(self.marker_path(directory), self.marker_what)
         return record if isinstance(record, dict) else None
 
+    def require_marker(self, directory: str | os.PathLike, missing: str) -> dict[str, Any]:
+        """``read_marker``, or a FileNotFoundError that says ``missing`` (what is not there and
+        how to make it) and names the marker file."""
+        record = self.read_marker(directory)
+        if record is None:
+            raise FileNotFoundError(f"{missing} (no readable {self.marker_path(directory)})")
+        return record
+
     def find(self, directory: str | os.PathLike, key: Any = None) -> dict[str, Any] | None:
         """The marker of the finished artifact in ``directory`` whose key is ``key``, or None:
         missing, another key, or a payload that does not match its digest (set aside, and the
