@@ -35,8 +35,9 @@ DIAGNOSTIC_PREFIX = "diag_"
 PARTS_DIR = "parts"
 RANGE_KEY = "image_range"  # [start, stop) of a part, in its key only
 # One result (or part): its arrays, marked by params.json.
-VISUALIZATION = KeyedArtifact(payload=ARRAYS_FILE, marker=PARAMS_FILE, digest_field="arrays_sha256",
-                              what="visualization", marker_what="visualization index")
+VISUALIZATION = KeyedArtifact(payload=ARRAYS_FILE, marker=PARAMS_FILE,
+                              digest_field="arrays_sha256", what="visualization",
+                              marker_what="visualization index")
 
 
 def result_key(description: dict[str, Any], model_id: str, image_set_id: str) -> dict[str, Any]:
@@ -55,7 +56,8 @@ def part_key(key: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
 
 
 def save_explanation(directory: str | os.PathLike, explanation: Explanation, model_id: str,
-                     image_set_id: str, image_range: tuple[int, int] | None = None) -> Path:
+                     image_set_id: str,
+                     image_range: tuple[int, int] | None = None) -> dict[str, Any]:
     """Write one result into ``directory`` (a part's folder with ``image_range``, the images
     [start, stop) of the set, which its key then records); returns what params.json holds."""
     arrays: dict[str, np.ndarray] = {"images": explanation.images,

@@ -57,8 +57,9 @@ TRAINING_STATE_KEYS = frozenset({"spec_key", "epoch", "model", "optimizer", "sch
 CONVERT_SCRIPT = "train/convert_checkpoint.py"
 # A trained model: its weights, marked by metrics.json. The folder is named by the model's key, so
 # reading does not compare the key metrics.json records (``is_trained`` passes none).
-TRAINED_MODEL = KeyedArtifact(payload=WEIGHTS_NAME, marker=METRICS_NAME, digest_field="weights_sha256",
-                              what="model weights", marker_what="model metrics")
+TRAINED_MODEL = KeyedArtifact(payload=WEIGHTS_NAME, marker=METRICS_NAME,
+                              digest_field="weights_sha256", what="model weights",
+                              marker_what="model metrics")
 
 
 def model_dir(runs_root: str | Path | None, spec: ModelSpec) -> Path:

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from counteraudit.evaluate.discovery.stage import FINDINGS_STORE
-from counteraudit.train.core.artifacts import (atomic_write_json, read_json, read_marker, stable_hash,
-                                               store_dir)
+from counteraudit.train.core.artifacts import (atomic_write_json, read_json, read_marker,
+                                               stable_hash, store_dir)
 from counteraudit.train.core.keyed_store import as_stored
 
 EXHAUSTIVE = "exhaustive"

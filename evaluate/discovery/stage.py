@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from counteraudit.evaluate.discovery.auditors import AUDITORS, AuditResult, Finding, build_auditor
-from counteraudit.train.core.artifacts import (atomic_write_json, find_or_make, lock_beside, read_json,
-                                               stable_hash, store_dir)
+from counteraudit.train.core.artifacts import (atomic_write_json, find_or_make, lock_beside,
+                                               read_json, stable_hash, store_dir)
 from counteraudit.train.core.keyed_store import KeyedArtifact
 from counteraudit.train.core.suite import ModelSpec, Suite
 
