@@ -34,15 +34,19 @@ import torch
 from PIL import Image
 
 from counteraudit.anomalies.base import FAMILIES
-from counteraudit.train.core.artifacts import (atomic_save_npz, atomic_write_bytes, atomic_write_json,
-                                          derive_seed, file_sha256, find_or_make, intact,
-                                          lock_beside, read_marker, stable_hash)
+from counteraudit.train.core.artifacts import (atomic_save_npz, atomic_write_bytes, derive_seed,
+                                               find_or_make, lock_beside, stable_hash)
+from counteraudit.train.core.keyed_store import KeyedArtifact
 from counteraudit.train.core.suite import ModelSpec, Suite
 from counteraudit.train.worlds import World
 
 DETECTION = "detection"
 DEFAULT_DETECTION_IMAGES = 50     # SPEC: m
 DEFAULT_LOCALIZATION_IMAGES = 40  # SPEC: p
+# A set's images, marked by index.json, which also records how the set was made; its key is the
+# set's id.
+IMAGE_SET = KeyedArtifact(payload="images.npz", marker="index.json", digest_field="images_sha256",
+                          what="image set", marker_what="image set index", key_field="id")
 
 
 @dataclass
@@ -114,21 +118,19 @@ def _save(root: Path, image_set: ImageSet) -> None:
             buffer = io.BytesIO()
             Image.fromarray(image).save(buffer, format="PNG")
             atomic_write_bytes(path, buffer.getvalue())
-    arrays = atomic_save_npz(folder / "images.npz", images=image_set.images)
-    atomic_write_json(folder / "index.json", {  # last: its presence marks the set as complete
-        "name": image_set.name, "id": image_set.id, "recipe": image_set.recipe,
-        "lineage": image_set.lineage, "count": len(image_set.images),
-        "val_indices": image_set.val_indices, "labels": image_set.labels,
-        "images_sha256": file_sha256(arrays)})
+    IMAGE_SET.save(folder, image_set.id,
+                   lambda path: atomic_save_npz(path, images=image_set.images), {
+                       "name": image_set.name, "recipe": image_set.recipe,
+                       "lineage": image_set.lineage, "count": len(image_set.images),
+                       "val_indices": image_set.val_indices, "labels": image_set.labels})
 
 
 def _load(root: Path, name: str, expected_id: str) -> ImageSet | None:
     folder = root / expected_id
-    index = read_marker(folder / "index.json", "image set index")
-    if index is None or index["id"] != expected_id or \
-            not intact(folder / "images.npz", index.get("images_sha256"), "image set"):
+    index = IMAGE_SET.find(folder, expected_id)
+    if index is None:
         return None
-    with np.load(folder / "images.npz") as data:
+    with np.load(IMAGE_SET.payload_path(folder)) as data:
         images = data["images"]
     return ImageSet(name, index["id"], images, np.asarray(index["val_indices"]),
                     np.asarray(index["labels"]), index["recipe"])
@@ -145,8 +147,8 @@ def same_lineage(root: Path, image_set: ImageSet) -> list[ImageSet]:
     """The other stored sets of ``image_set``'s lineage (the same draw with another count), each
     checked to start with the images they share with it."""
     found = []
-    for index_path in sorted(Path(root).glob("*/index.json")):
-        index = read_marker(index_path, "image set index")
+    for index_path in sorted(Path(root).glob(f"*/{IMAGE_SET.marker}")):
+        index = IMAGE_SET.read_marker(index_path.parent)
         if not index or index.get("id") == image_set.id or \
                 set_lineage(index.get("recipe", {})) != image_set.lineage:
             continue

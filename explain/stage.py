@@ -46,12 +46,13 @@ from counteraudit.anomalies.image_sets import (DETECTION, ImageSet, abnormal_set
                                                build_image_sets, localizable, same_lineage,
                                                set_sizes)
 from counteraudit.explain.base import METHODS, Explanation, ExplanationMethod, build_method
-from counteraudit.explain.store import (ARRAYS_FILE, PARAMS_FILE, as_stored, concatenate,
-                                        gather_parts, is_stored, load_explanation, part_dir,
-                                        part_key, result_key, row_range, save_explanation)
+from counteraudit.explain.store import (ARRAYS_FILE, PARAMS_FILE, concatenate, gather_parts,
+                                        is_stored, load_explanation, part_dir, part_key,
+                                        result_key, row_range, save_explanation)
 from counteraudit.train.core.artifacts import (artifact_lock, find_or_make, link_into_store, lock_beside,
                                           marker_says, read_json, stable_hash, store_dir)
 from counteraudit.train.checkpoint import model_dir
+from counteraudit.train.core.keyed_store import as_stored
 from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
 
 VISUALIZATIONS = "visualizations"

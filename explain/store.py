@@ -18,7 +18,6 @@ same files, key and arrays an unchunked run writes) and removes ``parts/``.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -27,25 +26,23 @@ from typing import Any
 import numpy as np
 
 from counteraudit.explain.base import Explanation
-from counteraudit.train.core.artifacts import (atomic_save_npz, atomic_write_json, file_sha256, intact,
-                                          read_json, read_marker)
+from counteraudit.train.core.artifacts import atomic_save_npz
+from counteraudit.train.core.keyed_store import KeyedArtifact
 
 ARRAYS_FILE = "explanation.npz"
 PARAMS_FILE = "params.json"
 DIAGNOSTIC_PREFIX = "diag_"
 PARTS_DIR = "parts"
 RANGE_KEY = "image_range"  # [start, stop) of a part, in its key only
+# One result (or part): its arrays, marked by params.json.
+VISUALIZATION = KeyedArtifact(payload=ARRAYS_FILE, marker=PARAMS_FILE,
+                              digest_field="arrays_sha256", what="visualization",
+                              marker_what="visualization index")
 
 
 def result_key(description: dict[str, Any], model_id: str, image_set_id: str) -> dict[str, Any]:
     """What identifies a result: ``ExplanationMethod.describe(...)`` + model and image set ids."""
     return {**description, "model_id": model_id, "image_set_id": image_set_id}
-
-
-def as_stored(obj: Any) -> Any:
-    """A key as ``params.json`` stores it: a JSON round trip, so tuples and lists (and int/float
-    keys) compare as stored."""
-    return json.loads(json.dumps(obj, sort_keys=True))
 
 
 def part_dir(directory: str | os.PathLike, start: int, stop: int) -> Path:
@@ -59,12 +56,10 @@ def part_key(key: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
 
 
 def save_explanation(directory: str | os.PathLike, explanation: Explanation, model_id: str,
-                     image_set_id: str, image_range: tuple[int, int] | None = None) -> Path:
+                     image_set_id: str,
+                     image_range: tuple[int, int] | None = None) -> dict[str, Any]:
     """Write one result into ``directory`` (a part's folder with ``image_range``, the images
-    [start, stop) of the set, which its key then records); returns the params file path."""
-    directory = Path(directory)
-    params_path = directory / PARAMS_FILE
-    params_path.unlink(missing_ok=True)  # from here until the end, the folder reads as unfinished
+    [start, stop) of the set, which its key then records); returns what params.json holds."""
     arrays: dict[str, np.ndarray] = {"images": explanation.images,
                                      "targets": explanation.targets.astype(np.int64)}
     if explanation.raw is not None:
@@ -73,13 +68,10 @@ def save_explanation(directory: str | os.PathLike, explanation: Explanation, mod
         arrays["layers"] = np.array(explanation.layers, dtype=str)
     for name, values in explanation.diagnostics.items():
         arrays[DIAGNOSTIC_PREFIX + name] = np.asarray(values)
-    arrays_path = atomic_save_npz(directory / ARRAYS_FILE, **arrays)
     key = result_key(explanation.params, model_id, image_set_id)
     if image_range is not None:
         key = part_key(key, *image_range)
-    return atomic_write_json(params_path, {
-        "key": as_stored(key),
-        "arrays_sha256": file_sha256(arrays_path),
+    return VISUALIZATION.save(directory, key, lambda path: atomic_save_npz(path, **arrays), {
         "images_shape": list(explanation.images.shape),
         "layers": list(explanation.layers) if explanation.layers is not None else None,
     })
@@ -87,29 +79,18 @@ def save_explanation(directory: str | os.PathLike, explanation: Explanation, mod
 
 def is_stored(directory: str | os.PathLike, key: dict[str, Any]) -> bool:
     """True if ``directory`` holds a finished result whose key equals ``key`` (see ``result_key``)."""
-    directory = Path(directory)
-    params = read_marker(directory / PARAMS_FILE, "visualization index")
-    if params is None or params.get("key") != as_stored(key):
-        return False
-    if intact(directory / ARRAYS_FILE, params.get("arrays_sha256"), "visualization"):
-        return True
-    (directory / PARAMS_FILE).unlink(missing_ok=True)  # the arrays are set aside: unfinished
-    return False
+    return VISUALIZATION.is_stored(directory, key)
 
 
 def load_explanation(directory: str | os.PathLike) -> Explanation:
     """The stored result (``raw`` comes back as float32 from its float16 copy)."""
-    directory = Path(directory)
-    params_path = directory / PARAMS_FILE
-    if not params_path.exists():
-        raise FileNotFoundError(f"no finished explanation in {directory} (no {PARAMS_FILE}); "
-                                "run the explain stage for it")
-    stored = read_json(params_path)
+    stored = VISUALIZATION.require_marker(directory, f"no finished explanation in {directory}; "
+                                                     "run the explain stage for it")
     key = dict(stored["key"])
     key.pop("model_id", None)
     key.pop("image_set_id", None)
     key.pop(RANGE_KEY, None)
-    with np.load(directory / ARRAYS_FILE) as data:
+    with np.load(VISUALIZATION.payload_path(directory)) as data:
         return Explanation(
             images=data["images"],
             targets=data["targets"],
@@ -122,7 +103,7 @@ def load_explanation(directory: str | os.PathLike) -> Explanation:
 
 def stored_key(directory: str | os.PathLike) -> dict[str, Any] | None:
     """The key of a finished result in ``directory`` (None if there is none)."""
-    params = read_marker(Path(directory) / PARAMS_FILE, "visualization index")
+    params = VISUALIZATION.read_marker(directory)
     return params.get("key") if params else None
 
 

@@ -38,8 +38,9 @@ from typing import Any
 
 import torch
 
-from counteraudit.train.core.artifacts import (artifact_lock, atomic_torch_save, intact, link_into_store,
-                                          marker_says, read_marker, set_aside, store_dir)
+from counteraudit.train.core.artifacts import (artifact_lock, atomic_torch_save, link_into_store,
+                                               marker_says, set_aside, store_dir)
+from counteraudit.train.core.keyed_store import KeyedArtifact
 from counteraudit.train.core.suite import ModelSpec, Suite
 
 CHECKPOINT_NAME = "checkpoint.pth"
@@ -54,6 +55,11 @@ CHECKPOINT_EVERY_EPOCHS = 1
 TRAINING_STATE_KEYS = frozenset({"spec_key", "epoch", "model", "optimizer", "scheduler",
                                  "torch_rng", "history", "train_seconds", "images_seen"})
 CONVERT_SCRIPT = "train/convert_checkpoint.py"
+# A trained model: its weights, marked by metrics.json. The folder is named by the model's key, so
+# reading does not compare the key metrics.json records (``is_trained`` passes none).
+TRAINED_MODEL = KeyedArtifact(payload=WEIGHTS_NAME, marker=METRICS_NAME,
+                              digest_field="weights_sha256", what="model weights",
+                              marker_what="model metrics")
 
 
 def model_dir(runs_root: str | Path | None, spec: ModelSpec) -> Path:
@@ -73,9 +79,15 @@ def link_suite_models(suite: Suite, specs: list[ModelSpec], runs_root=None) -> N
 def is_trained(directory: Path) -> bool:
     """metrics.json is there and readable, and weights.pth matches the digest it records (a
     mismatch is set aside, so the model is made again)."""
-    metrics = read_marker(directory / METRICS_NAME, "model metrics")
-    return metrics is not None and intact(directory / WEIGHTS_NAME, metrics.get("weights_sha256"),
-                                          "model weights")
+    return TRAINED_MODEL.is_stored(directory)
+
+
+def save_trained_model(directory: Path, backbone: torch.nn.Module,
+                       metrics: dict[str, Any]) -> dict[str, Any]:
+    """weights.pth, then metrics.json (``metrics`` with the weights' SHA-256), which marks the
+    model as trained; returns what metrics.json holds."""
+    return TRAINED_MODEL.save(directory, metrics["key"],
+                              lambda path: atomic_torch_save(path, backbone.state_dict()), metrics)
 
 
 class CheckpointNotLoaded(ValueError):
@@ -167,11 +179,8 @@ def load_training_state(directory: Path) -> dict[str, Any] | None:
 
 
 def read_metrics(directory: Path) -> dict[str, Any]:
-    metrics = read_marker(directory / METRICS_NAME, "model metrics")
-    if metrics is None:
-        raise FileNotFoundError(f"no readable {directory / METRICS_NAME}: the model is not trained "
-                                "yet; run python train/train.py for its suite")
-    return metrics
+    return TRAINED_MODEL.require_marker(directory, f"the model in {directory} is not trained "
+                                                   "yet; run python train/train.py for its suite")
 
 
 def training_lock(directory: Path) -> AbstractContextManager[None]:

@@ -35,13 +35,13 @@ from torch import nn
 from tqdm import tqdm
 
 from counteraudit.train.architectures import Classifier, build_model
-from counteraudit.train.core.artifacts import atomic_torch_save, atomic_write_json, derive_seed, file_sha256
+from counteraudit.train.core.artifacts import atomic_write_json, derive_seed
 from counteraudit.train.core.registries import FAMILIES
 from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME, METRICS_NAME,
                                            SPEC_NAME, WEIGHTS_NAME, is_trained,
                                            load_backbone_weights, load_training_state,
-                                           load_weights_only, read_metrics, save_training_state,
-                                           training_lock)
+                                           load_weights_only, read_metrics, save_trained_model,
+                                           save_training_state, training_lock)
 from counteraudit.train.core.suite import ModelSpec, Recipe
 from counteraudit.train.worlds import Batch, World, build_world
 
@@ -462,10 +462,7 @@ def _evaluate_and_save(spec: ModelSpec, directory: Path, model: Classifier, worl
                "val_accuracy": val["accuracy"], "val_per_class_accuracy": val["per_class_accuracy"],
                "device": str(device), "torch": torch.__version__, "host": platform.node(), **extra}
     if processes.writes:
-        # weights before metrics: metrics.json is what marks the model as trained
-        weights = atomic_torch_save(directory / WEIGHTS_NAME, model.backbone.state_dict())
-        metrics["weights_sha256"] = file_sha256(weights)
-        atomic_write_json(directory / METRICS_NAME, metrics)
+        metrics = save_trained_model(directory, model.backbone, metrics)
     return metrics
 
 

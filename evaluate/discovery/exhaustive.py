@@ -19,14 +19,17 @@ The comparison is stored too (``store/selection-comparison/<key hash>.json``).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from counteraudit.evaluate.discovery.stage import is_keyed_stored, normalised, save_keyed
-from counteraudit.train.core.artifacts import read_json, stable_hash, store_dir
+from counteraudit.evaluate.discovery.stage import FINDINGS_STORE
+from counteraudit.train.core.artifacts import (atomic_write_json, read_json, read_marker,
+                                               stable_hash, store_dir)
+from counteraudit.train.core.keyed_store import as_stored
 
 EXHAUSTIVE = "exhaustive"
 TABLE_FILE = "table.json"
@@ -37,6 +40,8 @@ SEEDS = 10
 COMPARE_FRACTION = 0.6   # each search explores this share of the subdomains
 SPEARMAN_EVERY = 5
 WORST_SHARE = 0.1
+# One model's reference: its table, stored as the discover stage stores findings.
+EXHAUSTIVE_TABLE = dataclasses.replace(FINDINGS_STORE, payload=TABLE_FILE, what=TABLE_FILE)
 
 
 def exhaustive_key(auditor, spec, world_config: dict[str, Any], world) -> dict[str, Any]:
@@ -68,10 +73,11 @@ def exhaustive_table(suite, spec, world, auditor, runs_root, device=None) -> dic
     from counteraudit.train.trainer import load_trained_model, pick_device
     key = exhaustive_key(auditor, spec, suite.world, world)
     directory = exhaustive_dir(runs_root, key)
-    if not is_keyed_stored(directory, key, TABLE_FILE):
+    if not EXHAUSTIVE_TABLE.is_stored(directory, key):
         model = load_trained_model(model_dir(runs_root, spec), spec, world, pick_device(device))
-        save_keyed(directory, key, TABLE_FILE, evaluate_every_subdomain(auditor, model, world))
-    return {**read_json(directory / TABLE_FILE), "key": key}
+        table = evaluate_every_subdomain(auditor, model, world)
+        EXHAUSTIVE_TABLE.save(directory, key, lambda path: atomic_write_json(path, table))
+    return {**read_json(EXHAUSTIVE_TABLE.payload_path(directory)), "key": key}
 
 
 def worst_subdomains(rates: np.ndarray, share: float = WORST_SHARE) -> np.ndarray:
@@ -111,13 +117,12 @@ def compare_selections(table: dict[str, Any], world, auditor, runs_root,
     """Every selection function over ``seeds`` search seeds on one reference (stored)."""
     from counteraudit.evaluate.discovery.covering_arrays import cached_covering_array
     from counteraudit.evaluate.discovery.selection import SELECTIONS, NwiseSelection, describe_selections
-    from counteraudit.train.core.artifacts import atomic_write_json, read_marker
     from counteraudit.train.worlds.synthetic_images import map_in_processes
     key = {"table": table["key"], "selections": describe_selections(), "seeds": seeds,
            "fraction": COMPARE_FRACTION, "spearman_every": SPEARMAN_EVERY, "version": VERSION}
     path = store_dir(runs_root) / COMPARISON / f"{stable_hash(key, length=16)}.json"
     stored = read_marker(path, "selection comparison")
-    if stored is not None and stored.get("key") == normalised(key):
+    if stored is not None and stored.get("key") == as_stored(key):
         return stored["runs"]
     grid = auditor.grid(world)
     rates = (np.asarray(table["failures"]) / np.asarray(table["n"])).tolist()

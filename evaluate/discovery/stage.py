@@ -18,15 +18,20 @@ from pathlib import Path
 from typing import Any
 
 from counteraudit.evaluate.discovery.auditors import AUDITORS, AuditResult, Finding, build_auditor
-from counteraudit.train.core.artifacts import (atomic_write_json, file_sha256, find_or_make, intact,
-                                          lock_beside, read_json, read_marker, stable_hash,
-                                          store_dir)
+from counteraudit.train.core.artifacts import (atomic_write_json, find_or_make, lock_beside,
+                                               read_json, stable_hash, store_dir)
+from counteraudit.train.core.keyed_store import KeyedArtifact
 from counteraudit.train.core.suite import ModelSpec, Suite
 
 FINDINGS = "findings"
 FINDINGS_FILE = "findings.json"
 PARAMS_FILE = "params.json"
 DEFAULT_SEED = 0
+# One result: its findings, marked by params.json (whose digest field the exhaustive reference's
+# table, stored the same way, shares).
+FINDINGS_STORE = KeyedArtifact(payload=FINDINGS_FILE, marker=PARAMS_FILE,
+                               digest_field="findings_sha256", what=FINDINGS_FILE,
+                               marker_what="stored index")
 
 
 # ---------------------------------------------------------------- the store
@@ -41,43 +46,18 @@ def findings_dir(runs_root, key: dict[str, Any]) -> Path:
     return store_dir(runs_root) / FINDINGS / key["auditor"] / stable_hash(key, length=16)
 
 
-def normalised(obj: Any) -> Any:
-    import json
-    return json.loads(json.dumps(obj, sort_keys=True))
-
-
-def save_keyed(directory: Path, key: dict[str, Any], filename: str, payload: Any) -> Path:
-    """Write ``filename`` then ``params.json`` (the key and the file's SHA-256), which marks
-    completion: a run killed in between leaves no marker and recomputes."""
-    directory = Path(directory)
-    (directory / PARAMS_FILE).unlink(missing_ok=True)  # unfinished from here until the end
-    written = atomic_write_json(directory / filename, payload)
-    return atomic_write_json(directory / PARAMS_FILE, {"key": normalised(key),
-                                                       "findings_sha256": file_sha256(written)})
-
-
-def is_keyed_stored(directory: Path, key: dict[str, Any], filename: str) -> bool:
-    params = read_marker(Path(directory) / PARAMS_FILE, "stored index")
-    if params is None or params.get("key") != normalised(key):
-        return False
-    if intact(Path(directory) / filename, params.get("findings_sha256"), filename):
-        return True
-    (Path(directory) / PARAMS_FILE).unlink(missing_ok=True)
-    return False
-
-
-def save_findings(directory: Path, key: dict[str, Any], result: AuditResult) -> Path:
-    return save_keyed(directory, key, FINDINGS_FILE, {
-        "findings": [f.to_dict() for f in result.findings], "images_used": result.images_used,
-        "notes": result.notes})
+def save_findings(directory: Path, key: dict[str, Any], result: AuditResult) -> dict[str, Any]:
+    findings = {"findings": [f.to_dict() for f in result.findings],
+                "images_used": result.images_used, "notes": result.notes}
+    return FINDINGS_STORE.save(directory, key, lambda path: atomic_write_json(path, findings))
 
 
 def is_stored(directory: Path, key: dict[str, Any]) -> bool:
-    return is_keyed_stored(directory, key, FINDINGS_FILE)
+    return FINDINGS_STORE.is_stored(directory, key)
 
 
 def load_findings(directory: Path) -> AuditResult:
-    data = read_json(Path(directory) / FINDINGS_FILE)
+    data = read_json(FINDINGS_STORE.payload_path(directory))
     return AuditResult([Finding.from_dict(f) for f in data["findings"]], data["images_used"],
                        data["notes"])
 

@@ -29,8 +29,8 @@ from counteraudit.evaluate.scoring.scores import anomaly_scores
 from counteraudit.explain.stage import (add_chunk_images_arg, explained_images_line,
                                            load_results, result_dir, suite_methods)
 from counteraudit.explain.store import stored_key
-from counteraudit.train.core.artifacts import (atomic_write_json, atomic_write_text, file_sha256, intact,
-                                          read_marker, stable_hash)
+from counteraudit.train.core.artifacts import atomic_write_text, stable_hash
+from counteraudit.train.core.keyed_store import KeyedArtifact
 from counteraudit.train.core.suite import PAPER_REFERENCES, Suite
 from counteraudit.train.core.suite_schema import MIN_SCORED_REFERENCES, SuiteFileError
 
@@ -55,11 +55,15 @@ def score_table_key(suite: Suite, distance_name: str, method: str, image_set: st
                         "visualizations": stable_hash(keys)}
 
 
+def _table_store(table_path: Path) -> KeyedArtifact:
+    """One score table, marked by the ``.json`` of the same name beside it."""
+    return KeyedArtifact(payload=table_path.name, marker=table_path.with_suffix(".json").name,
+                         digest_field="table_sha256", what="score table",
+                         marker_what="score table key")
+
+
 def _is_scored(table_path: Path, key: dict[str, Any]) -> bool:
-    stored = read_marker(table_path.with_suffix(".json"), "score table key")
-    if stored is None or stored.get("key") != key:
-        return False
-    return intact(table_path, stored.get("table_sha256"), "score table")
+    return _table_store(table_path).is_stored(table_path.parent, key)
 
 
 def read_score_table(table_path: Path) -> pd.DataFrame:
@@ -89,10 +93,8 @@ def score_set(suite: Suite, distance, distance_name: str, method: str, image_set
                                              "layer": layer, "image_set": image_set}))
     table = pd.concat(frames, ignore_index=True)
     table = table[table["model"].isin(models)].reset_index(drop=True)
-    written = atomic_write_text(table_path, table.to_csv(index=False))
-    # after the table: a key always describes a finished table
-    atomic_write_json(table_path.with_suffix(".json"),
-                      {"key": key, "table_sha256": file_sha256(written)})
+    _table_store(table_path).save(table_path.parent, key,
+                                  lambda path: atomic_write_text(path, table.to_csv(index=False)))
     return table
 
 
