@@ -17,7 +17,6 @@ from pytorch_grad_cam.utils.image import show_cam_on_image
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 
 from counteraudit.explain import build_method
-from counteraudit.explain.base import BatchContext
 from counteraudit.explain.stage import method_params
 from counteraudit.explain.renderers import RENDERERS, build_renderer
 from counteraudit.train.architectures import ARCHITECTURES, build_model, resolve_layer

@@ -21,13 +21,13 @@ import torch
 
 from conftest import REPO, write_suite
 from counteraudit.train.architectures import build_model
-from counteraudit.train.checkpoint import (CHECKPOINT_NAME, WEIGHTS_NAME, check_external_checkpoint,
-                                           load_backbone_weights, load_training_state, model_dir,
+from counteraudit.train.checkpoint import (CHECKPOINT_NAME, WEIGHTS_NAME, load_training_state, model_dir,
                                            save_training_state)
 from counteraudit.train.convert_checkpoint import get_args_parser as convert_args_parser
 from counteraudit.train.convert_checkpoint import main as convert_main
 from counteraudit.train.core.stage import run_cli
 from counteraudit.train.core.suite import load_suite
+from counteraudit.train.core.weights import check_external_checkpoint, load_backbone_weights
 from counteraudit.train.core.suite_schema import SuiteFileError
 from counteraudit.train.trainer import train_model
 from counteraudit.train.worlds import build_world, synthetic_factors

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from counteraudit.train.core.artifacts import atomic_torch_save
-from counteraudit.train.checkpoint import backbone_tensors, load_weights_only
+from counteraudit.train.core.weights import backbone_tensors, load_weights_only
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:

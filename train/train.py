@@ -83,7 +83,7 @@ def check_implants(suite, specs, args) -> list[dict]:
 
 def print_summary(suite_name: str, results: list[dict], seconds: float) -> None:
     print(f"\n{suite_name}: {len(results)} model(s) ready in {seconds:.1f}s")
-    print(f"| model | family | val accuracy | train s | img/s |\n|---|---|---|---|---|")
+    print("| model | family | val accuracy | train s | img/s |\n|---|---|---|---|---|")
     for m in results:
         print(f"| {m['name']} | {m['family']} | {m['val_accuracy']:.4f} | "
               f"{m.get('train_seconds', float('nan')):.1f} | {m.get('images_per_second', float('nan')):.0f} |")

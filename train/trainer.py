@@ -39,10 +39,10 @@ from counteraudit.train.core.artifacts import atomic_write_json, derive_seed
 from counteraudit.train.core.registries import FAMILIES
 from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME, METRICS_NAME,
                                            SPEC_NAME, WEIGHTS_NAME, is_trained,
-                                           load_backbone_weights, load_training_state,
-                                           load_weights_only, read_metrics, save_trained_model,
+                                           load_training_state, read_metrics, save_trained_model,
                                            save_training_state, training_lock)
 from counteraudit.train.core.suite import ModelSpec, Recipe
+from counteraudit.train.core.weights import load_backbone_weights, load_weights_only
 from counteraudit.train.worlds import Batch, World, build_world
 
 

@@ -468,8 +468,7 @@ def _entry_problems(entry: dict[str, Any], recipe_table: dict[str, Any] | None,
             except ValueError as error:
                 problems.append(f"{where}: {error}")
     if entry.get("checkpoint") is not None:
-        # late: train.checkpoint imports this module
-        from counteraudit.train.checkpoint import check_external_checkpoint
+        from counteraudit.train.core.weights import check_external_checkpoint
         try:
             check_external_checkpoint(entry["checkpoint"])
         except (OSError, ValueError) as error:
