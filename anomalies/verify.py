@@ -17,7 +17,9 @@ from counteraudit.anomalies.base import FAMILIES
 from counteraudit.anomalies.common import VERIFY_IMAGES
 from counteraudit.train.core.artifacts import (artifact_lock, atomic_write_json, find_or_make, read_marker,
                                           stable_hash)
+from counteraudit.slurm.executor import ExecutorConfig, default_local_jobs
 from counteraudit.train.checkpoint import is_trained, model_dir, read_metrics
+from counteraudit.train.core.stage import plan_stage, run_stage, stage_item
 from counteraudit.train.core.suite import ModelSpec, Suite
 from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds import World, build_world
@@ -89,7 +91,6 @@ def verify_implants(suite: Suite, runs_root=None, device: str | None = None,
                     models: list[str] | None = None, config=None) -> list[dict[str, Any]]:
     """Implant records of every trained anomalous model (or those named), made where missing,
     one work item per model through the stage executor (default: local, one process per core)."""
-    from counteraudit.slurm.executor import ExecutorConfig, default_local_jobs, run_items
     missing = [ref.name for ref in suite.references if not is_trained(model_dir(runs_root, ref))]
     if missing:
         raise RuntimeError(f"implant checks compare with the references; not trained yet: {missing}")
@@ -97,15 +98,16 @@ def verify_implants(suite: Suite, runs_root=None, device: str | None = None,
              and is_trained(model_dir(runs_root, s))]
     records = {s.name: read_implant(suite, s, runs_root) for s in specs}
     records = {name: record for name, record in records.items() if record}  # made before: no job
-    runs_root = str(Path(runs_root).resolve()) if runs_root else None
-    items = [{"suite": str(suite.path.resolve()), "model": s.name, "runs_dir": runs_root,
-              "device": device} for s in specs if s.name not in records]
+    plan = plan_stage(specs, lambda spec: spec.name in records)
     config = config or ExecutorConfig(local_jobs=default_local_jobs())
-    if items:
-        made = run_items(verify_one, items, config, "verify", item_name=lambda item: item["model"])
-        if config.dry_run:
+    if plan.missing:  # checks run inside the training command: silent when all are stored
+        made = run_stage("verify", verify_one, plan, config,
+                         to_items=lambda todo: [stage_item(suite, runs_root, model=spec.name,
+                                                           device=device) for spec in todo],
+                         item_name=lambda item: item["model"])
+        if made.dry_run:
             return []
-        records.update(zip([item["model"] for item in items], made, strict=True))
+        records.update(zip([item["model"] for item in made.items], made.results, strict=True))
     return [records[s.name] for s in specs]
 
 

@@ -39,8 +39,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from counteraudit.anomalies.image_sets import (DETECTION, ImageSet, abnormal_set_name,
                                                build_image_sets, localizable, same_lineage,
@@ -51,8 +52,12 @@ from counteraudit.explain.store import (ARRAYS_FILE, PARAMS_FILE, concatenate, g
                                         result_key, row_range, save_explanation)
 from counteraudit.train.core.artifacts import (artifact_lock, find_or_make, link_into_store, lock_beside,
                                           marker_says, read_json, stable_hash, store_dir)
+from counteraudit.slurm.errors import ItemsFailedError, OutOfSpaceError
+from counteraudit.slurm.stage_run import say
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.keyed_store import as_stored
+from counteraudit.train.core.stage import (StagePlan, executor_config, longest_first, run_stage,
+                                           stage_item)
 from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
 
 VISUALIZATIONS = "visualizations"
@@ -357,22 +362,42 @@ def explain_part(item: dict[str, Any]) -> dict[str, int]:
     return find_or_make(stored, explain_range, lock)
 
 
+class MissingResult(NamedTuple):
+    """A (model, method, image set) result that is not stored: its store folder and key (None on
+    a dry run's plan, made before the image sets exist) and its number of images."""
+    image_set: str
+    directory: Path
+    key: dict[str, Any] | None
+    images: int
+
+
+class Gather(NamedTuple):
+    """The parts a chunked run gathers into one result: its folder, its key, the parts' ranges."""
+    directory: Path
+    key: dict[str, Any] | None
+    ranges: list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class ExplainPlan(StagePlan[dict[str, Any]]):
+    """The explain stage's plan: ``missing``, its work items, most expensive first (e.g.
+    Caricatures before Guided Backprop, so local workers end together); ``stored``, the results
+    stored already; ``gathers``, what a chunked run must gather; ``reused_images``, how many
+    images a chunked run took from stored results of the same lineage (``store_shared_parts``)."""
+    gathers: list[Gather] = field(default_factory=list)
+    reused_images: int = 0
+
+
 def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
                       image_sets: dict[str, ImageSet] | None, chunk: int | None,
-                      base_item: dict[str, Any]):
-    """The work items of the missing results, most expensive first (e.g. Caricatures before
-    Guided Backprop, so local workers end together), the (folder, key, ranges) of each (model,
-    method, set) a chunked run must gather, how many results are stored already, and how many
-    images a chunked run took from stored results of the same lineage (``store_shared_parts``).
+                      base_item: dict[str, Any]) -> ExplainPlan:
+    """The work items of the missing results and what a chunked run gathers (``ExplainPlan``).
 
     ``image_sets`` None (a dry run, before the sets exist) plans every result, with the sets'
     nominal sizes ([evaluate] detection_images / localization_images) for the ranges."""
-    from counteraudit.slurm.stage_run import say
     items, gathers, stored, reused = [], [], 0, 0
     cost: dict[tuple[str, str], float] = {}  # (method, model) -> passes per image
     runs_root = base_item.get("runs_dir")
-    root = suite.root(runs_root)
-    m, p = set_sizes(suite)
     for name in methods:
         method = build_method(name, method_params(suite, name))
         batch_size = method_batch_size(suite, name)
@@ -381,46 +406,74 @@ def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
         for spec in specs:
             cost[(name, spec.name)] = method.passes_per_image(spec.architecture)
             description = method.describe(spec.architecture, batch_size)
-            missing, already = [], 0
-            for set_name in sets_for(suite, spec):
-                if image_sets is None:
-                    missing.append((set_name, result_dir(root, name, spec.name, set_name), None,
-                                    m if set_name == DETECTION else p))
-                    continue
-                image_set = image_sets[set_name]
-                key = result_key(description, spec.key, image_set.id)
-                directory = stored_result_dir(runs_root, key)
-                # the suite's name for it; an older layout's result there is moved into the store
-                link_into_store(result_dir(root, name, spec.name, set_name), directory, runs_root,
-                                marker_says(PARAMS_FILE, "key", as_stored(key)))
-                if gather_parts(directory, key, []):  # stored (leftover parts are removed)
-                    already += 1
-                else:
-                    missing.append((set_name, directory, key, len(image_set.images)))
+            missing, already = _missing_results(suite, name, description, spec, image_sets,
+                                                runs_root)
             item = {**base_item, "model": spec.name, "method": name}
             if not chunk:  # one item for the (model, method); it counts the stored sets itself
                 items += [item] if missing else []
                 stored += 0 if missing else already
                 continue
             stored += already
-            for set_name, directory, key, count in missing:
-                ranges = image_ranges(count, size)
-                gathers.append((directory, key, ranges))
-                covered = 0 if key is None else store_shared_parts(
-                    runs_root, description, spec.key, image_sets[set_name], directory, key,
-                    ranges, batch_size or method.default_batch_size)
+            for result in missing:
+                ranges = image_ranges(result.images, size)
+                gathers.append(Gather(result.directory, result.key, ranges))
+                covered = 0 if result.key is None else store_shared_parts(
+                    runs_root, description, spec.key, image_sets[result.image_set],
+                    result.directory, result.key, ranges, batch_size or method.default_batch_size)
                 reused += covered
-                for start, stop in ranges:
-                    if stop <= covered or key is not None and len(ranges) > 1 and \
-                            is_stored(part_dir(directory, start, stop), part_key(key, start, stop)):
-                        continue
-                    items.append({**item, "image_set": set_name, "start": start, "stop": stop})
+                items += [{**item, "image_set": result.image_set, "start": start, "stop": stop}
+                          for start, stop in _parts_to_compute(result, ranges, covered)]
         if size and size != chunk and len(items) > items_before:
             say("explain", f"{name}: parts of {size} images (chunk_images={chunk} rounded up to "
                            f"a multiple of its batch size {batch_size or method.default_batch_size}, "
                            "so its batches are those of an unchunked run)")
-    items.sort(key=lambda item: -cost[(item["method"], item["model"])])
-    return items, gathers, stored, reused
+    return ExplainPlan(longest_first(items, lambda item: cost[(item["method"], item["model"])]),
+                       stored, gathers, reused)
+
+
+def _missing_results(suite: Suite, method: str, description: dict[str, Any], spec: ModelSpec,
+                     image_sets: dict[str, ImageSet] | None, runs_root
+                     ) -> tuple[list[MissingResult], int]:
+    """The results of one (model, method) that are not stored, and how many are; each is linked
+    from the suite's folder first (an older layout's result there is moved into the store)."""
+    root = suite.root(runs_root)
+    m, p = set_sizes(suite)
+    missing, already = [], 0
+    for set_name in sets_for(suite, spec):
+        if image_sets is None:
+            missing.append(MissingResult(set_name, result_dir(root, method, spec.name, set_name),
+                                         None, m if set_name == DETECTION else p))
+            continue
+        image_set = image_sets[set_name]
+        key = result_key(description, spec.key, image_set.id)
+        directory = stored_result_dir(runs_root, key)
+        link_into_store(result_dir(root, method, spec.name, set_name), directory, runs_root,
+                        marker_says(PARAMS_FILE, "key", as_stored(key)))
+        if gather_parts(directory, key, []):  # stored (leftover parts are removed)
+            already += 1
+        else:
+            missing.append(MissingResult(set_name, directory, key, len(image_set.images)))
+    return missing, already
+
+
+def _parts_to_compute(result: MissingResult, ranges: list[tuple[int, int]],
+                      covered: int) -> list[tuple[int, int]]:
+    """The ranges of a missing result that a chunked run computes: not the first ``covered``
+    images (stored from a result of the same lineage), nor a part stored by an earlier run."""
+    def part_stored(start: int, stop: int) -> bool:
+        return (result.key is not None and len(ranges) > 1
+                and is_stored(part_dir(result.directory, start, stop),
+                              part_key(result.key, start, stop)))
+    return [(start, stop) for start, stop in ranges
+            if stop > covered and not part_stored(start, stop)]
+
+
+def _pair_name(item: dict[str, Any]) -> str:
+    return f"{item['model']}/{item['method']}"
+
+
+def _part_name(item: dict[str, Any]) -> str:
+    return f"{_pair_name(item)}/{item['image_set']}/{item['start']}-{item['stop']}"
 
 
 def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | None = None,
@@ -433,54 +486,44 @@ def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | N
     set of the same lineage (``shared_rows``). If some items fail,
     the complete results are still gathered before ``ItemsFailedError`` is raised, and a rerun
     submits only the missing items."""
-    from counteraudit.slurm.errors import ItemsFailedError, OutOfSpaceError
-    from counteraudit.slurm.executor import run_items
-    from counteraudit.train.core.stage import executor_config
     methods = suite_methods(suite, methods)
     specs = [suite.model(m) for m in models] if models else suite.models
     config = executor_config(suite, args, "explain")
     chunk = chunk_images(suite, args)
     # Made once, here, so work items only read them; a dry run plans without them.
     image_sets = None if config.dry_run else load_image_sets(suite, args.runs_dir)
-    runs_dir = str(Path(args.runs_dir).resolve()) if args.runs_dir else None
-    base_item = {"suite": str(suite.path.resolve()), "runs_dir": runs_dir,
-                 "device": getattr(args, "device", None)}
-    items, gathers, stored, reused = plan_explanations(suite, methods, specs, image_sets, chunk,
-                                                       base_item)
+    base_item = stage_item(suite, args.runs_dir, device=getattr(args, "device", None))
+    plan = plan_explanations(suite, methods, specs, image_sets, chunk, base_item)
 
     def needed(unfinished: list[dict[str, Any]]) -> int | None:
-        return space_needed(suite, image_sets, runs_dir, unfinished)
+        return space_needed(suite, image_sets, base_item["runs_dir"], unfinished)
     if not chunk:
-        results = run_items(explain_one, items, config, "explain",
-                            item_name=lambda item: f"{item['model']}/{item['method']}",
+        outcome = run_stage("explain", explain_one, plan, config, item_name=_pair_name,
                             space_needed=needed)
-        return {"computed": sum(r["computed"] for r in results),
-                "stored": stored + sum(r["stored"] for r in results), "parts": 0,
-                "explained_images": sum(r["explained_images"] for r in results),
-                "reused_images": sum(r["reused_images"] for r in results)}
+        return {"computed": outcome.total("computed"),
+                "stored": plan.stored + outcome.total("stored"), "parts": 0,
+                "explained_images": outcome.total("explained_images"),
+                "reused_images": outcome.total("reused_images")}
 
-    def name(item: dict[str, Any]) -> str:
-        return f"{item['model']}/{item['method']}/{item['image_set']}/{item['start']}-{item['stop']}"
-
-    def gather_one(directory: Path, key: dict[str, Any], ranges: list[tuple[int, int]]) -> bool:
-        with lock_beside(directory, "explain", f"gathering the parts of {directory}"):
-            return gather_parts(directory, key, ranges)
+    def gather_one(gather: Gather) -> bool:
+        with lock_beside(gather.directory, "explain", f"gathering the parts of {gather.directory}"):
+            return gather_parts(gather.directory, gather.key, gather.ranges)
 
     def gather() -> int:  # how many results are complete now (a one-part set is written whole)
-        return sum(gather_one(directory, key, ranges) for directory, key, ranges in gathers)
+        return sum(gather_one(each) for each in plan.gathers)
 
     try:
-        results = run_items(explain_part, items, config, "explain", item_name=name,
+        outcome = run_stage("explain", explain_part, plan, config, item_name=_part_name,
                             space_needed=needed)
     except ItemsFailedError as error:
         if not isinstance(error, OutOfSpaceError):  # no space to gather: the parts wait for a rerun
             gather()  # keep what is complete; a rerun submits only the failed parts
         raise
-    if config.dry_run:
+    if outcome.dry_run:
         return {"computed": 0, "stored": 0, "parts": 0, "explained_images": 0, "reused_images": 0}
-    return {"computed": gather(), "stored": stored, "parts": sum(r["computed"] for r in results),
-            "explained_images": sum(r["explained_images"] for r in results),
-            "reused_images": reused}
+    return {"computed": gather(), "stored": plan.stored, "parts": outcome.total("computed"),
+            "explained_images": outcome.total("explained_images"),
+            "reused_images": plan.reused_images}
 
 
 def space_needed(suite: Suite, image_sets: dict[str, ImageSet], runs_root,

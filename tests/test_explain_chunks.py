@@ -14,7 +14,7 @@ import pytest
 
 import counteraudit.explain.stage as explain_pipeline
 
-import counteraudit.slurm.executor as slurm_executor
+import counteraudit.train.core.stage as stage_skeleton
 
 from counteraudit.evaluate.scoring.distances import build_distance
 from counteraudit.evaluate.scoring.stage import SCORES, detection_scores, pipeline_parser
@@ -142,16 +142,17 @@ def test_chunked_run_stores_the_unchunked_results_bit_for_bit(trained, unchunked
 
 
 def spy_on_items(monkeypatch) -> list[str]:
-    """Names of the items every run_items call of this test is given."""
+    """Names of the items every run_items call of this test is given (every stage runs its
+    items through the stage skeleton's one call)."""
     names: list[str] = []
-    run_items = slurm_executor.run_items
+    run_items = stage_skeleton.run_items
 
     def recording(fn, items, config, stage_name, *, item_name, **options):
         items = list(items)
         names.extend(item_name(item) for item in items)
         return run_items(fn, items, config, stage_name, item_name=item_name, **options)
 
-    monkeypatch.setattr(slurm_executor, "run_items", recording)
+    monkeypatch.setattr(stage_skeleton, "run_items", recording)
     return names
 
 

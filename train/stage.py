@@ -9,8 +9,10 @@ from counteraudit.train.core.artifacts import store_dir
 from counteraudit.train.checkpoint import (METRICS_NAME, MODELS, is_trained, link_suite_models,
                                            model_dir, read_metrics)
 from counteraudit.train.core.registries import FAMILIES
-from counteraudit.train.core.stage import executor_config
+from counteraudit.train.core.stage import executor_config, plan_stage, run_stage, stage_item
 from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
+from counteraudit.train.cpu_probe import check_cpu_precision
+from counteraudit.train.worlds import build_world
 
 
 def train_one(item: dict[str, Any]) -> dict[str, Any]:
@@ -134,30 +136,29 @@ def describe_training(suite: Suite, specs: list[ModelSpec], todo: list[ModelSpec
 
 def train_models(suite: Suite, specs: list[ModelSpec], args: argparse.Namespace) -> list[dict]:
     """Train what is missing, through the local or Slurm executor; returns every model's metrics."""
-    from counteraudit.slurm.executor import run_items
-    root = store_dir(args.runs_dir)
     config = executor_config(suite, args, "train")
     if not config.dry_run:
         link_suite_models(suite, specs, args.runs_dir)  # adopts an older layout's models first
-    todo = [spec for spec in specs if not is_trained(model_dir(args.runs_dir, spec))]
-    todo.sort(key=lambda spec: -training_cost(spec))  # longest first: the least idle workers
-    if todo and config.executor == "local" and not config.dry_run:
-        from counteraudit.train.cpu_probe import check_cpu_precision
-        from counteraudit.train.worlds import build_world
+    plan = plan_stage(specs, lambda spec: is_trained(model_dir(args.runs_dir, spec)),
+                      cost=training_cost)
+    if plan.missing and config.executor == "local" and not config.dry_run:
         # says so, once, where the suite's fixed precision is much slower on this CPU
         check_cpu_precision(suite, args.runs_dir, getattr(args, "device", None))
         build_world(suite.world, runs_root=args.runs_dir).prepare()  # once, not in every worker
-    if config.dry_run:
-        print(describe_training(suite, specs, todo, config, root), flush=True)
-    runs_root = str(Path(args.runs_dir).resolve()) if args.runs_dir else None
+    # one progress bar per model, unless several train at once (their bars would interleave)
     parallel = config.executor == "slurm" or (config.local_jobs or 1) > 1
-    items = [{"suite": str(suite.path.resolve()), "model": spec.name, "runs_dir": runs_root,
-              "device": getattr(args, "device", None),
-              "progress": not args.no_progress and not parallel} for spec in todo]
-    run_items(train_one, items, config, "train", item_name=lambda item: item["model"],
-              space_needed=lambda unfinished: models_space_needed(args.runs_dir, len(unfinished)))
+    progress = not args.no_progress and not parallel
+
+    def to_items(todo: list[ModelSpec]) -> list[dict[str, Any]]:
+        return [stage_item(suite, args.runs_dir, model=spec.name,
+                           device=getattr(args, "device", None), progress=progress)
+                for spec in todo]
+    run_stage("train", train_one, plan, config, to_items=to_items,
+              item_name=lambda item: item["model"],
+              space_needed=lambda unfinished: models_space_needed(args.runs_dir, len(unfinished)),
+              describe=lambda todo: describe_training(suite, specs, todo, config,
+                                                      store_dir(args.runs_dir)))
     if config.dry_run:
         return []
     # the suite's own names: another suite may have trained (and named) a shared model
     return [{**read_metrics(model_dir(args.runs_dir, spec)), "name": spec.name} for spec in specs]
-

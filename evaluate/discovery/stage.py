@@ -15,13 +15,15 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from counteraudit.evaluate.discovery.auditors import AUDITORS, AuditResult, Finding, build_auditor
 from counteraudit.train.core.artifacts import (atomic_write_json, find_or_make, lock_beside,
                                                read_json, stable_hash, store_dir)
 from counteraudit.train.core.keyed_store import KeyedArtifact
+from counteraudit.train.core.stage import executor_config, plan_stage, run_stage, stage_item
 from counteraudit.train.core.suite import ModelSpec, Suite
+from counteraudit.train.worlds import build_world
 
 FINDINGS = "findings"
 FINDINGS_FILE = "findings.json"
@@ -112,7 +114,6 @@ def discover_one(item: dict[str, Any]) -> dict[str, int]:
     from counteraudit.train.checkpoint import model_dir
     from counteraudit.train.core.suite import load_suite
     from counteraudit.train.trainer import load_trained_model, pick_device
-    from counteraudit.train.worlds import build_world
     suite = load_suite(item["suite"])
     spec = suite.model(item["model"])
     runs_root = item.get("runs_dir")
@@ -138,13 +139,18 @@ def discover_one(item: dict[str, Any]) -> dict[str, int]:
     return counts
 
 
+class Audit(NamedTuple):
+    """One (model, auditor) result the stage needs."""
+    spec: ModelSpec
+    auditor: Any
+    budget: int
+    seed: int
+
+
 def discover_suite(suite: Suite, args: argparse.Namespace, auditors: list[str] | None = None,
                    models: list[str] | None = None) -> dict[str, int]:
     """Every missing (model, auditor) result of the suite, through the local or Slurm executor;
     returns counts of results ``computed`` now and ``stored`` before."""
-    from counteraudit.slurm.executor import run_items
-    from counteraudit.train.core.stage import executor_config
-    from counteraudit.train.worlds import build_world
     names = suite_auditors(suite, auditors)
     specs = [suite.model(m) for m in models] if models else suite.models
     world = build_world(suite.world, runs_root=args.runs_dir)
@@ -152,22 +158,22 @@ def discover_suite(suite: Suite, args: argparse.Namespace, auditors: list[str] |
     plan = planned(suite, world, names)  # in this process: covering arrays are built once
     print(f"[discover] {', '.join(f'{a.name} (budget {b} images)' for a, b, _ in plan)}; "
           f"planned in {time.perf_counter() - started:.1f}s", flush=True)
-    runs_dir = str(Path(args.runs_dir).resolve()) if args.runs_dir else None
-    items, stored = [], 0
-    for spec in specs:
-        missing = [a.name for a, budget, seed in plan
-                   if not is_stored(*_where(runs_dir, a, spec, suite, budget, seed))]
-        stored += len(plan) - len(missing)
-        if missing:
-            items.append({"suite": str(suite.path.resolve()), "runs_dir": runs_dir,
-                          "model": spec.name, "auditors": missing,
-                          "device": getattr(args, "device", None)})
-    config = executor_config(suite, args, "discover")
-    results = run_items(discover_one, items, config, "discover",
+    audits = [Audit(spec, *planned_auditor) for spec in specs for planned_auditor in plan]
+    todo = plan_stage(audits, lambda audit: is_stored(*_where(
+        args.runs_dir, audit.auditor, audit.spec, suite, audit.budget, audit.seed)))
+
+    def to_items(missing: list[Audit]) -> list[dict[str, Any]]:
+        """One item per model, with every auditor it lacks (the model is loaded once)."""
+        lacking: dict[str, list[str]] = {}
+        for audit in missing:
+            lacking.setdefault(audit.spec.name, []).append(audit.auditor.name)
+        return [stage_item(suite, args.runs_dir, model=model, auditors=auditor_names,
+                           device=getattr(args, "device", None))
+                for model, auditor_names in lacking.items()]
+    outcome = run_stage("discover", discover_one, todo, executor_config(suite, args, "discover"),
+                        to_items=to_items,
                         item_name=lambda item: f"{item['model']}/{'+'.join(item['auditors'])}")
-    if config.dry_run:
-        return {"computed": 0, "stored": stored}
-    return {"computed": sum(r["computed"] for r in results), "stored": stored}
+    return {"computed": outcome.total("computed"), "stored": todo.stored}
 
 
 def _where(runs_root, auditor, spec, suite, budget, seed) -> tuple[Path, dict[str, Any]]:
@@ -178,7 +184,6 @@ def _where(runs_root, auditor, spec, suite, budget, seed) -> tuple[Path, dict[st
 def load_suite_findings(suite: Suite, runs_root=None, auditors: list[str] | None = None,
                         world=None) -> dict[tuple[str, str], AuditResult]:
     """(auditor, model) -> stored result, for every usable auditor and model of the suite."""
-    from counteraudit.train.worlds import build_world
     world = world or build_world(suite.world, runs_root=runs_root)
     out = {}
     for auditor, budget, seed in planned(suite, world, suite_auditors(suite, auditors)):

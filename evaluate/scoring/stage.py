@@ -31,6 +31,8 @@ from counteraudit.explain.stage import (add_chunk_images_arg, explained_images_l
 from counteraudit.explain.store import stored_key
 from counteraudit.train.core.artifacts import atomic_write_text, stable_hash
 from counteraudit.train.core.keyed_store import KeyedArtifact
+from counteraudit.train.core.stage import (StagePlan, executor_config, plan_stage, run_stage,
+                                           stage_item)
 from counteraudit.train.core.suite import PAPER_REFERENCES, Suite
 from counteraudit.train.core.suite_schema import MIN_SCORED_REFERENCES, SuiteFileError
 
@@ -118,51 +120,66 @@ def score_one(item: dict[str, Any]) -> pd.DataFrame:
                      item["runs_dir"])
 
 
+# A score table by what it scores: (method, image set, models).
+TableId = tuple[str, str, tuple[str, ...]]
+
+
 def score_tables(suite: Suite, distance, distance_name: str,
                  tables: list[tuple[str, str, list[str]]], runs_root=None,
                  args: argparse.Namespace | None = None) -> list[pd.DataFrame]:
     """``score_set`` of each (method, image set, models) of ``tables``, in order. The missing
-    tables are the work items of the "score" stage, run by ``slurm.executor.run_items`` with the
-    executor options of ``args`` over the suite's [slurm] table (``args`` None: the suite's
-    table alone): on Slurm one job per table, each building the distance (``args.weights_dir``)
-    once; locally in this process, one after the other, with ``distance``."""
-    from counteraudit.slurm.executor import run_items
-    from counteraudit.train.core.stage import executor_config
-    todo, computed, stored = {}, {}, {}
-    for method, image_set, models in tables:
-        table_path, key = score_table_key(suite, distance_name, method, image_set, models, runs_root)
-        if _is_scored(table_path, key):
-            stored[(method, image_set, tuple(models))] = table_path
-        else:
-            todo.setdefault((method, image_set), models)
-    if todo:
-        config = executor_config(suite, args or argparse.Namespace(runs_dir=runs_root), "score")
-        weights_dir = getattr(args, "weights_dir", None)
-        weights_dir = str(Path(weights_dir).resolve()) if weights_dir else None
-        if config.executor == "local":
-            # Cheap work on tables already in memory: no worker processes to start and no
-            # second distance to build.
-            config = config.with_changes(local_jobs=1)
-            _DISTANCES[(distance_name, weights_dir)] = distance
-        items = [{"suite": str(suite.path.resolve()), "distance": distance_name,
-                  "weights_dir": weights_dir, "method": method, "image_set": image_set,
-                  "models": models, "runs_dir": str(Path(runs_root).resolve()) if runs_root else None}
-                 for (method, image_set), models in todo.items()]
-        results = run_items(score_one, items, config, "score",
-                            item_name=lambda item: f"{item['method']}/{item['image_set']}")
-        if config.dry_run:
+    tables are the work items of the "score" stage (``_score_missing``)."""
+    wanted: list[TableId] = [(method, image_set, tuple(models))
+                             for method, image_set, models in tables]
+    where = {table: score_table_key(suite, distance_name, table[0], table[1], list(table[2]),
+                                    runs_root) for table in wanted}
+    plan = plan_stage(wanted, lambda table: _is_scored(*where[table]))
+    computed = {}
+    if plan.missing:  # scoring runs inside other stages' commands: silent when all are stored
+        computed = _score_missing(suite, distance, distance_name, plan, runs_root, args)
+        if computed is None:  # a dry run
             return []
-        computed = dict(zip(todo, results, strict=True))
     scored = []
-    for method, image_set, models in tables:
-        if (method, image_set, tuple(models)) in stored:  # checked above: read back as made
-            scored.append(read_score_table(stored[(method, image_set, tuple(models))]))
-        elif (method, image_set) in computed and todo[(method, image_set)] == models:
-            scored.append(computed[(method, image_set)])  # made just now
+    for table in wanted:
+        if table not in plan.missing:  # checked above: read back as made
+            scored.append(read_score_table(where[table][0]))
+        elif table in computed:
+            scored.append(computed[table])  # made just now
         else:  # the same set asked with other models after a computed one: score it here
-            scored.append(score_set(suite, distance, distance_name, method, image_set, models,
-                                    runs_root))
+            scored.append(score_set(suite, distance, distance_name, table[0], table[1],
+                                    list(table[2]), runs_root))
     return scored
+
+
+def _score_missing(suite: Suite, distance, distance_name: str, plan: StagePlan[TableId], runs_root,
+                   args: argparse.Namespace | None) -> dict[TableId, pd.DataFrame] | None:
+    """The missing tables as work items of the "score" stage, one per (method, image set) (the
+    first models asked), run by ``slurm.executor.run_items`` with the executor options of
+    ``args`` over the suite's [slurm] table (``args`` None: the suite's table alone): on Slurm one
+    job per table, each building the distance (``args.weights_dir``) once; locally in this
+    process, one after the other, with ``distance``. None on a dry run."""
+    config = executor_config(suite, args or argparse.Namespace(runs_dir=runs_root), "score")
+    weights_dir = getattr(args, "weights_dir", None)
+    weights_dir = str(Path(weights_dir).resolve()) if weights_dir else None
+    if config.executor == "local":
+        # Cheap work on tables already in memory: no worker processes to start and no
+        # second distance to build.
+        config = config.with_changes(local_jobs=1)
+        _DISTANCES[(distance_name, weights_dir)] = distance
+
+    def to_items(missing: list[TableId]) -> list[dict[str, Any]]:
+        first_models: dict[tuple[str, str], tuple[str, ...]] = {}
+        for method, image_set, models in missing:
+            first_models.setdefault((method, image_set), models)
+        return [stage_item(suite, runs_root, distance=distance_name, weights_dir=weights_dir,
+                           method=method, image_set=image_set, models=list(models))
+                for (method, image_set), models in first_models.items()]
+    outcome = run_stage("score", score_one, plan, config, to_items=to_items,
+                        item_name=lambda item: f"{item['method']}/{item['image_set']}")
+    if outcome.dry_run:
+        return None
+    return {(item["method"], item["image_set"], tuple(item["models"])): table
+            for item, table in zip(outcome.items, outcome.results, strict=True)}
 
 
 def detection_scores(suite: Suite, distance, distance_name: str, methods: list[str],

@@ -1,12 +1,27 @@
 """What every stage script shares: the suite and model selection arguments, one way to show a
-user's mistake, and the executor a stage's work items run on."""
+user's mistake, the executor a stage's work items run on, and the stage skeleton itself.
+
+The skeleton, in two steps (the stage may prepare in between, once it knows what is missing):
+
+    plan = plan_stage(candidates, is_stored, cost=...)  # what is missing, longest first
+    outcome = run_stage("name", work, plan, config, to_items=..., item_name=...)
+
+``run_stage`` turns the missing candidates into picklable work items, runs them through
+``slurm.executor.run_items`` (locally or on Slurm; "nothing to do" when there are none, the plan
+on a dry run) and returns a ``StageOutcome``: the items, their results and how many candidates
+were stored before.
+"""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 from counteraudit.slurm.errors import ExecutorError, disk_usage_near, out_of_space, size_text
-from counteraudit.slurm.executor import default_local_jobs, executor_config_from
+from counteraudit.slurm.executor import default_local_jobs, executor_config_from, run_items
+from counteraudit.slurm.stage_run import default_item_name
 from counteraudit.train.core.artifacts import runs_dir
 from counteraudit.train.core.suite import ModelSpec, Suite, available_suites, load_suite
 
@@ -76,3 +91,75 @@ def executor_config(suite: Suite, args: argparse.Namespace, stage: str):
     if config.log_dir is None:
         config = config.with_changes(log_dir=suite.root(args.runs_dir).resolve() / "slurm-logs")
     return config
+
+
+Candidate = TypeVar("Candidate")
+
+
+@dataclass(frozen=True)
+class StagePlan(Generic[Candidate]):
+    """What a stage has left to do: the candidates whose artifacts are missing, most expensive
+    first, and how many were stored already."""
+    missing: list[Candidate] = field(default_factory=list)
+    stored: int = 0
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """A stage's run: its work items, their results in item order ([] on a dry run), and how many
+    candidates were stored before it."""
+    items: list[Any]
+    results: list[Any]
+    stored: int
+    dry_run: bool
+
+    def total(self, count: str) -> int:
+        """The sum of one count over the results (work functions that return counts)."""
+        return sum(result[count] for result in self.results)
+
+
+def longest_first(candidates: Iterable[Candidate],
+                  cost: Callable[[Candidate], float] | None = None) -> list[Candidate]:
+    """``candidates`` by decreasing ``cost`` (ties keep their order), so local workers end
+    together instead of one starting the longest item last; unchanged without ``cost``."""
+    candidates = list(candidates)
+    return sorted(candidates, key=lambda candidate: -cost(candidate)) if cost else candidates
+
+
+def plan_stage(candidates: Iterable[Candidate], is_stored: Callable[[Candidate], bool],
+               cost: Callable[[Candidate], float] | None = None) -> StagePlan[Candidate]:
+    """The candidates whose artifact ``is_stored`` says is missing (longest first by ``cost``),
+    and how many are stored."""
+    candidates = list(candidates)
+    missing = [candidate for candidate in candidates if not is_stored(candidate)]
+    return StagePlan(longest_first(missing, cost), len(candidates) - len(missing))
+
+
+def run_stage(name: str, work: Callable[[Any], Any], plan: StagePlan, config, *,
+              to_items: Callable[[list], list] = list,
+              item_name: Callable[[Any], str] = default_item_name,
+              space_needed: Callable[[list[Any]], int | None] | None = None,
+              describe: Callable[[list], str] | None = None) -> StageOutcome:
+    """``work`` on the work items ``to_items`` makes of the plan's missing candidates (default:
+    the candidates themselves), through the stage's executor ``config``; ``work`` and the items
+    must be picklable (a Slurm job unpickles them). ``item_name`` names an item in progress lines
+    and failures; ``space_needed(unfinished items)`` estimates the bytes they would store, for a
+    full disk's message; on a dry run ``describe(missing candidates)`` is printed before the
+    executor's plan."""
+    if config.dry_run and describe is not None:
+        print(describe(plan.missing), flush=True)
+    items = to_items(plan.missing)
+    results = run_items(work, items, config, name, item_name=item_name, space_needed=space_needed)
+    return StageOutcome(items, results, plan.stored, config.dry_run)
+
+
+def resolved_runs_dir(runs_root) -> str | None:
+    """The runs folder as a work item carries it: absolute, since a Slurm job or a worker may
+    start elsewhere; None: the default."""
+    return str(Path(runs_root).resolve()) if runs_root else None
+
+
+def stage_item(suite: Suite, runs_root, **fields: Any) -> dict[str, Any]:
+    """A work item: what a work function needs to load the suite and the runs folder, plus the
+    stage's ``fields``."""
+    return {"suite": str(suite.path.resolve()), "runs_dir": resolved_runs_dir(runs_root), **fields}

@@ -1,0 +1,58 @@
+"""The stage skeleton (train/core/stage.py): a stage runs only the items whose artifacts are
+missing, most expensive first, a rerun runs none, and a dry run runs none but says what it would
+run. The toy stage stores one file per item, as every stage stores its artifacts."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from counteraudit.slurm.executor import ExecutorConfig
+from counteraudit.train.core.stage import StageOutcome, plan_stage, run_stage
+
+COSTS = {"small": 1.0, "large": 3.0, "medium": 2.0}
+
+
+def make_artifact(item: dict) -> dict:
+    """Work function of the toy stage (module level: picklable, as Slurm needs)."""
+    Path(item["path"]).write_text(json.dumps({"name": item["name"]}))
+    return {"computed": 1, "name": item["name"]}
+
+
+def run_toy_stage(folder: Path, dry_run: bool = False) -> StageOutcome:
+    names = list(COSTS)
+    plan = plan_stage(names, lambda name: (folder / f"{name}.json").exists(), cost=COSTS.get)
+    return run_stage("toy", make_artifact, plan, ExecutorConfig(local_jobs=1, dry_run=dry_run),
+                     to_items=lambda missing: [{"name": name, "path": str(folder / f"{name}.json")}
+                                               for name in missing],
+                     item_name=lambda item: item["name"],
+                     describe=lambda missing: f"[dry-run] toy: {len(missing)} to make")
+
+
+def test_a_stage_runs_only_what_is_missing_longest_first(tmp_path):
+    (tmp_path / "medium.json").write_text("{}")  # stored by an earlier run
+    outcome = run_toy_stage(tmp_path)
+    assert [item["name"] for item in outcome.items] == ["large", "small"]
+    assert [result["name"] for result in outcome.results] == ["large", "small"]
+    assert outcome.total("computed") == 2 and outcome.stored == 1 and not outcome.dry_run
+    assert (tmp_path / "medium.json").read_text() == "{}"  # not computed again
+    assert json.loads((tmp_path / "small.json").read_text()) == {"name": "small"}
+
+
+def test_a_rerun_runs_nothing_and_says_so(tmp_path, capsys):
+    run_toy_stage(tmp_path)
+    stamps = {path.name: path.stat().st_mtime_ns for path in tmp_path.iterdir()}
+    capsys.readouterr()
+    again = run_toy_stage(tmp_path)
+    assert again.items == [] and again.results == [] and again.stored == 3
+    assert {path.name: path.stat().st_mtime_ns for path in tmp_path.iterdir()} == stamps
+    assert "[toy] nothing to do" in capsys.readouterr().err
+
+
+def test_a_dry_run_runs_nothing_and_says_what_it_would_run(tmp_path, capsys):
+    (tmp_path / "small.json").write_text("{}")
+    outcome = run_toy_stage(tmp_path, dry_run=True)
+    assert outcome.dry_run and outcome.results == [] and outcome.total("computed") == 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["small.json"]
+    printed = capsys.readouterr().out
+    assert printed.index("[dry-run] toy: 2 to make") < printed.index("would run 2 items locally")
+    assert "    large\n    medium\n" in printed  # longest first
