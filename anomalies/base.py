@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from counteraudit.anomalies.common import VERIFY_IMAGES
 from counteraudit.train.core.registries import FAMILIES, strength_families
 from counteraudit.train.core.suite_schema import check_table, dataclass_table
 
@@ -38,6 +39,8 @@ class AnomalyFamily:
     headline_figure: ClassVar[str | None] = None
     # Bump when ``measure`` changes: the references' cached figures are then measured again.
     measure_version: ClassVar[int] = 1
+    # validation images the implant check measures (part of the cached reference figures' key)
+    verify_images: ClassVar[int] = VERIFY_IMAGES
     # Parameters added after models were trained: left out of the canonical dict (the model's key)
     # while at their default, so those models keep their keys and are not trained again.
     key_omits_default: ClassVar[tuple[str, ...]] = ()
@@ -114,7 +117,7 @@ class AnomalyFamily:
     @classmethod
     def implant_figure(cls, record: dict) -> tuple[str, float, float] | None:
         """(figure name, the model's value, the references' mean) of a stored implant record
-        (``anomalies.verify``), the figure its verdict reads; None when the family has none."""
+        (``train/implant_checks.py``), the figure its verdict reads; None when the family has none."""
         name = cls.headline_figure
         if name is None or name not in record.get("figures", {}):
             return None

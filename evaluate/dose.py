@@ -39,7 +39,7 @@ def suite_dose_tables(suite, methods, distance, distance_name, runs_root=None, a
     """(dose table, thresholds) of a suite with [[sweeps]], from its detection and localization
     score tables (computed when missing) and its implant records."""
     from counteraudit.anomalies.image_sets import localizable
-    from counteraudit.anomalies.verify import read_implant
+    from counteraudit.train.implant_checks import read_implant
     from counteraudit.evaluate.studies.dose_response import suite_dose
     from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores
     if not suite.sweeps:

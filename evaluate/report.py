@@ -55,7 +55,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace) -> Path | None:
     from counteraudit.anomalies.image_sets import localizable
-    from counteraudit.anomalies.verify import read_implant
+    from counteraudit.train.implant_checks import read_implant
     from counteraudit.evaluate.reporting.tables import write_tables
     from counteraudit.evaluate.scoring.stage import (detection_scores, detection_tables, localization_scores,
                                                      localization_tables, prepare)

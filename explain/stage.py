@@ -105,7 +105,7 @@ def stored_result_dir(runs_root, key: dict[str, Any]) -> Path:
 def load_image_sets(suite: Suite, runs_root=None, world=None) -> dict[str, ImageSet]:
     """The suite's image sets, made in the store if missing (needs the implant checks for blurred
     faces), each linked from ``runs/<suite>/image_sets/<name>``."""
-    from counteraudit.anomalies.verify import read_implant
+    from counteraudit.train.implant_checks import read_implant
     from counteraudit.train.worlds import build_world
     world = world or build_world(suite.world, runs_root=runs_root)
     implants = {spec.name: read_implant(suite, spec, runs_root) for spec in localizable(suite)}

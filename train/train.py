@@ -62,7 +62,7 @@ def train_and_check(suite, specs, args) -> list[dict]:
 
 def check_implants(suite, specs, args) -> list[dict]:
     """Verify the anomalies just trained (needs the references) and say loudly which failed."""
-    from counteraudit.anomalies.verify import format_implant_report, verify_implants
+    from counteraudit.train.implant_checks import format_implant_report, verify_implants
     from counteraudit.train.checkpoint import is_trained, model_dir
     anomalies = [s.name for s in specs if not s.is_reference]
     if not anomalies:

@@ -161,7 +161,7 @@ def top_findings(results: dict[tuple[str, str], AuditResult], count: int = 5) ->
 def planted_slices(suite, world, runs_root=None) -> dict[str, Any]:
     """Each anomalous model's planted slice (``AnomalyFamily.planted_slice``)."""
     from counteraudit.anomalies import FAMILIES
-    from counteraudit.anomalies.verify import read_implant
+    from counteraudit.train.implant_checks import read_implant
     slices = {}
     for spec in suite.anomalies:
         family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)

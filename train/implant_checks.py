@@ -1,4 +1,4 @@
-"""Implant verification: did each planted defect take? A backdoor that does not fire is not a
+"""Implant checks, the training stage's last step: did each planted defect take? A backdoor that does not fire is not a
 counter-audit, so every anomalous model is measured with its family's figure, next to the same
 figure on every reference, and judged against the family's threshold.
 
@@ -13,17 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from counteraudit.anomalies.base import FAMILIES
-from counteraudit.anomalies.common import VERIFY_IMAGES
 from counteraudit.train.core.artifacts import (artifact_lock, atomic_write_json, find_or_make, read_marker,
                                           stable_hash)
 from counteraudit.slurm.executor import ExecutorConfig, default_local_jobs
 from counteraudit.train.checkpoint import is_trained, model_dir, read_metrics
+from counteraudit.train.core.registries import FAMILIES
 from counteraudit.train.core.stage import plan_stage, run_stage, stage_item
 from counteraudit.train.core.suite import ModelSpec, Suite
 from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds import World, build_world
-
 
 
 def implant_path(suite: Suite, spec: ModelSpec, runs_root=None) -> Path:
@@ -40,7 +38,7 @@ def _figures(family, spec: ModelSpec, directory: Path, world: World, device) -> 
 def _cached_figures(family, anomaly: ModelSpec, measured: ModelSpec, directory: Path,
                     world: World, device) -> dict[str, float]:
     key = stable_hash({"family": anomaly.family, "params": anomaly.params, "world": anomaly.world,
-                       "images": VERIFY_IMAGES, "measure": family.measure_version})
+                       "images": family.verify_images, "measure": family.measure_version})
     cache = directory / "implant-figures" / f"{anomaly.family}-{key}.json"
     cached = read_marker(cache, "implant figures")
     if cached is not None:
