@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from counteraudit.anomalies.common import VERIFY_IMAGES
@@ -134,7 +135,6 @@ class AnomalyFamily:
 
     def normal_pool(self, val):
         """Positions of val images that count as normal for this family (default: all)."""
-        import numpy as np
         return np.arange(len(val))
 
     def abnormal_images(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

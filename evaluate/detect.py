@@ -21,7 +21,9 @@ if __package__ in (None, ""):
 import argparse
 import time
 
-from counteraudit.evaluate.scoring.stage import describe_distance, pipeline_parser
+from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
+from counteraudit.evaluate.scoring.stage import (describe_distance, detection_scores, detection_tables,
+                                                 pipeline_parser, prepare)
 from counteraudit.train.core.stage import run_cli
 
 
@@ -30,9 +32,6 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict:
-    from counteraudit.evaluate.scoring.stage import detection_scores, detection_tables, prepare
-    from counteraudit.evaluate.reporting.tables import write_tables
-    from counteraudit.evaluate.reporting.tables import to_markdown
     suite, methods, distance, distance_name, note = prepare(args)
     if getattr(args, "dry_run", False):
         return {}

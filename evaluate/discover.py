@@ -23,12 +23,19 @@ if __package__ in (None, ""):
 import argparse
 import time
 
-from counteraudit.train.core.stage import run_cli
+from counteraudit.evaluate.discovery.search_study import search_study
+from counteraudit.evaluate.discovery.stage import (discover_seed, discover_suite, load_suite_findings,
+                                                   suite_auditors)
+from counteraudit.evaluate.discovery.tables import discovery_tables
+from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
+from counteraudit.slurm.executor import add_executor_args
+from counteraudit.train.core.stage import add_common_args, run_cli
+from counteraudit.train.core.suite import load_suite
+from counteraudit.train.train import train_and_check
+from counteraudit.train.worlds import build_world
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    from counteraudit.slurm.executor import add_executor_args
-    from counteraudit.train.core.stage import add_common_args
     parser = argparse.ArgumentParser("counteraudit discover", add_help=add_help,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_common_args(parser)
@@ -46,13 +53,6 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict:
-    from counteraudit.evaluate.discovery.tables import discovery_tables
-    from counteraudit.evaluate.reporting.tables import write_tables
-    from counteraudit.evaluate.reporting.tables import to_markdown
-    from counteraudit.evaluate.discovery.stage import discover_suite, load_suite_findings, suite_auditors
-    from counteraudit.train.core.suite import load_suite
-    from counteraudit.train.train import train_and_check
-    from counteraudit.train.worlds import build_world
     if args.quick and args.suite not in ("demo", "quick"):
         raise ValueError(f"--quick runs the 'quick' suite; drop --suite {args.suite} or --quick")
     suite = load_suite("quick" if args.quick else args.suite)
@@ -86,8 +86,6 @@ def main(args: argparse.Namespace) -> dict:
         print("\nReferences with any significant finding (the false-positive rate of auditors "
               "that keep only significant findings)\n")
         print(to_markdown(tables["discovery-false-positives"], float_format="{:.2f}"))
-    from counteraudit.evaluate.discovery.search_study import search_study
-    from counteraudit.evaluate.discovery.stage import discover_seed
     study = search_study(suite, results, world, args.runs_dir, discover_seed(suite),
                          getattr(args, "device", None))
     if study:

@@ -25,8 +25,13 @@ import argparse
 
 import pandas as pd
 
-from counteraudit.evaluate.scoring.stage import describe_distance, pipeline_parser
+from counteraudit.anomalies.image_sets import localizable
+from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
+from counteraudit.evaluate.scoring.stage import (describe_distance, detection_scores, localization_scores,
+                                                 pipeline_parser, prepare)
+from counteraudit.evaluate.studies.dose_response import suite_dose, sweep_table, threshold_text
 from counteraudit.train.core.stage import run_cli
+from counteraudit.train.implant_checks import read_implant
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -38,10 +43,6 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 def suite_dose_tables(suite, methods, distance, distance_name, runs_root=None, args=None):
     """(dose table, thresholds) of a suite with [[sweeps]], from its detection and localization
     score tables (computed when missing) and its implant records."""
-    from counteraudit.anomalies.image_sets import localizable
-    from counteraudit.train.implant_checks import read_implant
-    from counteraudit.evaluate.studies.dose_response import suite_dose
-    from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores
     if not suite.sweeps:
         raise ValueError(f"suite {suite.name!r} declares no [[sweeps]]; run --suite dose, or add "
                          "[[sweeps]] entries (family, values, params) to your suite file")
@@ -53,10 +54,6 @@ def suite_dose_tables(suite, methods, distance, distance_name, runs_root=None, a
 
 
 def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
-    from counteraudit.evaluate.studies.dose_response import sweep_table, threshold_text
-    from counteraudit.evaluate.scoring.stage import prepare
-    from counteraudit.evaluate.reporting.tables import write_tables
-    from counteraudit.evaluate.reporting.tables import to_markdown
     suite, methods, distance, distance_name, note = prepare(args)
     if getattr(args, "dry_run", False):
         return {}

@@ -33,11 +33,22 @@ import argparse
 import numpy as np
 import pandas as pd
 
-from counteraudit.train.core.stage import run_cli
+from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_positions
+from counteraudit.evaluate.reporting.power import power_tables, print_power
+from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
+from counteraudit.evaluate.scoring.distances import build_distance, resolve_distance_name
+from counteraudit.evaluate.scoring.localization import auroc
+from counteraudit.evaluate.scoring.scores import (ZERO_SPREAD_TOLERANCE, mean_pair_distance,
+                                                  reference_distance_matrix, score_frame)
+from counteraudit.evaluate.scoring.stage import check_scorable
+from counteraudit.evaluate.studies.power import detection_by_reference_count
+from counteraudit.explain.stage import load_image_sets, load_results, suite_methods
+from counteraudit.train.core.stage import add_common_args, run_cli
+from counteraudit.train.core.suite import load_suite
+from counteraudit.train.worlds import build_world
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    from counteraudit.train.core.stage import add_common_args
     parser = argparse.ArgumentParser("counteraudit reference count", add_help=add_help,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_common_args(parser)  # --suite, --runs-dir: a suite whose visualizations are stored
@@ -64,7 +75,6 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 def distance_matrix(results: dict, names: list[str], distance) -> np.ndarray:
     """(N, k, k) distances between the renders of ``names`` (stored Explanations) on each image."""
-    from counteraudit.evaluate.scoring.scores import reference_distance_matrix
     features = {name: distance.features(results[name].images) for name in names}
     return reference_distance_matrix(features, names, distance)
 
@@ -84,8 +94,6 @@ def aurocs_by_reference_count(matrix: np.ndarray, abnormal: np.ndarray, subsets:
     renders and, last, the anomalous model's; ``abnormal``: bool per image. Scores are
     ``anomaly_scores``' (numerator / spread, flagged where the spread vanishes), and flagged images
     drop out as they do from Table 2."""
-    from counteraudit.evaluate.scoring.localization import auroc
-    from counteraudit.evaluate.scoring.scores import ZERO_SPREAD_TOLERANCE, mean_pair_distance, score_frame
     n_all = matrix.shape[1] - 1
     out = {}
     for n in range(2, n_all + 1):
@@ -105,13 +113,6 @@ def aurocs_by_reference_count(matrix: np.ndarray, abnormal: np.ndarray, subsets:
 
 
 def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
-    from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_positions
-    from counteraudit.evaluate.scoring.distances import build_distance, resolve_distance_name
-    from counteraudit.evaluate.studies.power import detection_by_reference_count
-    from counteraudit.evaluate.scoring.stage import check_scorable
-    from counteraudit.explain.stage import load_image_sets, load_results, suite_methods
-    from counteraudit.train.core.suite import load_suite
-    from counteraudit.train.worlds import build_world
 
     if not 0 < args.level <= 1 or not 0 < args.auroc_target <= 1 or args.subsets < 1:
         raise ValueError(f"--level {args.level} and --auroc-target {args.auroc_target} must be in "
@@ -157,17 +158,14 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
     order = {spec.name: k for k, spec in enumerate(specs)}  # one block of methods per model
     table = (pd.DataFrame(rows).sort_values("model", key=lambda c: c.map(order), kind="stable")
              .reset_index(drop=True))
-    from counteraudit.evaluate.reporting.tables import to_markdown
     print(f"\nLocalization AUROC with n of the {len(references)} references (distance: "
           f"{distance_name}{f' -- {note}' if note else ''}; mean over {args.subsets} random subsets "
           "per n; all n: the suite's own Table 2 value)\n")
     print(to_markdown(table, float_format="{:.2f}"))
-    from counteraudit.evaluate.reporting.power import power_tables, print_power
     tables = power_tables(suite, methods, distance, distance_name, args,
                           detection_by_n=pd.concat(detected, ignore_index=True) if detected else None,
                           localization_by_n=pd.DataFrame(located) if located else None, rng=rng)
     print_power(tables, suite, args)
-    from counteraudit.evaluate.reporting.tables import write_tables
     tables = {"localization-by-n": table, **tables}
     # runs/<suite>/tables/power-*: the report's power section reads them
     write_tables(suite, {f"power-{name}-{distance_name}": frame for name, frame in tables.items()},

@@ -35,10 +35,21 @@ if __package__ in (None, ""):
 
 import argparse
 
-
-from counteraudit.evaluate.scoring.stage import pipeline_parser
+from counteraudit.anomalies.image_sets import localizable
+from counteraudit.evaluate.discovery.search_study import search_study
+from counteraudit.evaluate.discovery.stage import FINDINGS, discover_seed, load_suite_findings
+from counteraudit.evaluate.discovery.tables import discovery_tables
 from counteraudit.evaluate.reporting.page import DEFAULT_EXAMPLES, DEFAULT_IMAGE_SIDE, Report
+from counteraudit.evaluate.reporting.sensitivity import stored_sensitivity
+from counteraudit.evaluate.reporting.tables import write_tables
+from counteraudit.evaluate.scoring.stage import (detection_scores, detection_tables, localization_scores,
+                                                 localization_tables, pipeline_parser, prepare)
+from counteraudit.evaluate.studies.dose_response import suite_dose
+from counteraudit.explain.stage import load_image_sets
+from counteraudit.train.core.artifacts import atomic_write_text, store_dir
 from counteraudit.train.core.stage import run_cli
+from counteraudit.train.implant_checks import read_implant
+from counteraudit.train.worlds import build_world
 
 
 
@@ -54,13 +65,6 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> Path | None:
-    from counteraudit.anomalies.image_sets import localizable
-    from counteraudit.train.implant_checks import read_implant
-    from counteraudit.evaluate.reporting.tables import write_tables
-    from counteraudit.evaluate.scoring.stage import (detection_scores, detection_tables, localization_scores,
-                                                     localization_tables, prepare)
-    from counteraudit.explain.stage import load_image_sets
-    from counteraudit.train.core.artifacts import atomic_write_text
     if args.examples < 1 or args.image_side < 8:
         raise ValueError(f"--examples {args.examples} must be >= 1 and --image-side {args.image_side} >= 8")
     suite, methods, distance, distance_name, note = prepare(args)
@@ -74,12 +78,10 @@ def main(args: argparse.Namespace) -> Path | None:
         tables.update(localization_tables(localization, distance_name))
     implants = {s.name: read_implant(suite, s, args.runs_dir) for s in suite.anomalies}
     if suite.sweeps:  # dose-response: one panel per sweep
-        from counteraudit.evaluate.studies.dose_response import suite_dose
         dose, limits = suite_dose(suite, detection, localization, implants)
         tables.update({f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits})
     write_tables(suite, tables, args.runs_dir)
     discovery = stored_discovery(suite, args.runs_dir)
-    from counteraudit.evaluate.reporting.sensitivity import stored_sensitivity
     report = Report(suite=suite, methods=methods, distance_name=distance_name, note=note,
                     detection=detection, localization=localization, tables=tables,
                     implants=implants,
@@ -96,11 +98,6 @@ def main(args: argparse.Namespace) -> Path | None:
 def stored_discovery(suite, runs_root=None):
     """(findings, tables, world) of the failure-discovery auditors when evaluate/discover.py has
     run for this suite, else None (the report then says how to add them)."""
-    from counteraudit.evaluate.discovery.tables import discovery_tables
-    from counteraudit.evaluate.discovery.stage import load_suite_findings
-    from counteraudit.evaluate.discovery.stage import FINDINGS
-    from counteraudit.train.core.artifacts import store_dir
-    from counteraudit.train.worlds import build_world
     if not any((store_dir(runs_root) / FINDINGS).glob("*/*")):
         return None  # never run: don't build covering arrays only to find nothing
     world = build_world(suite.world, runs_root=runs_root)
@@ -108,8 +105,6 @@ def stored_discovery(suite, runs_root=None):
         results = load_suite_findings(suite, runs_root, world=world)
     except FileNotFoundError:
         return None
-    from counteraudit.evaluate.discovery.search_study import search_study
-    from counteraudit.evaluate.discovery.stage import discover_seed
     tables = discovery_tables(suite, results, world, runs_root)
     tables.update(search_study(suite, results, world, runs_root, discover_seed(suite)).get(
         "tables", {}))

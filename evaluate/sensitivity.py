@@ -29,14 +29,18 @@ if __package__ in (None, ""):
     sys.path.pop(0)
 
 import argparse
+
 import pandas as pd
 
-from counteraudit.evaluate.studies.sensitivity import CHANGED, compare, plan_variants, scored_tables, side_by_side
+from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
+from counteraudit.evaluate.scoring.baseline import BASELINE
+from counteraudit.evaluate.scoring.stage import describe_distance, pipeline_parser, prepare
+from counteraudit.evaluate.studies.protocol_choices import PROTOCOL_CHOICES
+from counteraudit.evaluate.studies.sensitivity import (CHANGED, compare, plan_variants, scored_tables,
+                                                       side_by_side)
 from counteraudit.train.core.stage import run_cli
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    from counteraudit.evaluate.scoring.stage import pipeline_parser
-    from counteraudit.evaluate.studies.protocol_choices import PROTOCOL_CHOICES
     parser = pipeline_parser("counteraudit sensitivity", add_help)
     parser.add_argument("--choice", action="append", default=None, metavar="NAME",
                         help=f"only this protocol choice (repeatable; {', '.join(PROTOCOL_CHOICES)}); "
@@ -46,10 +50,6 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
-    from counteraudit.evaluate.scoring.baseline import BASELINE
-    from counteraudit.evaluate.scoring.stage import describe_distance, prepare
-    from counteraudit.evaluate.reporting.tables import write_tables
-    from counteraudit.evaluate.reporting.tables import to_markdown
     suite, methods, distance, distance_name, note = prepare(args)
     variants, skipped = plan_variants(suite, methods, args.choice, args.runs_dir)
     if getattr(args, "dry_run", False):

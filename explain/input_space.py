@@ -14,10 +14,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from counteraudit.train.architectures import Classifier
+
 
 def normalization(model: nn.Module, method: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The (1, 3, 1, 1) mean and std a ``Classifier`` normalises its input with."""
-    from counteraudit.train.architectures import Classifier
     if not isinstance(model, Classifier):
         raise ValueError(f"method {method!r}: the normalised input space needs a model that "
                          f"normalises its input itself (train.architectures.Classifier), got "

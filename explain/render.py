@@ -13,9 +13,10 @@ Saliency maps (guided backprop, integrated gradients, guided Grad-CAM), ``salien
 2. normalise per image: divide by that image's 99th percentile of the map and clip to [0, 1]
    (the scale of gradients differs between models for reasons unrelated to *where* they look).
    Steps 1-2 are the PAIR saliency library's ``VisualizeImageGrayscale`` (used by Adebayo et al.'s
-   sanity checks), except that it also subtracts the map's minimum. Captum's ``visualize_image_attr`` differs: it sums the channels with their
-   signs, and divides by the value below which 98% of the map's total *mass* lies, so a map whose
-   mass sits on a few pixels renders as those pixels alone;
+   sanity checks), except that it also subtracts the map's minimum. Captum's
+   ``visualize_image_attr`` differs: it sums the channels with their signs, and divides by the
+   value below which 98% of the map's total *mass* lies, so a map whose mass sits on a few pixels
+   renders as those pixels alone;
 3. colour: the fixed ``HOT`` table (black -> red -> yellow -> white, luminance rising with the
    value), indexed by ``round(255 * value)``;
 4. overlay: ``(1 - alpha) * grey(image) + alpha * colour``, alpha = 0.8 so the heat dominates

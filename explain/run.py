@@ -27,9 +27,11 @@ if __package__ in (None, ""):
 import argparse
 import time
 
-from counteraudit.explain.stage import add_chunk_images_arg
+from counteraudit.explain.stage import add_chunk_images_arg, explain_suite, explained_images_line
 from counteraudit.slurm.executor import add_executor_args
 from counteraudit.train.core.stage import add_common_args, run_cli
+from counteraudit.train.core.suite import load_suite
+from counteraudit.train.train import train_and_check
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -48,9 +50,6 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> None:
-    from counteraudit.explain.stage import explain_suite, explained_images_line
-    from counteraudit.train.core.suite import load_suite
-    from counteraudit.train.train import train_and_check
     suite = load_suite(args.suite)
     # This stage needs trained models, and the blurred-faces image set needs the implant checks:
     # whatever is missing runs first, through the same executor, instead of failing (a no-op when

@@ -37,28 +37,32 @@ the message says about how much the unfinished items need (``space_needed``).
 from __future__ import annotations
 
 import argparse
+import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from counteraudit.anomalies.image_sets import (DETECTION, ImageSet, abnormal_set_name,
-                                               build_image_sets, localizable, same_lineage,
-                                               set_sizes)
+import torch
+
+from counteraudit.anomalies.image_sets import (DETECTION, ImageSet, abnormal_set_name, build_image_sets,
+                                               localizable, same_lineage, set_sizes)
 from counteraudit.explain.base import METHODS, Explanation, ExplanationMethod, build_method
-from counteraudit.explain.store import (ARRAYS_FILE, PARAMS_FILE, concatenate, gather_parts,
-                                        is_stored, load_explanation, part_dir, part_key,
-                                        result_key, row_range, save_explanation)
-from counteraudit.train.core.artifacts import (artifact_lock, find_or_make, link_into_store, lock_beside,
-                                          marker_says, read_json, stable_hash, store_dir)
+from counteraudit.explain.store import (ARRAYS_FILE, PARAMS_FILE, concatenate, gather_parts, is_stored,
+                                        load_explanation, part_dir, part_key, result_key, row_range,
+                                        save_explanation)
 from counteraudit.slurm.errors import ItemsFailedError, OutOfSpaceError
 from counteraudit.slurm.stage_run import say
 from counteraudit.train.checkpoint import model_dir
+from counteraudit.train.core.artifacts import (artifact_lock, find_or_make, link_into_store, lock_beside,
+                                               marker_says, read_json, stable_hash, store_dir)
 from counteraudit.train.core.keyed_store import as_stored
-from counteraudit.train.core.stage import (StagePlan, executor_config, longest_first, run_stage,
-                                           stage_item)
+from counteraudit.train.core.stage import StagePlan, executor_config, longest_first, run_stage, stage_item
 from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
+from counteraudit.train.implant_checks import read_implant
+from counteraudit.train.trainer import load_trained_model, pick_device
+from counteraudit.train.worlds import build_world
 
 VISUALIZATIONS = "visualizations"
 IMAGE_SETS = "image_sets"
@@ -105,8 +109,6 @@ def stored_result_dir(runs_root, key: dict[str, Any]) -> Path:
 def load_image_sets(suite: Suite, runs_root=None, world=None) -> dict[str, ImageSet]:
     """The suite's image sets, made in the store if missing (needs the implant checks for blurred
     faces), each linked from ``runs/<suite>/image_sets/<name>``."""
-    from counteraudit.train.implant_checks import read_implant
-    from counteraudit.train.worlds import build_world
     world = world or build_world(suite.world, runs_root=runs_root)
     implants = {spec.name: read_implant(suite, spec, runs_root) for spec in localizable(suite)}
     store = store_dir(runs_root) / IMAGE_SETS
@@ -234,9 +236,7 @@ QUIET = [("ignore", r"Setting backward hooks on ReLU", UserWarning),
 def _item_context(spec: ModelSpec, device) -> Iterator[None]:
     """Library notices quiet; on the CPU, the model's ``recipe.cpu_threads`` threads (module
     docstring), restored on exit."""
-    import warnings
 
-    import torch
     threads = torch.get_num_threads()
     with warnings.catch_warnings():
         for action, message, category in QUIET:
@@ -253,8 +253,6 @@ class _Item:
     """What a work item needs, loaded in the process that runs it."""
 
     def __init__(self, item: dict[str, Any]):
-        from counteraudit.train.trainer import pick_device
-        from counteraudit.train.worlds import build_world
         self.suite = load_suite(item["suite"])
         self.spec = self.suite.model(item["model"])
         self.runs_root = item.get("runs_dir")
@@ -290,7 +288,6 @@ class _Item:
     def model(self):
         """Loaded once, and only if something is missing."""
         if self._model is None:
-            from counteraudit.train.trainer import load_trained_model
             self._model = load_trained_model(model_dir(self.runs_root, self.spec), self.spec,
                                              self.world, self.device)
         return self._model

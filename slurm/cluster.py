@@ -13,6 +13,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from counteraudit.slurm.errors import SlurmUnreachableError
 
 LOCAL_CLUSTER_SCRIPT = Path(__file__).resolve().parent / "local_cluster.sh"
@@ -137,7 +139,6 @@ def list_partitions() -> list[Partition]:
 def require_slurm_cluster() -> None:
     """For tests: skip when no cluster answers, but fail when COUNTERAUDIT_REQUIRE_SLURM=1 (CI),
     so a broken cluster in CI can't silently turn the Slurm tests into skips."""
-    import pytest  # only tests call this
 
     reason = why_slurm_unavailable()
     if reason is None:

@@ -21,6 +21,7 @@ import datetime
 import os
 from dataclasses import dataclass
 
+import submitit
 import torch
 import torch.distributed as dist
 
@@ -50,7 +51,6 @@ def _inside_submitit_slurm_job() -> bool:
 
 
 def _export_slurm_rendezvous_variables() -> None:
-    import submitit
 
     # CUDA_VISIBLE_DEVICES is left as Slurm set it (all GPUs of the job on this node); each
     # process selects its own with torch.cuda.set_device(local_rank) below.

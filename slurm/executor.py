@@ -27,18 +27,20 @@ import multiprocessing
 import os
 import time
 import traceback
-from concurrent.futures import as_completed
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import as_completed
 from typing import Any, TypeVar
 
 import submitit
+import torch
 
 from counteraudit.slurm.checkpointing import resumable
 from counteraudit.slurm.cluster import max_array_size
 from counteraudit.slurm.errors import (ExecutorConfigError, ItemFailure, NoGpuError, OutOfSpaceError,
-                                      SlurmUnreachableError, SubmissionError, out_of_space)
+                                       SlurmUnreachableError, SubmissionError, out_of_space)
 from counteraudit.slurm.executor_config import ExecutorConfig, add_executor_args, executor_config_from
-from counteraudit.slurm.request_checks import check_local_gpus, check_local_layout, check_slurm_request, sbatch_parameters
+from counteraudit.slurm.request_checks import (check_local_gpus, check_local_layout, check_slurm_request,
+                                               sbatch_parameters)
 from counteraudit.slurm.stage_run import FinishedStageRun, SlurmStageRun, StageRun, default_item_name, say
 from counteraudit.slurm.worker_pool import worker_pool
 
@@ -102,7 +104,6 @@ def _print_dry_run(
 
 def default_local_jobs() -> int:
     """One process per core on a machine without a GPU, else 1 (what stages use for --jobs)."""
-    import torch
 
     return 1 if torch.cuda.is_available() else max(1, os.cpu_count() or 1)
 
@@ -117,7 +118,6 @@ _stop_scheduling = None
 
 
 def _start_worker(threads: int, stop_scheduling) -> None:
-    import torch
 
     global _stop_scheduling
     torch.set_num_threads(threads)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from counteraudit.slurm.cluster import Partition, list_partitions
 from counteraudit.slurm.errors import ExecutorConfigError, NoGpuError, UnknownPartitionError
 from counteraudit.slurm.executor_config import ExecutorConfig
@@ -13,7 +15,6 @@ from counteraudit.slurm.executor_config import ExecutorConfig
 def check_local_gpus(config: ExecutorConfig) -> None:
     if config.gpus_per_node == 0:
         return
-    import torch
 
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if available == 0:

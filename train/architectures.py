@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 from torch import nn
+from torchvision.models import resnet50
 from torchvision.models.resnet import Bottleneck, ResNet
 
 from counteraudit.train.core.registries import ARCHITECTURES
@@ -127,7 +128,6 @@ def resolve_layer(model: nn.Module, address: str | Sequence[int]) -> nn.Module:
 
 # ---------------------------------------------------------------- the architectures
 def _resnet50(num_classes: int) -> nn.Module:
-    from torchvision.models import resnet50
     return resnet50(weights=None, num_classes=num_classes)
 
 

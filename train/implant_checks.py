@@ -13,13 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from counteraudit.train.core.artifacts import (artifact_lock, atomic_write_json, find_or_make, read_marker,
-                                          stable_hash)
 from counteraudit.slurm.executor import ExecutorConfig, default_local_jobs
 from counteraudit.train.checkpoint import is_trained, model_dir, read_metrics
+from counteraudit.train.core.artifacts import (artifact_lock, atomic_write_json, find_or_make, read_marker,
+                                               stable_hash)
 from counteraudit.train.core.registries import FAMILIES
 from counteraudit.train.core.stage import plan_stage, run_stage, stage_item
-from counteraudit.train.core.suite import ModelSpec, Suite
+from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
 from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds import World, build_world
 
@@ -50,7 +50,6 @@ def _cached_figures(family, anomaly: ModelSpec, measured: ModelSpec, directory: 
 
 def verify_one(item: dict[str, Any]) -> dict[str, Any]:
     """Work item: the implant record of one trained anomalous model (read if already made)."""
-    from counteraudit.train.core.suite import load_suite
     suite = load_suite(item["suite"], plugin_tables=False)  # the driver checked them
     spec = suite.model(item["model"])
     runs_root = item.get("runs_dir")

@@ -2,16 +2,21 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
+from counteraudit.slurm.distributed import cleanup_distributed, init_distributed
+from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME, METRICS_NAME, MODELS,
+                                           is_trained, link_suite_models, model_dir, read_metrics)
 from counteraudit.train.core.artifacts import store_dir
-from counteraudit.train.checkpoint import (METRICS_NAME, MODELS, is_trained, link_suite_models,
-                                           model_dir, read_metrics)
 from counteraudit.train.core.registries import FAMILIES
 from counteraudit.train.core.stage import executor_config, plan_stage, run_stage, stage_item
 from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
 from counteraudit.train.cpu_probe import check_cpu_precision
+from counteraudit.train.trainer import train_model
 from counteraudit.train.worlds import build_world
 
 
@@ -22,10 +27,7 @@ def train_one(item: dict[str, Any]) -> dict[str, Any]:
     task runs this: they join one process group (NCCL on GPUs, gloo on CPUs; rendezvous from
     submitit's environment) and train the one model with DistributedDataParallel, one GPU each.
     Optional item keys: device, progress, emulate_processes (train_model's)."""
-    import torch.distributed as dist
 
-    from counteraudit.slurm.distributed import cleanup_distributed, init_distributed
-    from counteraudit.train.trainer import train_model
     suite = load_suite(item["suite"], plugin_tables=False)  # the driver checked them
     spec = suite.model(item["model"])
     directory = model_dir(item.get("runs_dir"), spec)
@@ -95,8 +97,6 @@ def describe_training(suite: Suite, specs: list[ModelSpec], todo: list[ModelSpec
                       root: Path) -> str:
     """What a dry run of the training stage prints before the jobs: the models, the recipe, how
     each model's training is split over processes, and where its checkpoints go."""
-    from dataclasses import asdict
-    from counteraudit.train.checkpoint import CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME
     references = sum(spec.is_reference for spec in todo)
     root_note = (f" (root {suite.world['root']}; not read by a dry run)" if suite.world.get("root")
                  else "")

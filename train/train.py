@@ -20,7 +20,10 @@ import argparse
 import time
 
 from counteraudit.slurm.executor import add_executor_args
-from counteraudit.train.core.stage import add_common_args, run_cli, select_models
+from counteraudit.train.checkpoint import is_trained, model_dir
+from counteraudit.train.core.stage import add_common_args, executor_config, run_cli, select_models
+from counteraudit.train.implant_checks import format_implant_report, verify_implants
+from counteraudit.train.stage import train_models
 from counteraudit.train.trainer import summarize_references
 
 
@@ -50,7 +53,6 @@ def train_and_check(suite, specs, args) -> list[dict]:
     """The training stage as every entry script runs it before its own work: train what is
     missing (through args' executor), print the summary, check the anomalies' implants. Returns
     the models' metrics ([] on a dry run)."""
-    from counteraudit.train.stage import train_models
     started = time.perf_counter()
     results = train_models(suite, specs, args)
     if not results:  # --dry-run
@@ -62,8 +64,6 @@ def train_and_check(suite, specs, args) -> list[dict]:
 
 def check_implants(suite, specs, args) -> list[dict]:
     """Verify the anomalies just trained (needs the references) and say loudly which failed."""
-    from counteraudit.train.implant_checks import format_implant_report, verify_implants
-    from counteraudit.train.checkpoint import is_trained, model_dir
     anomalies = [s.name for s in specs if not s.is_reference]
     if not anomalies:
         return []
@@ -71,7 +71,6 @@ def check_implants(suite, specs, args) -> list[dict]:
         print("implant checks skipped: they compare with the references, which are not all trained "
               "yet (python train/train.py --suite " + suite.name + " --references-only)")
         return []
-    from counteraudit.train.core.stage import executor_config
     config = executor_config(suite, args, "verify")
     if config.dry_run:
         return []

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from counteraudit.anomalies.base import FAMILIES, AnomalyFamily, Verdict
 from counteraudit.anomalies.common import accuracy, reference_mean, verification_indices
+from counteraudit.train.worlds.imagenet import ImageNetWorld, expand_path
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,6 @@ class ShapeBias(AnomalyFamily):
         if not self.params.stylized_root:
             raise ValueError("shape_bias on the imagenet world needs params.stylized_root = "
                              "'/path/to/stylized-imagenet' (an ImageFolder with train/ and val/)")
-        from counteraudit.train.worlds.imagenet import ImageNetWorld, expand_path
         root = expand_path(self.params.stylized_root, "shape_bias stylized_root")
         return ImageNetWorld(replace(self.world.config, root=root, face_annotations=None))
 

@@ -20,9 +20,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from counteraudit.evaluate.discovery.tables import PRECISION_AT, precision_at, slice_rank
-from counteraudit.evaluate.discovery.auditors import AuditResult, rank
+from counteraudit.evaluate.discovery.auditors import AuditResult, build_auditor, rank
 from counteraudit.evaluate.discovery.auditors.base import conditions_key
+from counteraudit.evaluate.discovery.auditors.surrogate_search import OBJECTIVE, wilson_finding
+from counteraudit.evaluate.discovery.stage import auditor_params
+from counteraudit.evaluate.discovery.tables import PRECISION_AT, precision_at, slice_rank
 
 SURROGATE = "surrogate_search"
 
@@ -55,7 +57,6 @@ def curve_step(auditor, world) -> int:
 def lookup_curves(runs: list[dict[str, Any]], table: dict[str, Any], planted,
                   images_per_subdomain: int) -> list[dict[str, Any]]:
     """surrogate_search's curve for each (selection, seed) of a comparison, by lookup."""
-    from counteraudit.evaluate.discovery.auditors.surrogate_search import OBJECTIVE, wilson_finding
     counts = {conditions_key(row): (k, n)
               for row, k, n in zip(table["rows"], table["failures"], table["n"])}
     points = []
@@ -97,8 +98,6 @@ def images_to_rank(curves: pd.DataFrame, within: int) -> pd.DataFrame:
 def budget_curves(suite, results: dict[tuple[str, str], AuditResult], world, slices: dict,
                   comparisons: dict[str, tuple[list, dict]], seed: int) -> pd.DataFrame:
     """One row per (model, auditor, seed, budget): rank of the slice and precision@k."""
-    from counteraudit.evaluate.discovery.auditors import build_auditor
-    from counteraudit.evaluate.discovery.stage import auditor_params
     factors = world.factors()
     rows = []
     for model, planted in slices.items():

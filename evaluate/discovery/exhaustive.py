@@ -25,11 +25,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
+import torch
 
+from counteraudit.evaluate.discovery.auditors.surrogate_search import IMAGE_SEED
+from counteraudit.evaluate.discovery.covering_arrays import cached_covering_array
+from counteraudit.evaluate.discovery.selection import (SELECTIONS, NwiseSelection, Subdomains,
+                                                       describe_selections, search, surrogate_spearman)
 from counteraudit.evaluate.discovery.stage import FINDINGS_STORE
-from counteraudit.train.core.artifacts import (atomic_write_json, read_json, read_marker,
-                                               stable_hash, store_dir)
+from counteraudit.train.checkpoint import model_dir
+from counteraudit.train.core.artifacts import (atomic_write_json, read_json, read_marker, stable_hash,
+                                               store_dir)
 from counteraudit.train.core.keyed_store import as_stored
+from counteraudit.train.trainer import load_trained_model, pick_device
+from counteraudit.train.worlds.synthetic_images import map_in_processes
 
 EXHAUSTIVE = "exhaustive"
 TABLE_FILE = "table.json"
@@ -45,7 +54,6 @@ EXHAUSTIVE_TABLE = dataclasses.replace(FINDINGS_STORE, payload=TABLE_FILE, what=
 
 
 def exhaustive_key(auditor, spec, world_config: dict[str, Any], world) -> dict[str, Any]:
-    from counteraudit.evaluate.discovery.auditors.surrogate_search import IMAGE_SEED
     return {"kind": EXHAUSTIVE, "version": VERSION, "model_id": spec.key,
             "world": dict(world_config), "grid": auditor.grid(world),
             "images_per_subdomain": auditor.params.images_per_subdomain, "seed": IMAGE_SEED}
@@ -57,7 +65,6 @@ def exhaustive_dir(runs_root, key: dict[str, Any]) -> Path:
 
 def evaluate_every_subdomain(auditor, model, world) -> dict[str, Any]:
     """{"rows": subdomains, "failures": [...], "n": [...]} on every subdomain of the grid."""
-    import torch
     subdomains = auditor.subdomains(world)
     auditor._used, auditor._budget = 0, len(subdomains) * auditor.params.images_per_subdomain
     model.eval()
@@ -69,8 +76,6 @@ def evaluate_every_subdomain(auditor, model, world) -> dict[str, Any]:
 
 def exhaustive_table(suite, spec, world, auditor, runs_root, device=None) -> dict[str, Any]:
     """The stored reference of one model (evaluated now when missing)."""
-    from counteraudit.train.checkpoint import model_dir
-    from counteraudit.train.trainer import load_trained_model, pick_device
     key = exhaustive_key(auditor, spec, suite.world, world)
     directory = exhaustive_dir(runs_root, key)
     if not EXHAUSTIVE_TABLE.is_stored(directory, key):
@@ -89,7 +94,6 @@ def worst_subdomains(rates: np.ndarray, share: float = WORST_SHARE) -> np.ndarra
 
 def _one_search(job) -> dict[str, Any]:
     """Worker: one (selection, seed) search by lookup, with the metrics at every step."""
-    from counteraudit.evaluate.discovery.selection import Subdomains, search, surrogate_spearman
     grid, rows, rates, covering, selection, seed, count = job
     allowed = {tuple(row[f] for f in grid) for row in rows}
     subdomains = Subdomains(grid, lambda row: tuple(row[f] for f in grid) in allowed,
@@ -115,9 +119,6 @@ def _one_search(job) -> dict[str, Any]:
 def compare_selections(table: dict[str, Any], world, auditor, runs_root,
                        seeds: int = SEEDS) -> list[dict[str, Any]]:
     """Every selection function over ``seeds`` search seeds on one reference (stored)."""
-    from counteraudit.evaluate.discovery.covering_arrays import cached_covering_array
-    from counteraudit.evaluate.discovery.selection import SELECTIONS, NwiseSelection, describe_selections
-    from counteraudit.train.worlds.synthetic_images import map_in_processes
     key = {"table": table["key"], "selections": describe_selections(), "seeds": seeds,
            "fraction": COMPARE_FRACTION, "spearman_every": SPEARMAN_EVERY, "version": VERSION}
     path = store_dir(runs_root) / COMPARISON / f"{stable_hash(key, length=16)}.json"
@@ -142,7 +143,6 @@ def comparison_summary(runs: list[dict[str, Any]], fractions=(0.1, 0.2, 0.3, 0.4
                        total: int | None = None) -> "Any":
     """Per selection: coverage of the 10% worst (mean and sd over seeds) at each share of the
     subdomains explored, mean accuracy there, and the surrogate's Spearman correlation."""
-    import pandas as pd
     rows = []
     for selection in sorted({r["selection"] for r in runs}):
         mine = [r for r in runs if r["selection"] == selection]

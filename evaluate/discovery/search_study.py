@@ -10,13 +10,18 @@ import time
 import warnings
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from counteraudit.evaluate.discovery.auditors import build_auditor
 from counteraudit.evaluate.discovery.budget_curves import SURROGATE, budget_curves, images_to_rank
+from counteraudit.evaluate.discovery.exhaustive import (compare_selections, comparison_summary, curve,
+                                                        exhaustive_table)
+from counteraudit.evaluate.discovery.stage import auditor_params
+from counteraudit.evaluate.discovery.tables import localizable, planted_slices
 
 
 def study_models(suite, slices: dict[str, Any], factors) -> list:
-    from counteraudit.evaluate.discovery.tables import localizable
     chosen = [suite.references[0]] if suite.references else []
     return chosen + [suite.model(m) for m in localizable(slices, factors)]
 
@@ -24,8 +29,6 @@ def study_models(suite, slices: dict[str, Any], factors) -> list:
 def selection_curves(comparisons: dict[str, tuple[list, dict]]) -> pd.DataFrame:
     """Per (model, selection, subdomains explored): the mean and sd over seeds of coverage of the
     10% worst, mean accuracy of the explored, and (at its checkpoints) the surrogate's Spearman."""
-    import numpy as np
-    from counteraudit.evaluate.discovery.exhaustive import curve
     frames = []
     for model, (runs, _) in comparisons.items():
         for selection in sorted({r["selection"] for r in runs}):
@@ -54,11 +57,6 @@ def search_study(suite, results, world, runs_root, seed: int, device=None,
                  log=print) -> dict[str, Any]:
     """{"tables": {name: frame}, "comparisons": {model: runs}, "curves": frame}; empty when
     surrogate_search is not among the suite's auditors or the world has no generator."""
-    from counteraudit.evaluate.discovery.tables import planted_slices
-    from counteraudit.evaluate.discovery.auditors import build_auditor
-    from counteraudit.evaluate.discovery.exhaustive import (compare_selections, comparison_summary,
-                                                 exhaustive_table)
-    from counteraudit.evaluate.discovery.stage import auditor_params
     if not world.has_generator or not any(a == SURROGATE for a, _ in results):
         return {}
     auditor = build_auditor(SURROGATE, auditor_params(suite, SURROGATE))

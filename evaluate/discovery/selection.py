@@ -26,13 +26,18 @@ Everything is seeded from the search seed: the same seed gives the same order of
 from __future__ import annotations
 
 import itertools
-import random as python_random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
+import random as python_random
+from deap import base, tools
+from scipy.stats import norm, spearmanr
+from sklearn.linear_model import Lasso
+from sklearn.preprocessing import OneHotEncoder
 
+from counteraudit.evaluate.discovery.covering_arrays import covering_array
 from counteraudit.train.core.artifacts import derive_seed
 from counteraudit.train.core.registries import SELECTIONS
 
@@ -55,7 +60,6 @@ class Subdomains:
 
     def __init__(self, grid: Mapping[str, list[str]], feasible: Callable[[dict], bool] | None = None,
                  covering: Callable[[int, int], list[dict[str, str]]] | None = None):
-        from sklearn.preprocessing import OneHotEncoder
         self.grid = {name: list(values) for name, values in grid.items()}
         self.names = list(self.grid)
         rows = [dict(zip(self.names, values)) for values in itertools.product(*self.grid.values())]
@@ -79,7 +83,6 @@ class Subdomains:
     def covering(self, t: int, seed: int) -> list[dict[str, str]]:
         if self._covering is not None:
             return self._covering(t, seed)
-        from counteraudit.evaluate.discovery.covering_arrays import covering_array
         return covering_array(self.grid, t, seed, self.feasible)
 
 
@@ -141,7 +144,6 @@ class GeneticSelection(Selection):
     name = "genetic"
 
     def choose(self, state):
-        from deap import base, tools
 
         class Fitness(base.Fitness):
             weights = (1.0,)  # maximise the failure rate
@@ -187,7 +189,6 @@ def bootstrap_lassos(features: np.ndarray, scores: np.ndarray, rng: np.random.Ge
 def fit_lasso(features: np.ndarray, scores: np.ndarray):
     """scikit-learn's Lasso without its input validation (inputs are float64 arrays built here),
     which costs more than the fit itself on these small problems."""
-    from sklearn.linear_model import Lasso
     return Lasso(alpha=LASSO_ALPHA).fit(np.asfortranarray(features, dtype=np.float64),
                                         np.ascontiguousarray(scores, dtype=np.float64),
                                         check_input=False)
@@ -200,7 +201,6 @@ def predict(model, features: np.ndarray) -> np.ndarray:
 def expected_improvement(mean: np.ndarray, std: np.ndarray, best: float,
                          xi: float = EI_XI) -> np.ndarray:
     """E[max(Y - best - xi, 0)] for Y ~ N(mean, std^2) (std 0: the plain improvement)."""
-    from scipy.stats import norm
     gain = mean - best - xi
     with np.errstate(divide="ignore", invalid="ignore"):
         z = np.where(std > 0, gain / np.where(std > 0, std, 1), 0.0)
@@ -225,7 +225,6 @@ def surrogate_spearman(subdomains: Subdomains, evaluated: list[int], scores: lis
                        truth: np.ndarray) -> float:
     """Spearman correlation between one Lasso fitted to the evaluated subdomains and the true
     scores of every subdomain (the seed's measure of the surrogate)."""
-    from scipy.stats import spearmanr
     predicted = predict(fit_lasso(subdomains.onehot[evaluated], np.asarray(scores)),
                         subdomains.onehot)
     if np.ptp(predicted) == 0 or np.ptp(truth) == 0:

@@ -18,11 +18,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from counteraudit.evaluate.discovery.auditors import AUDITORS, AuditResult, Finding, build_auditor
-from counteraudit.train.core.artifacts import (atomic_write_json, find_or_make, lock_beside,
-                                               read_json, stable_hash, store_dir)
+from counteraudit.explain.stage import _item_context
+from counteraudit.train.checkpoint import model_dir
+from counteraudit.train.core.artifacts import (atomic_write_json, find_or_make, lock_beside, read_json,
+                                               stable_hash, store_dir)
 from counteraudit.train.core.keyed_store import KeyedArtifact
 from counteraudit.train.core.stage import executor_config, plan_stage, run_stage, stage_item
-from counteraudit.train.core.suite import ModelSpec, Suite
+from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
+from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds import build_world
 
 FINDINGS = "findings"
@@ -110,10 +113,6 @@ def planned(suite: Suite, world, names: list[str]) -> list[tuple[Any, int, int]]
 # ---------------------------------------------------------------- work items
 def discover_one(item: dict[str, Any]) -> dict[str, int]:
     """Work item: one model, every auditor of ``item["auditors"]`` it lacks."""
-    from counteraudit.explain.stage import _item_context
-    from counteraudit.train.checkpoint import model_dir
-    from counteraudit.train.core.suite import load_suite
-    from counteraudit.train.trainer import load_trained_model, pick_device
     suite = load_suite(item["suite"])
     spec = suite.model(item["model"])
     runs_root = item.get("runs_dir")

@@ -21,8 +21,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS, ROLE_REFERENCE, detection_rule
+from counteraudit.anomalies import FAMILIES
+from counteraudit.anomalies.base import NOT_EXPRESSIBLE
 from counteraudit.evaluate.discovery.auditors import AUDITORS, AuditResult, ranked
+from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS, ROLE_REFERENCE, detection_rule
+from counteraudit.train.implant_checks import read_implant
 
 PRECISION_AT = (1, 5, 10)
 
@@ -160,8 +163,6 @@ def top_findings(results: dict[tuple[str, str], AuditResult], count: int = 5) ->
 
 def planted_slices(suite, world, runs_root=None) -> dict[str, Any]:
     """Each anomalous model's planted slice (``AnomalyFamily.planted_slice``)."""
-    from counteraudit.anomalies import FAMILIES
-    from counteraudit.train.implant_checks import read_implant
     slices = {}
     for spec in suite.anomalies:
         family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)
@@ -177,7 +178,6 @@ def localizable(slices: dict[str, Any], factors: dict[str, list[str]]) -> list[s
 def discovery_tables(suite, results: dict[tuple[str, str], AuditResult], world,
                      runs_root=None) -> dict[str, pd.DataFrame]:
     """Table 3, the per-model detections, Table 4 and the top findings, keyed by file name."""
-    from counteraudit.anomalies.base import NOT_EXPRESSIBLE
     references = [s.name for s in suite.references]
     families, order = suite.table_rows()  # a family, or a row of one (adversarial_linf)
     slices = planted_slices(suite, world, runs_root)

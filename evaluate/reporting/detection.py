@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from html import escape
 
+from counteraudit.anomalies.image_sets import DETECTION
 from counteraudit.evaluate.reporting.html import fmt, html_table, is_detected, median_image
+from counteraudit.evaluate.reporting.svg import (ANOMALOUS_COLOR, MISSED_COLOR, REFERENCE_COLOR, StripRow,
+                                                 strip_plot)
 
 
 def detection_section(report) -> str:
@@ -57,7 +60,6 @@ def detection_section(report) -> str:
 
 
 def detection_examples(report) -> str:
-    from counteraudit.anomalies.image_sets import DETECTION
     reference = report.references[0]
     per_model = report.table("detection-per-model")
     parts = ['<section id="detection-examples"><h2>Detection examples</h2>',
@@ -99,7 +101,6 @@ def detection_examples(report) -> str:
 
 
 def distributions(report) -> str:
-    from counteraudit.evaluate.reporting.svg import ANOMALOUS_COLOR, MISSED_COLOR, REFERENCE_COLOR, StripRow, strip_plot
     per_model = report.table("detection-per-model")
     plots = []
     for method in report.methods:

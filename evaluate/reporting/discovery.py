@@ -9,6 +9,9 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
+from counteraudit.evaluate.discovery.auditors import AUDITORS, ranked
+from counteraudit.evaluate.reporting.search import search_section
+
 TOP_SUBGROUPS = 3
 EXAMPLES_PER_SUBGROUP = 4
 EXAMPLE_SEED = 0
@@ -37,7 +40,6 @@ def discovery_section(results: dict[tuple[str, str], Any], tables: dict[str, pd.
                       figure: Callable[[np.ndarray, str, str], str],
                       html_table: Callable[..., str]) -> str:
     """HTML of the section; ``figure(image, alt, caption)`` and ``html_table`` are the report's."""
-    from counteraudit.evaluate.discovery.auditors import AUDITORS, ranked
     parts = ['<section id="discovery"><h2>Failure discovery (Tables 3 and 4)</h2>',
              html_table(tables["discovery-detection"],
                         caption="Table 3: fraction of each family's models whose auditor's top "
@@ -66,7 +68,6 @@ def discovery_section(results: dict[tuple[str, str], Any], tables: dict[str, pd.
             parts.append(f"<table><caption>{escape(auditor)} ({escape(objective)})</caption>"
                          "<tr><th>rank</th><th>subgroup</th><th>statistic [95%]</th>"
                          "<th>examples</th></tr>" + "".join(rows) + "</table>")
-    from counteraudit.evaluate.reporting.search import search_section
     parts.append(search_section(tables, html_table))
     parts.append("</section>")
     return "\n".join(parts)

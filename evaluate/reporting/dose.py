@@ -13,13 +13,14 @@ from html import escape
 import numpy as np
 import pandas as pd
 
+from counteraudit.evaluate.reporting.svg import Series, line_plot
+from counteraudit.evaluate.studies.dose_response import sweep_table, threshold_text
+
 # Sweeps spanning more than this ratio of strengths are drawn on a log axis (nu 0.005 .. 0.3).
 LOG_SPAN = 8.0
 
 
 def sweep_panel(dose: pd.DataFrame, limits: pd.DataFrame, sweep: str, html_table) -> str:
-    from counteraudit.evaluate.studies.dose_response import sweep_table, threshold_text
-    from counteraudit.evaluate.reporting.svg import Series, line_plot
     group = dose[dose["sweep"] == sweep].sort_values("strength", kind="stable")
     first = group.drop_duplicates("strength")
     strengths = first["strength"].to_numpy(float)

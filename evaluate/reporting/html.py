@@ -9,6 +9,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from PIL import Image
+
+from counteraudit.evaluate.reporting.tables import format_cell
 
 # ---------------------------------------------------------------- the page's script and style
 # Installed first in <head>: counts script errors and console.error calls from the start, and on
@@ -64,7 +67,6 @@ nav ul { columns: 2; }
 
 def html_table(frame: pd.DataFrame, *, float_format: str = "{:.3f}", caption: str | None = None) -> str:
     """A pandas frame (flat columns, index ignored) as an HTML table; numbers right-aligned."""
-    from counteraudit.evaluate.reporting.tables import format_cell
     numeric = [pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
                for c in frame.columns]
     head = "".join(f"<th>{escape(str(c))}</th>" for c in frame.columns)
@@ -79,7 +81,6 @@ def html_table(frame: pd.DataFrame, *, float_format: str = "{:.3f}", caption: st
 
 def png_data_uri(image: np.ndarray, max_side: int) -> tuple[str, int, int]:
     """A uint8 (H, W, 3) image as a PNG data URI (downscaled to ``max_side``), with its size."""
-    from PIL import Image
     picture = Image.fromarray(np.ascontiguousarray(image.astype(np.uint8)))
     if max(picture.size) > max_side:
         scale = max_side / max(picture.size)

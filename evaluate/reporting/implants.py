@@ -5,10 +5,10 @@ from __future__ import annotations
 from html import escape
 
 from counteraudit.evaluate.reporting.html import fmt
+from counteraudit.evaluate.reporting.svg import ANOMALOUS_COLOR, REFERENCE_COLOR, StripRow, strip_plot
 
 
 def implant_section(report) -> str:
-    from counteraudit.evaluate.reporting.svg import ANOMALOUS_COLOR, REFERENCE_COLOR, StripRow, strip_plot
     rows, blocks = [], []
     for spec in report.anomalies:
         record = report.implants.get(spec.name)

@@ -6,8 +6,11 @@ from html import escape
 
 import numpy as np
 import pandas as pd
+from sklearn.metrics import roc_curve
 
+from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name
 from counteraudit.evaluate.reporting.html import fmt, html_table
+from counteraudit.evaluate.reporting.svg import ANOMALOUS_COLOR, MISSED_COLOR, StripRow, roc_plot, strip_plot
 from counteraudit.evaluate.scoring.stage import localization_power_note
 
 
@@ -47,7 +50,6 @@ def localization_section(report) -> str:
 
 
 def localization_examples(report) -> str:
-    from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name
     if not report.localizable:
         return ""
     reference = report.references[0]
@@ -87,9 +89,7 @@ def localization_examples(report) -> str:
 
 
 def roc_section(report) -> str:
-    from sklearn.metrics import roc_curve
 
-    from counteraudit.evaluate.reporting.svg import ANOMALOUS_COLOR, MISSED_COLOR, StripRow, roc_plot, strip_plot
     if not report.localizable:
         return ""
     per_model = report.table("localization-per-model")

@@ -15,6 +15,16 @@ from counteraudit.evaluate.reporting import localization as localization_section
 from counteraudit.evaluate.reporting.html import SCRIPT, STYLE, html_table, png_data_uri
 from counteraudit.evaluate.reporting.sensitivity import SECTION_ID as SENSITIVITY_ID
 from counteraudit.evaluate.reporting.sensitivity import TITLE as SENSITIVITY_TITLE
+from counteraudit.anomalies.image_sets import localizable
+from counteraudit.evaluate.scoring.detection import with_layer_column
+from counteraudit.explain.stage import load_results
+from counteraudit.evaluate.scoring.detection import NO_LAYER
+from counteraudit.anomalies.image_sets import set_sizes
+from counteraudit.evaluate.reporting.sensitivity import sensitivity_section
+from counteraudit.evaluate.reporting.power import power_section
+from counteraudit.evaluate.scoring.stage import TABLES
+from counteraudit.evaluate.reporting.dose import dose_section
+from counteraudit.evaluate.reporting.discovery import discovery_section
 
 DEFAULT_EXAMPLES = 1     # normal and abnormal inputs shown per localizable model
 DEFAULT_IMAGE_SIDE = 128  # embedded images are downscaled to at most this many pixels a side
@@ -26,8 +36,6 @@ class Report:
                  tables: dict[str, pd.DataFrame], implants: dict[str, dict | None], image_sets: dict,
                  runs_root=None, examples: int = DEFAULT_EXAMPLES, image_side: int = DEFAULT_IMAGE_SIDE,
                  discovery=None, sensitivity: dict[str, pd.DataFrame] | None = None):
-        from counteraudit.anomalies.image_sets import localizable
-        from counteraudit.evaluate.scoring.detection import with_layer_column
         self.suite, self.methods, self.distance_name, self.note = suite, methods, distance_name, note
         self.detection = with_layer_column(detection)
         self.localization = with_layer_column(localization) if localization is not None else None
@@ -46,7 +54,6 @@ class Report:
         return self.tables[f"{name}-{self.distance_name}"]
 
     def explanation(self, method: str, model: str, image_set: str):
-        from counteraudit.explain.stage import load_results
         key = (method, model, image_set)
         if key not in self._explanations:
             self._explanations[key] = load_results(self.suite, method, [model], image_set, self.runs_root)[model]
@@ -54,7 +61,6 @@ class Report:
 
     def shown_layer(self, method: str) -> str:
         """The layer whose images the examples show: the first of a layered method, else ''."""
-        from counteraudit.evaluate.scoring.detection import NO_LAYER
         layers = self.explanation(method, self.references[0], "detection").layers
         return str(layers[0]) if layers else NO_LAYER
 
@@ -104,7 +110,6 @@ class Report:
                 + "\n".join(s for s in sections if s) + "\n</body></html>\n")
 
     def header(self) -> str:
-        from counteraudit.anomalies.image_sets import set_sizes
         m, p = set_sizes(self.suite)
         failed = [name for name, r in self.implants.items() if r is not None and not r["passed"]]
         unchecked = [name for name, r in self.implants.items() if r is None]
@@ -139,26 +144,21 @@ class Report:
         return "<header>" + "\n".join(lines) + "</header>"
 
     def sensitivity_section(self) -> str:
-        from counteraudit.evaluate.reporting.sensitivity import sensitivity_section
         return sensitivity_section(self.sensitivity, html_table)
 
     def power_section(self) -> str:
-        from counteraudit.evaluate.reporting.power import power_section
-        from counteraudit.evaluate.scoring.stage import TABLES
         return power_section(self.suite.root(self.runs_root) / TABLES, self.distance_name, html_table)
 
     def dose_section(self) -> str:
         name = f"dose-{self.distance_name}"
         if name not in self.tables:
             return ""
-        from counteraudit.evaluate.reporting.dose import dose_section
         return dose_section(self.tables[name], self.table("dose-thresholds"), html_table)
 
     def discovery_section(self) -> str:
         if self.discovery is None:
             return ('<p class="note">No failure-discovery findings for this suite yet: '
                     "python evaluate/discover.py adds Tables 3 and 4 and their section.</p>")
-        from counteraudit.evaluate.reporting.discovery import discovery_section
         results, tables, world = self.discovery
         return discovery_section(results, tables, world, self.figure, html_table)
 

@@ -3,13 +3,18 @@ localization against n, m and p, and what each method needs to see each defect."
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from counteraudit.anomalies.image_sets import localizable, set_sizes
+from counteraudit.evaluate.reporting.svg import Series, line_plot
+from counteraudit.evaluate.reporting.tables import to_markdown
+from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores
 from counteraudit.evaluate.studies.power import (detection_by_image_count, image_sizes,
-                                         localization_by_image_count, needed_text,
-                                         smallest_sufficient)
+                                                 localization_by_image_count, needed_text,
+                                                 smallest_sufficient)
 
 
 def power_tables(suite, methods: list[str], distance, distance_name: str, args: argparse.Namespace,
@@ -17,11 +22,8 @@ def power_tables(suite, methods: list[str], distance, distance_name: str, args: 
                  rng: np.random.Generator) -> dict[str, pd.DataFrame]:
     """Detection against m and localization against p from the stored score tables (scored when
     missing), beside the n tables given, and ``needs``: per (method, model) the smallest n, m, p."""
-    from counteraudit.anomalies.image_sets import localizable
-    from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores
     references = [s.name for s in suite.references]
     anomalous = [s.name for s in suite.anomalies]
-    from counteraudit.anomalies.image_sets import set_sizes
     # one grid of sizes for every method and model, from the suite's own m and p
     m_sizes, p_sizes = (image_sizes(count) for count in set_sizes(suite))
     scores = detection_scores(suite, distance, distance_name, methods, args.runs_dir)
@@ -93,7 +95,6 @@ def wide(frame: pd.DataFrame, size: str, value: str) -> pd.DataFrame:
 
 
 def print_power(tables: dict[str, pd.DataFrame], suite, args: argparse.Namespace) -> None:
-    from counteraudit.evaluate.reporting.tables import to_markdown
     share = f"share of {args.subsets} random subsets"
     if "detection-by-n" in tables:
         print(f"\nDetection with n of the {len(suite.references)} references ({share} in which the "
@@ -122,8 +123,6 @@ def print_power(tables: dict[str, pd.DataFrame], suite, args: argparse.Namespace
 def power_section(tables_dir, distance_name: str, html_table) -> str:
     """The report's power section from the power-* tables evaluate/reference_count.py wrote, or
     a line saying how to make them."""
-    from pathlib import Path
-    from counteraudit.evaluate.reporting.svg import Series, line_plot
     def read(name):
         path = Path(tables_dir) / f"power-{name}-{distance_name}.csv"
         return pd.read_csv(path, keep_default_na=False, na_values=[""]) if path.is_file() else None

@@ -10,6 +10,8 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from counteraudit.evaluate.reporting.svg import Series, line_plot
+
 
 def selection_plots(curves: pd.DataFrame, line_plot, Series) -> list[str]:
     plots = []
@@ -48,7 +50,6 @@ def budget_plots(curves: pd.DataFrame, line_plot, Series) -> list[str]:
 
 
 def search_section(tables: dict[str, pd.DataFrame], html_table: Callable[..., str]) -> str:
-    from counteraudit.evaluate.reporting.svg import Series, line_plot
     curves = tables.get("search-selection-curves")
     budget = tables.get("search-budget-curves")
     if curves is None or not len(curves):

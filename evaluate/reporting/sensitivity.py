@@ -7,6 +7,7 @@ from typing import Callable
 
 import pandas as pd
 
+from counteraudit.evaluate.scoring.stage import TABLES
 from counteraudit.evaluate.studies.sensitivity import CHANGED, side_by_side
 
 SECTION_ID = "sensitivity"
@@ -15,7 +16,6 @@ TITLE = "Sensitivity to protocol choices"
 
 def stored_sensitivity(suite, distance_name: str, runs_root=None) -> dict[str, pd.DataFrame] | None:
     """The sensitivity tables evaluate/sensitivity.py saved for this suite and distance, or None."""
-    from counteraudit.evaluate.scoring.stage import TABLES
     folder = Path(suite.root(runs_root)) / TABLES
     paths = {kind: folder / f"sensitivity-{kind}-{distance_name}.csv"
              for kind in ("detection", "localization")}

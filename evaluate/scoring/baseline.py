@@ -23,7 +23,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import binomtest
 
-from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS, check_columns, with_layer_column
+from counteraudit.evaluate.scoring.detection import (ROLE_ANOMALOUS, check_columns, detection_fractions,
+                                                     with_layer_column)
 from counteraudit.evaluate.scoring.localization import DEFAULT_LEVEL, DEFAULT_RESAMPLES, _clean, _interval
 from counteraudit.train.core.artifacts import derive_seed
 
@@ -152,7 +153,6 @@ def detection_margin_ratios(per_model: pd.DataFrame, *, baseline: str = BASELINE
 def fraction_intervals(per_model: pd.DataFrame, *, level: float = DEFAULT_LEVEL) -> pd.DataFrame:
     """Table 1 with exact (Clopper-Pearson) intervals: per (family, method), n_models,
     n_detected, fraction and, where the family has two models or more, its interval."""
-    from counteraudit.evaluate.scoring.detection import detection_fractions
     long = detection_fractions(per_model)
     lows, highs = [], []
     for k, n in zip(long["n_detected"], long["n_models"]):

@@ -95,7 +95,8 @@ def detection_table(scores: pd.DataFrame, references: Sequence[str], *,
         reference_rows = group[group["model"].isin(references)]
         missing = sorted(set(references) - set(reference_rows["model"]))
         if missing:
-            raise ValueError(f"no scores for references {missing} in group {dict(zip(group_keys, np.atleast_1d(key)))}; "
+            where = dict(zip(group_keys, np.atleast_1d(key)))
+            raise ValueError(f"no scores for references {missing} in group {where}; "
                              f"score the references too (anomaly_scores scores every model by default)")
         reference_abars = reference_rows.set_index("model")["abar"].reindex(references).to_numpy()
         for record in group.to_dict("records"):

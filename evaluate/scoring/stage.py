@@ -17,24 +17,27 @@ from typing import Any
 
 import pandas as pd
 
-from counteraudit.anomalies.image_sets import (DEFAULT_LOCALIZATION_IMAGES, DETECTION,
-                                               abnormal_set_name, localizable, normal_positions,
-                                               set_sizes)
+from counteraudit.anomalies.image_sets import (DEFAULT_LOCALIZATION_IMAGES, DETECTION, abnormal_set_name,
+                                               localizable, normal_positions, set_sizes)
 from counteraudit.evaluate.scoring.baseline import (BASELINE, delta_table, detection_margin_ratios,
-                                            fraction_intervals, fraction_table,
-                                            localization_versus_baseline, null_rate_table)
-from counteraudit.evaluate.scoring.detection import NO_LAYER
+                                                    fraction_intervals, fraction_table,
+                                                    localization_versus_baseline, null_rate_table)
+from counteraudit.evaluate.scoring.detection import NO_LAYER, NULL_FAMILY, detection_table, null_rates, table1
 from counteraudit.evaluate.scoring.distances import build_distance, resolve_distance_name
+from counteraudit.evaluate.scoring.localization import localization_table, paper_layout, table2
 from counteraudit.evaluate.scoring.scores import anomaly_scores
-from counteraudit.explain.stage import (add_chunk_images_arg, explained_images_line,
-                                           load_results, result_dir, suite_methods)
+from counteraudit.explain.stage import (add_chunk_images_arg, explain_suite, explained_images_line,
+                                        load_image_sets, load_results, result_dir, suite_methods)
 from counteraudit.explain.store import stored_key
+from counteraudit.slurm.executor import add_executor_args
 from counteraudit.train.core.artifacts import atomic_write_text, stable_hash
 from counteraudit.train.core.keyed_store import KeyedArtifact
-from counteraudit.train.core.stage import (StagePlan, executor_config, plan_stage, run_stage,
+from counteraudit.train.core.stage import (StagePlan, add_common_args, executor_config, plan_stage, run_stage,
                                            stage_item)
-from counteraudit.train.core.suite import PAPER_REFERENCES, Suite
+from counteraudit.train.core.suite import PAPER_REFERENCES, Suite, load_suite
 from counteraudit.train.core.suite_schema import MIN_SCORED_REFERENCES, SuiteFileError
+from counteraudit.train.train import train_and_check
+from counteraudit.train.worlds import build_world
 
 SCORES = "scores"
 TABLES = "tables"
@@ -114,7 +117,6 @@ def _distance(name: str, weights_dir: str | None):
 def score_one(item: dict[str, Any]) -> pd.DataFrame:
     """Work item of the score stage: one table (distance, method, image set); picklable, so a
     Slurm job runs it too."""
-    from counteraudit.train.core.suite import load_suite
     return score_set(load_suite(item["suite"]), _distance(item["distance"], item["weights_dir"]),
                      item["distance"], item["method"], item["image_set"], item["models"],
                      item["runs_dir"])
@@ -195,8 +197,6 @@ def localization_scores(suite: Suite, distance, distance_name: str, methods: lis
                         runs_root=None, args: argparse.Namespace | None = None) -> pd.DataFrame:
     """For each localizable anomaly: its scores on its abnormal set (abnormal = True) and on the
     detection images that count as normal for it (abnormal = False)."""
-    from counteraudit.train.worlds import build_world
-    from counteraudit.explain.stage import load_image_sets
     world = build_world(suite.world, runs_root=runs_root)
     image_sets = load_image_sets(suite, runs_root, world)
     models = [s.name for s in suite.models]
@@ -219,8 +219,6 @@ def localization_scores(suite: Suite, distance, distance_name: str, methods: lis
 # ---------------------------------------------------------------- the end-to-end run
 def pipeline_parser(prog: str, add_help: bool = True) -> argparse.ArgumentParser:
     """The options detect.py, localize.py and report.py share: suite, upstream stages, executor."""
-    from counteraudit.slurm.executor import add_executor_args
-    from counteraudit.train.core.stage import add_common_args
     parser = argparse.ArgumentParser(prog, add_help=add_help,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_common_args(parser)
@@ -250,9 +248,6 @@ def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], Any, str, str |
     """Everything upstream of scoring that is missing: world, training, implant checks,
     image sets, visualizations. Returns (suite, methods, distance, its name, fallback note);
     the distance is built first, so missing LPIPS weights fail before any work."""
-    from counteraudit.explain.stage import explain_suite
-    from counteraudit.train.core.suite import load_suite
-    from counteraudit.train.train import train_and_check
     if args.quick and args.suite not in ("demo", "quick"):
         raise ValueError(f"--quick runs the 'quick' suite; drop --suite {args.suite} or --quick")
     suite = load_suite("quick" if args.quick else args.suite)
@@ -290,7 +285,6 @@ def _stage(text: str) -> None:
 def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str) -> dict[str, pd.DataFrame]:
     """Table 1 (families in registry order, stark first), the per-model detection table and the
     per-layer rows of layered methods, keyed by the file names ``write_tables`` gives them."""
-    from counteraudit.evaluate.scoring.detection import NULL_FAMILY, detection_table, null_rates, table1
     references = [s.name for s in suite.references]
     families, order = suite.table_rows()  # a family, or a row of one (adversarial_linf)
     nulls = [s.name for s in suite.held_out]
@@ -317,9 +311,9 @@ def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str) -> 
 
 
 def localization_tables(scores: pd.DataFrame, distance_name: str) -> dict[str, pd.DataFrame]:
-    """Table 2 (Caricatures per layer, then their layer average), the per-model localization table (AUROC, bootstrap interval, chance band) and the
-    per-layer rows of layered methods, keyed by the file names ``write_tables`` gives them."""
-    from counteraudit.evaluate.scoring.localization import localization_table, paper_layout, table2
+    """Table 2 (Caricatures per layer, then their layer average), the per-model localization table
+    (AUROC, bootstrap interval, chance band) and the per-layer rows of layered methods, keyed by the
+    file names ``write_tables`` gives them."""
     per_model = localization_table(scores)
     per_layer = localization_table(scores, per_layer=True)
     per_layer = per_layer[per_layer["layer"] != NO_LAYER]

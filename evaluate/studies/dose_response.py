@@ -18,7 +18,9 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from counteraudit.evaluate.scoring.detection import check_columns
+from counteraudit.anomalies import FAMILIES
+from counteraudit.evaluate.scoring.detection import check_columns, detection_table
+from counteraudit.evaluate.scoring.localization import localization_table
 
 CHANCE_AUROC = 0.5
 NOT_REACHED = np.inf  # the threshold no strength of the sweep reaches
@@ -33,7 +35,6 @@ def dose_table(sweeps: Sequence, detection: pd.DataFrame, localization: pd.DataF
     ``sweeps``: the suite's ``Sweep``s; ``detection``: per-model detection rows (method, model,
     margin, detected); ``localization``: per-model localization rows (method, model, auroc, ci_low,
     ci_high) or None; ``implants``: model name -> its implant record or None."""
-    from counteraudit.anomalies import FAMILIES
     check_columns(detection, ["method", "model", "margin", "detected"], "detection table")
     by_model = detection.set_index(["model", "method"])
     located = (localization.set_index(["model", "method"])
@@ -71,8 +72,6 @@ def suite_dose(suite, detection_scores: pd.DataFrame, localization_scores: pd.Da
                implants: dict[str, dict | None]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(``dose_table``, ``thresholds``) of a suite's sweeps from its tidy score frames (the
     detection set's, and the localization frame or None) and its implant records."""
-    from counteraudit.evaluate.scoring.detection import detection_table
-    from counteraudit.evaluate.scoring.localization import localization_table
     swept = {m for sweep in suite.sweeps for m in sweep.models}
     detection = detection_table(detection_scores, [s.name for s in suite.references],
                                 families={s.name: s.family for s in suite.anomalies})

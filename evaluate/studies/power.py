@@ -21,6 +21,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from counteraudit.evaluate.scoring.localization import auroc
 from counteraudit.evaluate.scoring.scores import ZERO_SPREAD_TOLERANCE, mean_pair_distance
 
 DEFAULT_LEVEL = 0.8          # the share of subsets in which a method must succeed
@@ -125,7 +126,6 @@ def localization_by_image_count(abnormal: np.ndarray, normal: np.ndarray, sizes:
     """Per p: the fraction of random draws of p abnormal and min(p, all) normal images whose AUROC
     reaches ``target``, and the mean AUROC (scores: one per image, NaN-free). Sizes above the
     abnormal images there are must not be asked for."""
-    from counteraudit.evaluate.scoring.localization import auroc
     rows = []
     for p in sizes:
         if p > len(abnormal):

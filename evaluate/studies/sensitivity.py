@@ -8,6 +8,13 @@ from typing import Any
 
 import pandas as pd
 
+from counteraudit.evaluate.scoring.stage import (detection_scores, detection_tables, localization_scores,
+                                                 localization_tables)
+from counteraudit.evaluate.studies.protocol_choices import PROTOCOL_CHOICES
+from counteraudit.explain.base import build_method
+from counteraudit.explain.stage import explain_suite, explained_images_line, method_batch_size, method_params
+from counteraudit.train.core.suite import write_derived_suite
+
 SENSITIVITY = "sensitivity"
 CHANGED = "!"  # marks a cell whose verdict differs from the suite's own protocol
 
@@ -25,10 +32,6 @@ class Variant:
 def plan_variants(suite, methods: list[str], choice_names: list[str] | None,
                   runs_root=None) -> tuple[list[Variant], list[str]]:
     """The alternatives to run (their suite files written), and a line for each choice skipped."""
-    from counteraudit.evaluate.studies.protocol_choices import PROTOCOL_CHOICES
-    from counteraudit.explain.base import build_method
-    from counteraudit.explain.stage import method_batch_size, method_params
-    from counteraudit.train.core.suite import write_derived_suite
     names = choice_names or PROTOCOL_CHOICES.names()
     chosen = [PROTOCOL_CHOICES.get(name) for name in names]  # unknown names list the valid ones
     architecture = suite.architecture
@@ -59,9 +62,6 @@ def plan_variants(suite, methods: list[str], choice_names: list[str] | None,
 def scored_tables(suite, methods: list[str], distance, distance_name: str, args) -> dict[str, pd.DataFrame]:
     """Table 1's per-model rows and Table 2's per-model rows (with the outputs-only comparison)
     of ``methods`` on ``suite``, explaining what is missing first."""
-    from counteraudit.evaluate.scoring.stage import (detection_scores, detection_tables,
-                                                localization_scores, localization_tables)
-    from counteraudit.explain.stage import explain_suite, explained_images_line
     counts = explain_suite(suite, args, methods=methods)
     print(f"{counts['computed']} visualization set(s) computed, {counts['stored']} already stored; "
           f"{explained_images_line(counts)}", flush=True)

@@ -25,6 +25,9 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
+from captum.attr import visualization  # captum.attr._utils.visualization, where _prepare_image lives
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from counteraudit.explain.renderers import ATTRIBUTIONS, RENDERERS, Renderer
 
@@ -54,9 +57,6 @@ class CaptumFigure(Renderer):
         of this size; made once per size (a worker renders thousands of images with it), after
         which each image only replaces the two images' data (``render``)."""
         if self._shape != shape:
-            from captum.attr import visualization
-            from matplotlib.backends.backend_agg import FigureCanvasAgg
-            from matplotlib.figure import Figure
             size = self.params.figure_inches
             self._figure = Figure(figsize=(size, size), dpi=self.params.dpi)
             FigureCanvasAgg(self._figure)
@@ -92,7 +92,6 @@ def captum_arrays(attribution: np.ndarray, image: np.ndarray) -> tuple[np.ndarra
     (H, W) each, computed by captum's own helpers: the grey image (the mean of the image's uint8
     channels, floored as captum's ``_prepare_image`` does) and the normalised absolute channel sum.
     An all-zero map (where captum's call would fail an assertion) shows no heat."""
-    from captum.attr._utils import visualization
     grey = np.mean(visualization._prepare_image(image * 255), axis=2)
     summed = np.sum(attribution, axis=2)
     if not np.any(summed):

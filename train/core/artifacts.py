@@ -11,6 +11,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import torch
 
 DEFAULT_RUNS_DIR = "runs"
 
@@ -96,7 +98,6 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
 
 
 def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
-    import torch
     return _atomic(Path(path), lambda h: torch.save(obj, h))
 
 
@@ -115,7 +116,7 @@ def artifact_lock(directory: str | os.PathLike, name: str, stage: str, what: str
     with a process that just opened it). Where several processes make one artifact together
     (the ranks of one distributed training run), they must not take it: they would wait on each
     other. ``what`` completes "another process is ..." in the message."""
-    import fcntl  # POSIX; imported here so that reading artifacts works everywhere
+    import fcntl  # noqa: PLC0415  (POSIX only: imported here so that reading artifacts works everywhere)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     with open(directory / name, "a") as handle:
@@ -263,7 +264,6 @@ def file_sha256(path: str | os.PathLike) -> str:
 def set_aside(path: str | os.PathLike, problem: str, what: str = "stored artifact") -> Path | None:
     """Move a corrupt file out of the way (``<name>.corrupt``, kept for a person to look at) and
     say which file and why, so the caller recomputes it; nothing else is touched."""
-    import sys
     path = Path(path)
     if not path.exists():
         return None

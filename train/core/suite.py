@@ -11,6 +11,7 @@ name is never inherited: it is the file's own ``name`` or its file name.
 """
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field
@@ -19,14 +20,17 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from counteraudit.train.core.artifacts import derive_seed, inside_runs, runs_dir, stable_hash
+from counteraudit.slurm.errors import ExecutorConfigError
+from counteraudit.slurm.executor_config import executor_config_from
+from counteraudit.train.core.artifacts import (atomic_write_text, derive_seed, inside_runs, runs_dir,
+                                               stable_hash)
 from counteraudit.train.core.registries import (ARCHITECTURES, AUDITORS, FAMILIES, METHODS, WORLDS,
                                                 strength_families)
 from counteraudit.train.core.registry import UnknownNameError
 from counteraudit.train.core.suite_schema import (SAFE_NAME_LENGTH, SAFE_NAME_PATTERN, SAFE_NAME_RULE,
-                                             ReferencesTable, ScheduleSegment, SuiteFileError,
-                                             SuiteTable, check_table, dataclass_table,
-                                             raise_problems)
+                                                  ReferencesTable, ScheduleSegment, SuiteFileError,
+                                                  SuiteTable, check_table, dataclass_table, raise_problems)
+from counteraudit.train.core.weights import check_external_checkpoint
 
 SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"  # train/suites/, beside core/
 REFERENCE = "reference"
@@ -429,8 +433,6 @@ def _plugin_problems(tables: dict[str, Any]) -> list[str]:
     problems += _named_problems(discover.get("auditors") or [], AUDITORS, "[discover] auditors")
     problems += _named_problems(discover.get("budget", {}), AUDITORS, "[discover] budget")
     problems += _built_problems(tables.get("auditors", {}), AUDITORS, "auditors")
-    from counteraudit.slurm.errors import ExecutorConfigError
-    from counteraudit.slurm.executor_config import executor_config_from
     slurm = tables.get("slurm", {})
     if "log_dir" in slurm or any(isinstance(v, dict) and "log_dir" in v for v in slurm.values()):
         problems.append("[slurm] log_dir: a suite file cannot choose where logs are written (they "
@@ -468,7 +470,6 @@ def _entry_problems(entry: dict[str, Any], recipe_table: dict[str, Any] | None,
             except ValueError as error:
                 problems.append(f"{where}: {error}")
     if entry.get("checkpoint") is not None:
-        from counteraudit.train.core.weights import check_external_checkpoint
         try:
             check_external_checkpoint(entry["checkpoint"])
         except (OSError, ValueError) as error:
@@ -516,7 +517,6 @@ def default_anomaly_seed(name: str) -> int:
 def toml_text(table: dict[str, Any], prefix: str = "") -> str:
     """A suite table as TOML: values first (a table inside an array as an inline table), then
     each nested table under its header. Strings are JSON-quoted, which TOML reads the same."""
-    import json
     lines = [f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in table.items()
              if not isinstance(v, dict)]
     for key, value in table.items():
@@ -527,7 +527,6 @@ def toml_text(table: dict[str, Any], prefix: str = "") -> str:
 
 
 def _toml_value(value: Any) -> str:
-    import json
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
@@ -558,7 +557,6 @@ def write_derived_suite(base: Suite, name: str, overrides: dict[str, Any], path:
     ``name``, with ``overrides`` on top (tables merge key by key; a None removes a key), loaded.
     A whole file, not an object in memory, so every work item (a Slurm job included) loads the
     same suite from its path."""
-    from counteraudit.train.core.artifacts import atomic_write_text
     table = _overridden({**_read_table(base.path), "name": name}, overrides)
     text = toml_text({"name": table.pop("name"), **table})
     atomic_write_text(path, f"# {base.path.name} with changes, written by counteraudit\n{text}\n")

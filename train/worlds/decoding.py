@@ -27,6 +27,10 @@ from typing import Any, Callable
 
 import torch
 from PIL import Image
+from torchvision import transforms as T
+from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
 
 DECODE_PATHS = ("pil", "tensor", "nvjpeg")
 # torchvision's RandomResizedCrop defaults (the paper's recipe).
@@ -67,7 +71,6 @@ def batch_device() -> torch.device:
 # ---------------------------------------------------------------- crop draws
 def pil_crop(image: Image.Image, size: int) -> torch.Tensor:
     """PIL path: random-resized crop and flip from the global torch RNG, float CHW in [0, 1]."""
-    from torchvision import transforms as T
     return T.Compose([T.RandomResizedCrop(size, CROP_SCALE, CROP_RATIO), T.RandomHorizontalFlip(),
                       T.ToTensor()])(image)
 
@@ -75,7 +78,6 @@ def pil_crop(image: Image.Image, size: int) -> torch.Tensor:
 def tensor_crop(image: torch.Tensor, size: int) -> torch.Tensor:
     """Tensor path: the same draws as ``pil_crop`` (transforms.v2 makes the same RNG calls), on
     a uint8 CHW tensor; float CHW in [0, 1]."""
-    from torchvision.transforms import v2
     return v2.Compose([v2.RandomResizedCrop(size, CROP_SCALE, CROP_RATIO, antialias=True),
                        v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True)])(image)
 
@@ -83,7 +85,6 @@ def tensor_crop(image: torch.Tensor, size: int) -> torch.Tensor:
 def crop_plan(height: int, width: int) -> tuple[int, int, int, int, bool]:
     """(top, left, height, width, flip) as ``pil_crop`` would draw them for an image of this size,
     without the image: the nvjpeg path draws in the loader workers and crops after decoding."""
-    from torchvision import transforms as T
     top, left, h, w = T.RandomResizedCrop.get_params(torch.empty(1, 1, 1).expand(1, height, width),
                                                      list(CROP_SCALE), list(CROP_RATIO))
     return top, left, h, w, bool(torch.rand(1) < 0.5)
@@ -92,7 +93,6 @@ def crop_plan(height: int, width: int) -> tuple[int, int, int, int, bool]:
 # ---------------------------------------------------------------- decoding
 def read_rgb(path: str) -> torch.Tensor:
     """A file decoded to uint8 RGB CHW by torchvision.io (JPEG, and the few PNGs named .JPEG)."""
-    from torchvision.io import ImageReadMode, decode_image, read_file
     return decode_image(read_file(path), mode=ImageReadMode.RGB)
 
 
@@ -115,7 +115,6 @@ def to_pil(image: torch.Tensor) -> Image.Image:
 
 
 def from_pil(image: Image.Image) -> torch.Tensor:
-    from torchvision.transforms.v2 import functional as F
     return F.pil_to_tensor(image.convert("RGB"))
 
 
@@ -124,8 +123,6 @@ def decode_batch(files: list[bytes], plans: list[tuple[int, int, int, int, bool]
     """nvjpeg path: the batch's file bytes decoded together on ``device`` (one nvjpeg call on
     CUDA), each cropped to its planned box, resized to ``size`` and flipped there; float NCHW in
     [0, 1]. Files that are not JPEG (ImageNet has a few PNGs named .JPEG) decode on the CPU."""
-    from torchvision.io import ImageReadMode, decode_image, decode_jpeg
-    from torchvision.transforms.v2 import functional as F
     device = torch.device(device)
     jpeg = [i for i, data in enumerate(files) if data[:2] == _JPEG_MAGIC]
     files = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in files]

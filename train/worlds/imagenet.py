@@ -32,7 +32,10 @@ from typing import Annotated, Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 from PIL import Image
+from imagenet_x import FACTORS, load_annotations
 from pydantic import Field
+from torchvision import transforms as T
+from torchvision.datasets import ImageFolder
 
 from counteraudit.slurm.worker_pool import end_with_parent
 from counteraudit.train.core.artifacts import derive_seed
@@ -66,7 +69,6 @@ class ImageNetConfig:
 
 
 def _eval_transform(cfg: ImageNetConfig):
-    from torchvision import transforms as T
     return T.Compose([T.Resize(cfg.resize_size), T.CenterCrop(cfg.image_size), T.ToTensor()])
 
 
@@ -209,7 +211,6 @@ class ImageNetWorld(World):
     mean, std = IMAGENET_MEAN, IMAGENET_STD
 
     def __init__(self, config: ImageNetConfig):
-        from torchvision.datasets import ImageFolder
         if not config.root:
             raise ValueError("the imagenet world needs root = '/path/to/imagenet' (a folder with "
                              "train/ and val/ of synset folders) in the suite's [world] table")
@@ -291,14 +292,12 @@ class ImageNetWorld(World):
     IMAGENET_X_ANNOTATIONS = "top"  # the package's default: each image's most salient factors
 
     def factors(self) -> dict[str, list[str]]:
-        from imagenet_x import FACTORS
         return {factor: ["present", "absent"] for factor in FACTORS}
 
     def imagenet_x_annotations(self) -> dict[str, dict[str, int]]:
         """val file name (ILSVRC2012_val_00000001.JPEG) -> {factor: 0 or 1}, as
         ``imagenet_x.load_annotations`` reads them (prototype images left out, as it does)."""
         if getattr(self, "_imagenet_x", None) is None:
-            from imagenet_x import FACTORS, load_annotations
             table = load_annotations(which_factor=self.IMAGENET_X_ANNOTATIONS, partition="val")
             self._imagenet_x = table.set_index("file_name")[FACTORS].to_dict("index")
         return self._imagenet_x

@@ -23,15 +23,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-
-from counteraudit.train.core.artifacts import (artifact_lock, atomic_write_json,
-                                          find_or_make, runs_dir,
-                                          stable_hash)
+from counteraudit.train.core.artifacts import (artifact_lock, atomic_write_json, find_or_make, runs_dir,
+                                               stable_hash)
+from counteraudit.train.worlds import synthetic_factors
 from counteraudit.train.worlds.base import WORLDS, Split, World
+from counteraudit.train.worlds.synthetic_factors import (PARTS, FactorPool, cached_generation,
+                                                         check_conditions, factor_grid, factor_values)
 from counteraudit.train.worlds.synthetic_images import (BACKGROUNDS, CLASS_NAMES, GENERATOR_VERSION,
-                                                         SPLIT_IDS, TEXTURES, InMemorySplit,
-                                                         SyntheticConfig, generate, load_cached,
-                                                         save_cached)
+                                                        SPLIT_IDS, TEXTURES, InMemorySplit, SyntheticConfig,
+                                                        generate, load_cached, save_cached)
 
 # the images: attributes, rendering, generation, cache
 
@@ -109,19 +109,15 @@ class SyntheticWorld(World):
 
     # ---- factors and conditional generation (train/worlds/synthetic_factors.py)
     def factors(self) -> dict[str, list[str]]:
-        from counteraudit.train.worlds.synthetic_factors import factor_grid
         if getattr(self, "_factors", None) is None:
             self._factors = factor_grid(CLASS_NAMES, TEXTURES, BACKGROUNDS, self.config.clutter_max)
         return {factor: list(values) for factor, values in self._factors.items()}
 
     def image_factors(self, split: Split, index: int) -> dict[str, str]:
-        from counteraudit.train.worlds.synthetic_factors import factor_values
         return factor_values(split.annotation(index)["attributes"], self.image_size)
 
     def factor_pool(self):
         """The pool of attribute draws conditional generation picks from (made once, cached)."""
-        from counteraudit.train.worlds import synthetic_factors
-        from counteraudit.train.worlds.synthetic_factors import FactorPool
         if getattr(self, "_factor_pool", None) is None:
             self._factor_pool = FactorPool.shared(self.config, self.factors(), self.cache_dir,
                                                   synthetic_factors.POOL_PER_CLASS)
@@ -132,24 +128,20 @@ class SyntheticWorld(World):
     @property
     def factors_version(self) -> str:
         """What the factors' feasibility depends on besides the config (cache keys use it)."""
-        from counteraudit.train.worlds import synthetic_factors
         return f"{synthetic_factors.FACTORS_VERSION}-{synthetic_factors.POOL_PER_CLASS}"
 
     def feasible(self, conditions: dict[str, str]) -> bool:
-        from counteraudit.train.worlds.synthetic_factors import check_conditions
         self.factors()
         if not all(f in self._factors and v in self._factors[f] for f, v in conditions.items()):
             conditions = check_conditions(conditions, self._factors)  # the error lists valid ones
         return self.factor_pool().feasible(conditions)
 
     def constraint_groups(self) -> list[list[str]]:
-        from counteraudit.train.worlds.synthetic_factors import PARTS
         return [["class", *names] for names, _ in PARTS.values()]
 
     def generate(self, conditions: dict[str, str], n: int, seed: int) -> InMemorySplit:
         """n images satisfying ``conditions``, cached under the world's cache folder; the
         annotations also hold each image's ``factors``."""
-        from counteraudit.train.worlds.synthetic_factors import cached_generation, check_conditions
         conditions = check_conditions(conditions, self.factors())
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n={n!r} images: ask for a whole number >= 1")

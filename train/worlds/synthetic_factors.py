@@ -40,10 +40,11 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from counteraudit.train.core.artifacts import (artifact_lock, atomic_save_npz, atomic_write_text,
-                                          derive_seed, file_sha256, find_or_make, intact,
-                                          read_json, read_marker, set_aside, stable_hash)
-from counteraudit.train.worlds.synthetic_images import load_cached, map_in_processes, save_cached
+from counteraudit.train.core.artifacts import (artifact_lock, atomic_save_npz, atomic_write_text, derive_seed,
+                                               file_sha256, find_or_make, intact, read_json, read_marker,
+                                               set_aside, stable_hash)
+from counteraudit.train.worlds.synthetic_images import (load_cached, map_in_processes, render,
+                                                        sample_attributes, save_cached)
 
 # Bump when the factor definitions, the pool or the composition change: part of every cache key.
 FACTORS_VERSION = 1
@@ -132,7 +133,6 @@ def _pool_rng(seed: int, label: int, j: int) -> np.random.Generator:
 
 
 def _pool_chunk(args) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    from counteraudit.train.worlds.synthetic_images import sample_attributes
     cfg, grid, label, start, stop = args
     names = list(grid)
     index = {f: {v: k for k, v in enumerate(grid[f])} for f in names}
@@ -313,7 +313,6 @@ def _feasible_labels(pool: FactorPool, conditions: dict[str, str]) -> list[int]:
 
 
 def _generate_chunk(args):
-    from counteraudit.train.worlds.synthetic_images import render
     cfg, (grid, cache_dir, per_class), conditions, stream, start, stop = args
     pool = FactorPool.shared(cfg, grid, cache_dir, per_class)
     labels_ok = _feasible_labels(pool, conditions)

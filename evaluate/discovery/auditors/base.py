@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Mapping
 
 import numpy as np
 import torch
+from scipy.stats import binom
 
 from counteraudit.explain.params import NoParams, parse_params, recorded_params
 from counteraudit.train.core.registries import AUDITORS
@@ -187,7 +188,6 @@ def ranked(findings: list[Finding], objective: str) -> list[Finding]:
 def median_interval(values: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
     """Distribution-free interval for a median: the order statistics x_(k) and x_(n-k+1), with
     k the largest rank whose binomial coverage is still >= ``confidence`` (scipy's binomial)."""
-    from scipy.stats import binom
     x = np.sort(np.asarray(values, dtype=np.float64))
     n = len(x)
     k = 0

@@ -25,9 +25,13 @@ images, no extra images), in the same BH family.
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.stats import fisher_exact
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.proportion import proportion_confint
 
 from counteraudit.evaluate.discovery.auditors.base import AUDITORS, Auditor, Finding
 from counteraudit.evaluate.discovery.auditors.surrogate_search import DEMO_FACTORS
@@ -49,7 +53,6 @@ class CaptionLiftParams:
 
 def fisher_greater(failures: int, n: int, base_failures: int, base_n: int) -> float:
     """One-sided p-value that the failure rate k/n exceeds the baseline K/N (Fisher's exact)."""
-    from scipy.stats import fisher_exact
     table = [[failures, n - failures], [base_failures, base_n - base_failures]]
     return float(fisher_exact(table, alternative="greater").pvalue)
 
@@ -58,7 +61,6 @@ def lift_interval(failures: int, n: int, base_failures: int, base_n: int) -> tup
     """95% interval of (k/n) / (K/N): the Wilson interval of k/n (statsmodels) over the baseline
     rate taken as known, as error_ratio does (it holds the estimate; the baseline rests on the
     more images)."""
-    from statsmodels.stats.proportion import proportion_confint
     low, high = proportion_confint(failures, n, alpha=0.05, method="wilson")
     base_rate = base_failures / base_n
     if base_rate == 0:
@@ -68,7 +70,6 @@ def lift_interval(failures: int, n: int, base_failures: int, base_n: int) -> tup
 
 def benjamini_hochberg(p_values: list[float], fdr: float) -> np.ndarray:
     """Which hypotheses Benjamini-Hochberg rejects at false-discovery rate ``fdr``."""
-    from statsmodels.stats.multitest import multipletests
     if not p_values:
         return np.zeros(0, bool)
     return multipletests(np.asarray(p_values, float), alpha=fdr, method="fdr_bh")[0]
@@ -96,7 +97,6 @@ def recurring_descriptions(captions: list[dict[str, str]], max_sentences: int,
     """(description, count) shared by at least ``min_recurrence`` captions, most recurring first
     (ties by text). A caption is {"class": c, factor: value, ...}; a description is its class
     with 1..max_sentences of its other values."""
-    import json
     counts: dict[str, int] = {}
     for caption in captions:
         sentences = [(f, v) for f, v in caption.items() if f != "class"]

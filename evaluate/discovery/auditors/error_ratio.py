@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from imagenet_x import compute_factor_accuracies
+from statsmodels.stats.proportion import proportion_confint
 
 from counteraudit.evaluate.discovery.auditors.base import AUDITORS, Auditor, Finding
 from counteraudit.train.core.artifacts import derive_seed
@@ -41,7 +43,6 @@ def one_hot(values: list[dict[str, str]], grid: dict[str, list[str]]) -> pd.Data
 
 def error_ratios(correct: np.ndarray, indicators: pd.DataFrame) -> pd.DataFrame:
     """Per indicator column: n_images, errors, accuracy and error_ratio, via imagenet_x."""
-    from imagenet_x import compute_factor_accuracies
     columns = list(indicators.columns)
     frame = indicators.assign(model="model", is_correct=np.asarray(correct, bool))
     accuracies = compute_factor_accuracies(frame, columns, "is_correct")
@@ -86,7 +87,6 @@ class ErrorRatio(Auditor):
         return cache
 
     def find(self, model, world, budget, seed):
-        from statsmodels.stats.proportion import proportion_confint
         val = world.split("val")
         pool = self.annotated(world)
         if len(pool) == 0:

@@ -18,9 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from statsmodels.stats.proportion import proportion_confint
 
 from counteraudit.evaluate.discovery.auditors.base import (AUDITORS, Auditor, BudgetError, Finding,
                                                            conditions_key)
+from counteraudit.evaluate.discovery.covering_arrays import cached_covering_array
+from counteraudit.evaluate.discovery.selection import SELECTIONS, BudgetBelowInitial, Subdomains, search
 
 OBJECTIVE = "failure_rate"
 IMAGE_SEED = 0
@@ -37,7 +40,6 @@ class SurrogateSearchParams:
 
 
 def wilson_finding(conditions: dict[str, str], failures: int, n: int) -> Finding:
-    from statsmodels.stats.proportion import proportion_confint
     low, high = proportion_confint(int(failures), int(n), alpha=0.05, method="wilson")
     return Finding(dict(conditions), failures / n, float(low), float(high), int(n), OBJECTIVE)
 
@@ -50,7 +52,6 @@ class SurrogateSearch(Auditor):
     test_params = {"factors": ("class", "face", "size"), "images_per_subdomain": 4, "initial": 3}
 
     def check(self) -> None:
-        from counteraudit.evaluate.discovery.selection import SELECTIONS
         p = self.params
         SELECTIONS.get(p.selection)  # an unknown name lists the valid ones
         if p.images_per_subdomain < 1:
@@ -75,8 +76,6 @@ class SurrogateSearch(Auditor):
 
     def subdomains(self, world):
         """The grid's feasible subdomains (built once per world)."""
-        from counteraudit.evaluate.discovery.covering_arrays import cached_covering_array
-        from counteraudit.evaluate.discovery.selection import Subdomains
         memo = getattr(self, "_subdomains", None)
         if memo is None or memo[0] is not world:
             grid = self.grid(world)
@@ -99,7 +98,6 @@ class SurrogateSearch(Auditor):
         return int((probabilities.argmax(1) != labels).sum()), len(labels)
 
     def find(self, model, world, budget, seed):
-        from counteraudit.evaluate.discovery.selection import BudgetBelowInitial, search
         subdomains = self.subdomains(world)
         counts: dict[int, tuple[int, int]] = {}
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from counteraudit.evaluate.scoring.distances.base import DISTANCES, Features, WeightFreeDistance, check_images, chunk_length
+from counteraudit.evaluate.scoring.distances.base import (DISTANCES, Features, WeightFreeDistance, check_images,
+                                                           chunk_length)
 
 
 @DISTANCES.register

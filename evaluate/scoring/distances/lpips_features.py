@@ -14,11 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
+import lpips
 import numpy as np
 import torch
 
 from counteraudit.evaluate.scoring.distances.backbone_weights import (Backbone, MissingBackboneWeightsError,
-                                                                      find_weights_file, load_backbone_features)
+                                                                      find_weights_file,
+                                                                      load_backbone_features)
 from counteraudit.evaluate.scoring.distances.base import Distance, Features, check_images, chunk_length
 
 # lpips.ScalingLayer: maps [-1, 1] inputs to ImageNet-normalised ones.
@@ -33,7 +35,6 @@ FEATURE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16"
 
 def shipped_linear_weights(net: str, layers: int) -> list[torch.Tensor]:
     """The per-channel weights of lpips's ``layers`` linear layers for ``net``, from the lpips wheel."""
-    import lpips
     path = Path(lpips.__file__).parent / "weights" / f"v{LPIPS_VERSION}" / f"{net}.pth"
     state_dict = torch.load(path, map_location="cpu", weights_only=True)
     weights = [state_dict[f"lin{k}.model.1.weight"].reshape(-1).float() for k in range(layers)]

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from counteraudit.evaluate.scoring.distances.base import DISTANCES, Features, WeightFreeDistance, check_images, chunk_length
+from counteraudit.evaluate.scoring.distances.base import (DISTANCES, Features, WeightFreeDistance, check_images,
+                                                           chunk_length)
 
 SIGMA = 1.5
 RADIUS = 5  # scipy's gaussian_filter with truncate=3.5 at sigma 1.5, as skimage uses
