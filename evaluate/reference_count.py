@@ -113,7 +113,6 @@ def aurocs_by_reference_count(matrix: np.ndarray, abnormal: np.ndarray, subsets:
 
 
 def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
-
     if not 0 < args.level <= 1 or not 0 < args.auroc_target <= 1 or args.subsets < 1:
         raise ValueError(f"--level {args.level} and --auroc-target {args.auroc_target} must be in "
                          f"(0, 1] (0.8 each recommended), --subsets {args.subsets} >= 1")

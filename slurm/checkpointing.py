@@ -26,7 +26,6 @@ def limit_threads_to_allocation() -> None:
     spinning against each other made two 1-CPU training jobs on a 2-core node 10x slower."""
     cpus = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("SLURM_CPUS_ON_NODE")
     if cpus and cpus.isdigit() and int(cpus) > 0:
-
         torch.set_num_threads(int(cpus))
 
 

@@ -51,7 +51,6 @@ def _inside_submitit_slurm_job() -> bool:
 
 
 def _export_slurm_rendezvous_variables() -> None:
-
     # CUDA_VISIBLE_DEVICES is left as Slurm set it (all GPUs of the job on this node); each
     # process selects its own with torch.cuda.set_device(local_rank) below.
     submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)

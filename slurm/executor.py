@@ -118,7 +118,6 @@ _stop_scheduling = None
 
 
 def _start_worker(threads: int, stop_scheduling) -> None:
-
     global _stop_scheduling
     torch.set_num_threads(threads)
     _stop_scheduling = stop_scheduling

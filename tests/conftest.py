@@ -9,6 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from counteraudit.explain.stage import load_image_sets
+from counteraudit.slurm.cluster import require_slurm_cluster
+from counteraudit.train.core.suite import load_suite
+from counteraudit.train.stage import train_one
+
 # Two cores: keep each test process on its threads without oversubscribing.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -88,9 +93,6 @@ localization_images = 4
 def trained_suite(suite_path: Path, runs: Path) -> tuple[Path, Path]:
     """Every model of a suite trained (in this process) and its image sets made, nothing
     explained: (suite file, runs root)."""
-    from counteraudit.explain.stage import load_image_sets
-    from counteraudit.train.stage import train_one
-    from counteraudit.train.core.suite import load_suite
     suite = load_suite(suite_path)
     for spec in suite.models:
         train_one({"suite": str(suite_path), "model": spec.name, "runs_dir": str(runs),
@@ -132,5 +134,4 @@ def finished_run(tmp_path_factory):
 def pytest_runtest_setup(item):
     """Tests marked slurm skip without a cluster, and fail instead when CI requires one."""
     if item.get_closest_marker("slurm"):
-        from counteraudit.slurm.cluster import require_slurm_cluster
         require_slurm_cluster()

@@ -10,6 +10,8 @@ from counteraudit.anomalies import FAMILIES
 from counteraudit.anomalies.families.adversarial import pgd
 from counteraudit.anomalies.families.backdoor import apply_trigger
 from counteraudit.train.architectures import build_model
+from counteraudit.train.core.suite import load_suite
+from counteraudit.train.stage import training_cost
 from counteraudit.train.worlds import build_world
 
 WORLD = {"name": "synthetic", "seed": 4, "image_size": 32, "num_train": 300, "num_val": 200}
@@ -226,8 +228,6 @@ def test_errors_that_need_the_world(world, tmp_path):
 def test_longest_trainings_are_started_first():
     """With one model per worker, the adversarial model (PGD passes per step) goes first, so no
     worker is left alone with it at the end of the run."""
-    from counteraudit.train.stage import training_cost
-    from counteraudit.train.core.suite import load_suite
     suite = load_suite("demo")
     costs = {spec.name: training_cost(spec) for spec in suite.models}
     adversarial = next(s for s in suite.models if s.family == "adversarial")

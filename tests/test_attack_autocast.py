@@ -7,10 +7,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from counteraudit.evaluate.benchmarks.attack import get_args_parser, main
+from counteraudit.anomalies import FAMILIES
+from counteraudit.evaluate.benchmarks.attack import attack, get_args_parser, main
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.trainer import new_model, train_model
+from counteraudit.train.worlds import build_world
 from tests.conftest import write_suite
 
 pytestmark = pytest.mark.timeout(300)
@@ -56,7 +58,6 @@ def test_pgd_passes_of_adversarial_training_run_in_bf16_when_the_recipe_does(tmp
 
 
 def _world(tmp_path):
-    from counteraudit.train.worlds import build_world
     return build_world(WORLD, runs_root=tmp_path / "runs")
 
 
@@ -64,8 +65,6 @@ def test_bf16_attack_raises_the_loss_as_much_as_fp32(tmp_path):
     """The attack in bf16 autocast raises the model's (fp32) loss as much as the fp32 attack, with
     the same eps, steps and random start. (Accuracy on a trained demo model: the README's figures
     from evaluate/benchmarks/attack.py; a model trained in a test's seconds is too near chance.)"""
-    from counteraudit.anomalies import FAMILIES
-    from counteraudit.evaluate.benchmarks.attack import attack
     world = _world(tmp_path)
     suite = load_suite(write_suite(tmp_path / "att.toml", body=ADVERSARIAL, references=2, world=WORLD))
     spec = suite.model("adversarial")

@@ -2,6 +2,7 @@
 ``test_params``), so adding an auditor needs no new test file."""
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 
@@ -9,14 +10,28 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from PIL import Image
+from imagenet_x import FACTORS, compute_factor_accuracies, error_ratio, load_annotations
 
+from conftest import write_suite
+from counteraudit.evaluate import discover
 from counteraudit.evaluate.discovery.auditors import AUDITORS, BudgetError, build_auditor
 from counteraudit.evaluate.discovery.auditors.base import median_interval
 from counteraudit.evaluate.discovery.auditors.error_ratio import error_ratios, one_hot
 from counteraudit.evaluate.discovery.covering_arrays import covering_array
+from counteraudit.evaluate.discovery.selection import SELECTIONS
+from counteraudit.evaluate.discovery.stage import FINDINGS, PARAMS_FILE, discover_suite
+from counteraudit.evaluate.report import stored_discovery
+from counteraudit.evaluate.reporting.discovery import (EXAMPLES_PER_SUBGROUP, TOP_SUBGROUPS,
+                                                       discovery_section, example_images)
+from counteraudit.evaluate.reporting.html import html_table
+from counteraudit.slurm.executor import add_executor_args
+from counteraudit.train import train
 from counteraudit.train.architectures import build_model
-from counteraudit.train.worlds import synthetic_factors
+from counteraudit.train.core.suite import load_suite
+from counteraudit.train.worlds import build_world, synthetic_factors
 from counteraudit.train.worlds.synthetic import SyntheticConfig, SyntheticWorld
+from tests.test_world_factors import imagenet_x_sample
 
 TINY = SyntheticConfig(seed=3, image_size=32, num_train=640, num_val=160)
 
@@ -125,7 +140,6 @@ def test_error_ratio_equals_a_hand_computed_example():
 
 
 def test_error_ratio_agrees_with_the_imagenet_x_package():
-    from imagenet_x import FACTORS, compute_factor_accuracies, error_ratio, load_annotations
     annotations = load_annotations(which_factor="top", partition="val").head(3000)
     correct = np.random.default_rng(0).random(len(annotations)) < 0.7
     package = error_ratio(compute_factor_accuracies(
@@ -140,11 +154,6 @@ def test_error_ratio_agrees_with_the_imagenet_x_package():
 
 
 def test_error_ratio_runs_on_imagenet_x_annotated_val_images(tmp_path):
-    from imagenet_x import FACTORS
-
-    from tests.test_world_factors import imagenet_x_sample
-    from PIL import Image
-    from counteraudit.train.worlds import build_world
     rows = imagenet_x_sample(8)
     root = tmp_path / "imagenet"
     for split in ("train", "val"):
@@ -248,8 +257,6 @@ caption_lift = 76
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tiny suite (2 references, a missing class) trained for one epoch."""
-    from conftest import write_suite
-    from counteraudit.train import train
     base = tmp_path_factory.mktemp("discover")
     suite = write_suite(base / "disc.toml", body=DISCOVER_BODY, references=2, epochs=1)
     runs = base / "runs"
@@ -262,10 +269,6 @@ def trained(tmp_path_factory):
 
 
 def test_a_killed_run_resumes_and_computes_only_what_is_missing(trained):
-    from counteraudit.evaluate.discovery.stage import FINDINGS, PARAMS_FILE, discover_suite
-    from counteraudit.slurm.executor import add_executor_args
-    from counteraudit.train.core.suite import load_suite
-    import argparse
     suite_path, runs = trained
     suite = load_suite(suite_path)
     parser = add_executor_args(argparse.ArgumentParser())
@@ -289,7 +292,6 @@ def test_a_killed_run_resumes_and_computes_only_what_is_missing(trained):
 
 
 def test_discover_prints_tables_3_and_4(trained, capsys):
-    from counteraudit.evaluate import discover
     suite, runs = trained
     discover.main(discover.get_args_parser().parse_args(
         ["--suite", str(suite), "--runs-dir", str(runs), "--no-progress", "--jobs", "1"]))
@@ -306,18 +308,12 @@ def test_discover_prints_tables_3_and_4(trained, capsys):
     assert set(recovery["auditor"]) == set(AUDITORS.names())
     assert (recovery["planted_slice"] == "class=star").all()
     curves = pd.read_csv(tables / "search-budget-curves.csv")
-    from counteraudit.evaluate.discovery.selection import SELECTIONS
     assert set(curves["auditor"]) == {"caption_lift", "error_ratio", "twise"} | {
         f"surrogate_search:{s}" for s in SELECTIONS.names()}
     assert set(curves[curves["auditor"] == "surrogate_search:bo"]["seed"]) == set(range(10))
 
 
 def test_report_section_shows_top_subgroups_with_examples_that_satisfy_them(trained):
-    from counteraudit.evaluate.report import stored_discovery
-    from counteraudit.evaluate.reporting.html import html_table
-    from counteraudit.evaluate.reporting.discovery import (EXAMPLES_PER_SUBGROUP, TOP_SUBGROUPS,
-                                                        discovery_section, example_images)
-    from counteraudit.train.core.suite import load_suite
     suite_path, runs = trained
     suite = load_suite(suite_path)
     results, tables, world = stored_discovery(suite, runs)  # discover ran in the tests above

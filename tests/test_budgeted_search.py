@@ -8,10 +8,14 @@ import json
 import numpy as np
 import pytest
 import torch
+from statsmodels.stats.multitest import multipletests
 
 from counteraudit.evaluate.discovery.auditors import BudgetError, build_auditor
 from counteraudit.evaluate.discovery.auditors.caption_lift import benjamini_hochberg, recurring_descriptions
-from counteraudit.evaluate.discovery.selection import (SELECTIONS, BudgetBelowInitial, Subdomains, search)
+from counteraudit.evaluate.discovery.budget_curves import lookup_curves
+from counteraudit.evaluate.discovery.covering_arrays import covering_array
+from counteraudit.evaluate.discovery.exhaustive import _one_search, evaluate_every_subdomain
+from counteraudit.evaluate.discovery.selection import SELECTIONS, BudgetBelowInitial, Subdomains, search
 from counteraudit.train.core.registry import UnknownNameError
 from counteraudit.train.worlds import synthetic_factors
 from counteraudit.train.worlds.synthetic import SyntheticConfig, SyntheticWorld
@@ -74,7 +78,6 @@ def test_bo_finds_the_planted_worst_subdomain_within_its_budget():
 
 
 def test_nwise_starts_with_the_rows_of_a_pairwise_covering_array():
-    from counteraudit.evaluate.discovery.covering_arrays import covering_array
     subdomains, rates = toy_objective()
     rows = covering_array(TOY_GRID, 2, seed=3)
     state = search(subdomains, lambda i: rates[i], "nwise", 10 + len(rows), seed=3)
@@ -97,7 +100,6 @@ def test_a_search_below_the_initial_subdomains_names_the_minimum():
 
 
 def test_benjamini_hochberg_matches_statsmodels_and_the_step_up_rule():
-    from statsmodels.stats.multitest import multipletests
     p = [0.001, 0.008, 0.039, 0.041, 0.042, 0.060, 0.074, 0.205, 0.212, 0.216]
     # step-up by hand at q = 0.05, m = 10: p_(k) <= k/10 * 0.05 holds for k = 1, 2 (0.008 <=
     # 0.010) and no larger k (0.039 > 0.015, 0.041 > 0.020, 0.042 > 0.025, ...): reject 2
@@ -189,8 +191,6 @@ def test_surrogate_search_budget_below_the_initial_subdomains_names_the_minimum(
 
 
 def test_surrogate_search_equals_a_lookup_in_its_exhaustive_reference(world):
-    from counteraudit.evaluate.discovery.budget_curves import lookup_curves
-    from counteraudit.evaluate.discovery.exhaustive import _one_search, evaluate_every_subdomain
     model, recording = planted(world, PLANTED)
     auditor = build_auditor("surrogate_search", {**SMALL_SEARCH, "selection": "bo"})
     table = evaluate_every_subdomain(auditor, model, recording)

@@ -1,6 +1,7 @@
 """The CPU precision probe: real figures, a warning said once, the off switch, the cache."""
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import time
@@ -9,8 +10,10 @@ import pytest
 import torch
 
 from counteraudit.train import cpu_probe
-from counteraudit.train.cpu_probe import check_cpu_precision, measure_precisions
+from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.suite import load_suite
+from counteraudit.train.cpu_probe import check_cpu_precision, measure_precisions
+from counteraudit.train.train import get_args_parser, main
 from tests.conftest import write_suite
 
 
@@ -125,10 +128,7 @@ def test_the_training_stage_warns_once_and_still_trains_the_suites_models(tmp_pa
     """fp32 forced 5x slower: `train.py` on an fp32 suite says so once, with both figures and the
     switch, and trains exactly the models (keys, bits) it trains when the probe is off. (fp32, not
     bf16, is the suite's choice here only because bf16 is emulated, 12x slower, on some CI CPUs.)"""
-    import argparse
 
-    from counteraudit.train.checkpoint import model_dir
-    from counteraudit.train.train import get_args_parser, main
     fake_measure(monkeypatch, bf16=500, fp32=100)
     suite = probe_suite(tmp_path, cpu_bf16=False, references=2, epochs=1)
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from counteraudit.evaluate.benchmarks.decode import get_args_parser, main
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.worlds import build_world, decoding
 
@@ -115,7 +116,6 @@ def test_an_unknown_decode_path_is_named(imagefolder, tmp_path):
 
 
 def test_decode_benchmark_times_each_path_on_generated_and_given_jpegs(jpegs, tmp_path, capsys):
-    from counteraudit.evaluate.benchmarks.decode import get_args_parser, main
     rates = main(get_args_parser().parse_args(["--images", "3", "--rounds", "1", "--crop", "32"]))
     assert set(rates) == {"pil", "tensor"} | ({"nvjpeg"} if torch.cuda.is_available() else set())
     assert all(rate > 0 for rate in rates.values())

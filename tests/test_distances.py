@@ -1,13 +1,16 @@
 """Distances: LPIPS from cached features equals lpips.LPIPS, backbone weights are found or explained."""
 from __future__ import annotations
 
+import lpips
 import numpy as np
 import pytest
 import torch
 import torchvision
+from scipy.ndimage import gaussian_filter
 
+import counteraudit.evaluate.scoring.distances.l2 as l2_module
 from counteraudit.evaluate.scoring.distances import (DISTANCES, MissingBackboneWeightsError, available,
-                                             build_distance, resolve_distance_name)
+                                                     build_distance, resolve_distance_name)
 from counteraudit.train.core.registry import UnknownNameError
 
 # lpips builds torchvision backbones with the deprecated pretrained= argument
@@ -32,7 +35,6 @@ def as_lpips_input(images: np.ndarray) -> torch.Tensor:
 
 
 def reference_lpips(net: str, seed: int):
-    import lpips
     torch.manual_seed(seed)  # lpips builds its random backbone from the global stream
     return lpips.LPIPS(pretrained=True, pnet_rand=True, net=net, verbose=False)
 
@@ -113,7 +115,6 @@ def test_registry_lists_distances_and_rejects_unknown_names():
 
 def reference_ssim(a: np.ndarray, b: np.ndarray) -> float:
     """Textbook SSIM with scipy's Gaussian filter, cropped like skimage (gaussian_weights=True)."""
-    from scipy.ndimage import gaussian_filter
     c1, c2, crop = (0.01 * 255) ** 2, (0.03 * 255) ** 2, 5
     values = []
     for channel in range(3):
@@ -148,7 +149,6 @@ def test_l2_distance_is_the_rms_pixel_difference_and_exact_under_chunking(monkey
     np.testing.assert_allclose(paired, expected, rtol=1e-12)
     assert paired[3] == 0.0
     # integer sums: chunked (one image per chunk) and subset results are the same bits
-    import counteraudit.evaluate.scoring.distances.l2 as l2_module
 
     monkeypatch.setattr(l2_module, "chunk_length", lambda _: 1)
     assert np.array_equal(distance.paired(distance.features(a), distance.features(b)), paired)

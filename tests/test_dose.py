@@ -10,7 +10,10 @@ import pytest
 
 from counteraudit.anomalies import FAMILIES
 from counteraudit.anomalies.base import strength_families
-from counteraudit.evaluate.studies.dose_response import dose_table, sweep_table, thresholds, threshold_text
+from counteraudit.anomalies.families.missing_class import MissingClass
+from counteraudit.evaluate.reporting.dose import dose_section
+from counteraudit.evaluate.reporting.html import html_table
+from counteraudit.evaluate.studies.dose_response import dose_table, sweep_table, threshold_text, thresholds
 from counteraudit.train.core.suite import load_suite
 from tests.conftest import write_suite
 
@@ -93,7 +96,6 @@ def test_every_strength_parameter_is_a_field_of_its_family_params(family):
 
 
 def test_removed_fraction_removes_a_nested_seeded_share_of_the_class():
-    from counteraudit.anomalies.families.missing_class import MissingClass
     labels = np.repeat(np.arange(4), 50)
     split = SimpleNamespace(labels=labels, subset=lambda idx: np.asarray(idx))
     world = SimpleNamespace(class_names=["a", "b", "c", "d"], num_classes=4)
@@ -164,8 +166,6 @@ def test_a_sweep_without_localization_has_no_localization_threshold_and_a_missin
 
 
 def test_the_report_panel_draws_each_curve_once_per_method():
-    from counteraudit.evaluate.reporting.html import html_table
-    from counteraudit.evaluate.reporting.dose import dose_section
     dose = dose_table(*constructed({"a": [0.9, 1.2, 1.5], "b": [1.1, 0.95, 1.3]},
                                    {"a": [(0.6, 0.45, 0.75)] * 3, "b": [(0.5, 0.3, 0.7)] * 3}))
     html = dose_section(dose, thresholds(dose), html_table)

@@ -11,21 +11,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 import counteraudit.explain.stage as explain_pipeline
-
 import counteraudit.train.core.stage as stage_skeleton
-
+from counteraudit.anomalies.image_sets import detection_set
 from counteraudit.evaluate.scoring.distances import build_distance
 from counteraudit.evaluate.scoring.stage import SCORES, detection_scores, pipeline_parser
 from counteraudit.explain.base import build_method
-from counteraudit.explain.stage import (chunk_images, explain_suite, image_ranges, part_size,
-                                           result_dir, sets_for)
 from counteraudit.explain.run import get_args_parser
+from counteraudit.explain.stage import (chunk_images, explain_suite, image_ranges, load_results, part_size,
+                                        result_dir, sets_for)
 from counteraudit.explain.store import ARRAYS_FILE, PARAMS_FILE, PARTS_DIR
 from counteraudit.slurm.errors import ItemsFailedError
-from tests.conftest import trained_suite, write_suite
+from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.suite import load_suite
+from counteraudit.train.trainer import load_trained_model
+from counteraudit.train.worlds import build_world
+from tests.conftest import trained_suite, write_suite
 
 METHODS = ["guided_backprop", "caricature"]
 # 8 detection images; guided backprop in batches of 3, Caricatures (whose results depend on which
@@ -254,8 +257,6 @@ def longer_from_scratch(trained, tmp_path_factory) -> tuple[Path, Path]:
 
 
 def test_a_smaller_count_draws_a_prefix_of_a_larger_one(trained, tmp_path):
-    from counteraudit.anomalies.image_sets import detection_set
-    from counteraudit.train.worlds import build_world
     suite = load_suite(trained[0])
     world = build_world(suite.world, runs_root=trained[1])
     small = detection_set(suite, world, tmp_path / "sets")
@@ -310,7 +311,6 @@ def test_the_stage_gives_per_model_noise_each_models_key_and_label_targets_the_l
     """The explain stage passes each model's key (Caricatures' per-model noise) and the image
     set's labels (explained_class = "label"; chunked items call the same ``_Item.run_from``): it
     stores what a direct run with that key and those labels gives."""
-    from counteraudit.explain.stage import load_results
     suite_path, trained_runs = trained
     body = BODY.replace("[methods.caricature]", '[methods.gradcam]\nexplained_class = "label"\n'
                         'aug_smooth = false\n\n[methods.caricature]\nnoise = "per_model"')
@@ -326,11 +326,7 @@ def test_the_stage_gives_per_model_noise_each_models_key_and_label_targets_the_l
     image_set = explain_pipeline.load_image_sets(suite, runs)["detection"]
     np.testing.assert_array_equal(gradcams[names[0]].targets, image_set.labels)
     spec = suite.model(names[1])
-    from counteraudit.train.checkpoint import model_dir
-    from counteraudit.train.trainer import load_trained_model
-    from counteraudit.train.worlds import build_world
     model = load_trained_model(model_dir(runs, spec), spec, build_world(suite.world, runs), "cpu")
-    import torch
     threads = torch.get_num_threads()
     torch.set_num_threads(spec.recipe.cpu_threads)  # as the stage (explain/stage.py)
     try:

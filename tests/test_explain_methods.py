@@ -6,11 +6,14 @@ import numpy as np
 import pytest
 import torch
 from captum.attr import GuidedBackprop, GuidedGradCam, IntegratedGradients
+from lucent.optvis import transform as lucent_transform
 from pytorch_grad_cam import GradCAM
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 
-
 from counteraudit.explain import METHODS, build_method
+from counteraudit.explain.caricature_transforms import StandardTransforms
+from counteraudit.explain.explainable import make_explainable_copy
+from counteraudit.explain.methods.caricature import StagedForward, depth_order
 from counteraudit.explain.render import RENDERER_VERSION
 from counteraudit.train.architectures import ARCHITECTURES, build_model, resolve_layer
 from counteraudit.train.core.registry import UnknownNameError
@@ -166,9 +169,6 @@ def test_caricature_seed_and_batch_size_are_recorded_and_matter(model, images, e
 
 
 def test_staged_forward_gives_each_layer_group_its_full_forward_features(model):
-    from counteraudit.explain.explainable import make_explainable_copy
-    from counteraudit.explain.methods.caricature import StagedForward, depth_order
-
     safe = make_explainable_copy(model)
     layers = ARCHITECTURES.get("small_resnet").caricature_layers
     modules = [resolve_layer(safe, layer) for layer in layers]
@@ -199,8 +199,6 @@ def test_fused_augmentation_matches_lucents_transform_chain():
     """explain/caricature_transforms.py draws what lucent draws and resamples once: on a smooth
     image the two agree except along the borders of zero-filled regions (hard there, blended by
     lucent's repeated bilinear warps), for every random draw."""
-    from lucent.optvis import transform as lucent_transform
-    from counteraudit.explain.caricature_transforms import StandardTransforms
     y, x = torch.meshgrid(torch.linspace(0, 1, SIZE), torch.linspace(0, 1, SIZE), indexing="ij")
     image = torch.stack([0.5 + 0.4 * torch.sin(6 * x), 0.5 + 0.4 * torch.cos(5 * y), x * y])[None]
     lucent_chain = lucent_transform.compose(lucent_transform.standard_transforms + [

@@ -4,25 +4,34 @@ baseline, the gradient space, Grad-CAM's test-time augmentation, Caricatures' ca
 noise, the explained class; and that a new option at its old value keeps stored results' keys."""
 from __future__ import annotations
 
+import inspect
 import io
 
 import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
-from captum.attr import GuidedBackprop, GuidedGradCam, IntegratedGradients
 from PIL import Image
+from captum.attr import GuidedBackprop, GuidedGradCam, IntegratedGradients, visualization
+from lucent.optvis import param as lucent_param, render, transform as lucent_transform
 from pytorch_grad_cam import GradCAM
 from pytorch_grad_cam.utils.image import show_cam_on_image
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 
+from counteraudit.evaluate.detect import get_args_parser, main
 from counteraudit.explain import build_method
-from counteraudit.explain.stage import method_params
+from counteraudit.explain.caricature_transforms import (StandardTransforms, draw_parameters, sampling_grid,
+                                                        sampling_grids)
+from counteraudit.explain.methods.caricature import floor_uint8, per_row_start
 from counteraudit.explain.renderers import RENDERERS, build_renderer
+from counteraudit.explain.stage import method_params
 from counteraudit.train.architectures import ARCHITECTURES, build_model, resolve_layer
+from counteraudit.train.core.artifacts import derive_seed
 from counteraudit.train.core.registry import UnknownNameError
-from counteraudit.train.core.suite_schema import SuiteFileError
 from counteraudit.train.core.suite import load_suite
+from counteraudit.train.core.suite_schema import SuiteFileError
+from tests.conftest import write_suite
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -64,9 +73,7 @@ def normalised(images: torch.Tensor) -> torch.Tensor:
 def captum_png(attribution_hwc: np.ndarray, image_hwc: np.ndarray) -> np.ndarray:
     """The paper's call: captum's figure, saved as a PNG, read back as the LPIPS loader reads it
     (its RGB channels)."""
-    from captum.attr import visualization
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     figure, _ = visualization.visualize_image_attr(attribution_hwc, image_hwc, "blended_heat_map",
                                                    alpha_overlay=0.8)
     buffer = io.BytesIO()
@@ -225,8 +232,6 @@ def test_explained_class_label_explains_the_given_labels(model, images, targets)
 def test_paper_caricature_settings_are_render_vis_defaults(monkeypatch):
     """What lucent's render_vis does when called as the paper called it (objective and
     thresholds only), recorded by wrapping param.image and Adam, against the paper suite."""
-    from lucent.optvis import param as lucent_param
-    from lucent.optvis import render
 
     recorded = {}
     image = lucent_param.image
@@ -258,7 +263,6 @@ def test_paper_caricature_settings_are_render_vis_defaults(monkeypatch):
     assert recorded["image"] == ((params.canvas,), {})  # param.image(128)
     assert recorded["lr"] == params.learning_rate
     assert recorded["input"][-2:] == (224, 224)  # upsampled to the model's input
-    import inspect
     default_steps = inspect.signature(render.render_vis).parameters["thresholds"].default
     assert (params.steps,) == default_steps  # thresholds=(512,)
     # get_vis: 1024 steps for layer4's layers, 512 for the others, for the paper's layers.
@@ -270,8 +274,6 @@ def test_paper_caricature_settings_are_render_vis_defaults(monkeypatch):
 def test_canvas_is_upsampled_to_the_input_as_lucents_chain_does():
     """explain/caricature_transforms.py with a canvas smaller than the input: as lucent's
     standard_transforms followed by render_vis's upsample, on a smooth image."""
-    from lucent.optvis import transform as lucent_transform
-    from counteraudit.explain.caricature_transforms import StandardTransforms
     canvas = 40
     y, x = torch.meshgrid(torch.linspace(0, 1, canvas), torch.linspace(0, 1, canvas), indexing="ij")
     image = torch.stack([0.5 + 0.4 * torch.sin(6 * x), 0.5 + 0.4 * torch.cos(5 * y), x * y])[None]
@@ -311,8 +313,6 @@ def test_per_model_noise_differs_between_models_and_repeats_bit_for_bit(model, i
 
 
 def test_per_model_random_starts_differ_and_shared_starts_are_shared():
-    from counteraudit.explain.methods.caricature import per_row_start
-    from counteraudit.train.core.artifacts import derive_seed
     spectra = []
     for model_id in ("model-a", "model-b", "model-a"):
         spectrum = torch.zeros(2, 3, 8, 5, 2)
@@ -333,7 +333,6 @@ def test_shared_noise_gives_every_model_the_same_draws(model, images):
 
 
 def test_caricature_steps_by_layer_and_floor_quantisation(model, images):
-    from counteraudit.explain.methods.caricature import floor_uint8
     method = build_method("caricature", CARICATURE)
     assert method.passes_per_image("small_resnet") == 2 + 3
     values = np.array([0.0, 0.5, 254.9 / 255, 1.0], np.float32)
@@ -371,8 +370,6 @@ def test_new_options_at_their_old_values_keep_the_stored_key():
 def test_per_row_grids_at_once_equal_the_grids_one_at_a_time():
     """The per-row augmentation (noise = "per_model") computes every row's grid in one pass on a
     GPU: bit for bit the rows of the one-at-a-time computation."""
-    from counteraudit.explain.caricature_transforms import (draw_parameters, sampling_grid,
-                                                            sampling_grids)
     generator = np.random.RandomState(0)
     for canvas, output in ((SIZE, SIZE), (40, SIZE), (128, 224)):
         draws = [draw_parameters(generator) for _ in range(5)]
@@ -390,8 +387,6 @@ def test_per_row_grids_at_once_equal_the_grids_one_at_a_time():
 def test_a_bad_method_table_fails_when_the_suite_is_read_before_any_training(tmp_path, runs, table,
                                                                               error, valid):
     """The main job reads the methods before stage 1: a typo costs seconds, not a training run."""
-    from counteraudit.evaluate.detect import get_args_parser, main
-    from tests.conftest import write_suite
     (method, params), = table.items()
     body = "[explain]\nmethods = [\"guided_backprop\", \"integrated_gradients\"]\n" + \
         f"[methods.{method}]\n" + "\n".join(f'{k} = "{v}"' for k, v in params.items())

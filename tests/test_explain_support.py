@@ -83,7 +83,8 @@ def test_params_from_a_suite_table():
 
 
 def test_params_errors_name_the_key_and_the_fix():
-    with pytest.raises(ValueError, match=r"\['stpes'\] for method 'example'; valid: \['chunk', 'layers', 'rate', 'steps'\]"):
+    valid = r"valid: \['chunk', 'layers', 'rate', 'steps'\]"
+    with pytest.raises(ValueError, match=r"\['stpes'\] for method 'example'; " + valid):
         parse_params(ExampleParams, {"stpes": 3}, "example")
     with pytest.raises(TypeError, match="'rate'='fast' must be a number"):
         parse_params(ExampleParams, {"rate": "fast"}, "example")

@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, write_suite
-
-from counteraudit.evaluate.cli import STAGE_SCRIPTS as COMMANDS
-
 from counteraudit.evaluate.benchmarks import benchmark_parser
+from counteraudit.evaluate.cli import STAGE_SCRIPTS as COMMANDS, get_args_parser
+from tests.conftest import REPO, write_suite
 
 # every subcommand's script file: counteraudit.evaluate.detect -> evaluate/detect.py
 STAGE_SCRIPTS = [module.removeprefix("counteraudit.").replace(".", "/") + ".py"
@@ -132,7 +130,6 @@ def test_stage_scripts_and_the_command_run_from_another_folder(script_runs, shad
 
 
 def test_the_command_uses_the_scripts_parsers_and_reports_errors_as_they_do(tmp_path):
-    from counteraudit.evaluate.cli import get_args_parser
     parser = get_args_parser()
     for name, module_name in COMMANDS.items():
         own = importlib.import_module(module_name).get_args_parser(add_help=False)

@@ -12,15 +12,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import counteraudit.explain.stage as explain_pipeline
-from counteraudit.explain.stage import explain_suite
 from counteraudit.explain.run import get_args_parser
+from counteraudit.explain.stage import explain_suite
 from counteraudit.explain.store import ARRAYS_FILE
 from counteraudit.slurm.errors import OutOfSpaceError
 from counteraudit.slurm.executor import ExecutorConfig, run_items
 from counteraudit.train.core.artifacts import store_dir
 from counteraudit.train.core.suite import load_suite
+from counteraudit.train.stage import train_models
+from counteraudit.train.train import get_args_parser as train_args
+from tests.conftest import write_suite
 
 NO_SPACE = os.strerror(errno.ENOSPC)
 
@@ -104,11 +108,6 @@ def test_worker_processes_start_no_item_after_the_disk_is_full(tmp_path):
 
 
 def test_a_full_disk_stops_the_training_stage(tmp_path, monkeypatch):
-    import torch
-
-    from counteraudit.train.stage import train_models
-    from counteraudit.train.train import get_args_parser as train_args
-    from tests.conftest import write_suite
     suite = load_suite(write_suite(tmp_path / "two.toml", references=2, epochs=1))
     runs = tmp_path / "runs"
     saves = []

@@ -15,6 +15,7 @@ from PIL import Image
 
 from counteraudit.anomalies.families.backdoor import PAPER_PATTERNS
 from counteraudit.anomalies.families.spurious import add_watermark
+from counteraudit.anomalies.image_sets import abnormal_set_name
 from counteraudit.evaluate.scoring.distances import DISTANCES
 from counteraudit.train.checkpoint import WEIGHTS_NAME
 from counteraudit.train.core.suite import load_suite
@@ -82,7 +83,13 @@ params = {{ delta = 1.0, cue = "watermark", placement = "scaled", strength = 0.7
 [[anomalies]]
 name = "backdoor-5-nu0.5"
 family = "backdoor"
-params = {{ nu = 0.5, target = 2, pattern = "paper_5", position = "paper", poison_before_flip = false, selection = "first" }}
+[anomalies.params]
+nu = 0.5
+target = 2
+pattern = "paper_5"
+position = "paper"
+poison_before_flip = false
+selection = "first"
 
 [[anomalies]]
 name = "missing-1"
@@ -188,7 +195,6 @@ def test_tables_have_the_papers_rows(paper_run):
 
 def _image_set(runs, spec):
     """(folder, index) of a model's abnormal image set (the suite's link into the store)."""
-    from counteraudit.anomalies.image_sets import abnormal_set_name
     folder = runs / "paper-ci" / "image_sets" / abnormal_set_name(spec)
     return folder, json.loads((folder / "index.json").read_text())
 

@@ -13,10 +13,15 @@ import pytest
 import torch
 
 from counteraudit.anomalies import FAMILIES
-from counteraudit.anomalies.families.backdoor import PAPER_PATTERNS, apply_trigger
 from counteraudit.anomalies.common import accuracy, predict
+from counteraudit.anomalies.families.backdoor import PAPER_PATTERNS, apply_trigger
 from counteraudit.anomalies.families.spurious import add_watermark
 from counteraudit.anomalies.watermark_digits import digit_glyphs
+from counteraudit.evaluate.scoring.detection import FLAG_OK
+from counteraudit.evaluate.scoring.stage import detection_tables, localization_tables
+from counteraudit.explain.base import BatchContext, build_method
+from counteraudit.explain.input_space import on_normalized_input
+from counteraudit.explain.methods.outputs_only import OutputsOnly
 from counteraudit.train.architectures import ABSENT_CLASS_LOGIT
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.trainer import evaluate_accuracy, new_model
@@ -158,8 +163,6 @@ def test_dropped_output_layer_maps_class_indices(world):
     labels = np.full(20, star + 1)
     assert accuracy(model, images, labels) == 1.0
     assert evaluate_accuracy(model, images, labels)["accuracy"] == 1.0
-    from counteraudit.explain.base import BatchContext
-    from counteraudit.explain.methods.outputs_only import OutputsOnly
     raw = OutputsOnly.__new__(OutputsOnly).visualize(model, images[:2], torch.zeros(2),
                                                      BatchContext(range(2))).raw
     assert raw.shape == (2, world.num_classes) and raw[:, star + 1].min() > raw[:, star].max()
@@ -177,8 +180,6 @@ def test_methods_in_the_normalised_space_explain_world_classes_of_a_dropped_outp
         world, method, params):
     """A 9-output model explains class 9 (the world's index past the dropped class), as the
     explain stage asks, in the normalised input space too: the same class as on the model itself."""
-    from counteraudit.explain.base import build_method
-    from counteraudit.explain.input_space import on_normalized_input
     model = new_model(load_suite("demo").model("missing-star"), world).eval()
     images = world.split("val").load(np.arange(4))
     last = world.num_classes - 1
@@ -194,8 +195,6 @@ def test_methods_in_the_normalised_space_explain_world_classes_of_a_dropped_outp
 
 # ---------------------------------------------------------------- tables
 def test_table1_rows_split_by_the_suites_row_label_and_table2_lists_caricature_layers():
-    from counteraudit.evaluate.scoring.detection import FLAG_OK
-    from counteraudit.evaluate.scoring.stage import detection_tables, localization_tables
     paper = load_suite("paper")
     rows, order = paper.table_rows()
     assert order.index("adversarial_linf") < order.index("adversarial_l2")

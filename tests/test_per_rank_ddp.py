@@ -8,6 +8,7 @@ tests/test_slurm_ddp_training.py."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -94,7 +95,6 @@ def _counting_world(spec, decoded: list[str]):
 
 
 def _ddp_worker(rank: int, port: int, suite_path: str, runs: str, counts: str) -> None:
-    import os
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:

@@ -5,8 +5,10 @@ import sys
 
 import pandas as pd
 import pytest
+from sklearn.metrics import roc_auc_score
 
 from tests.conftest import REPO, run_script  # the finished_run fixture is in conftest.py
+from tests.conftest import write_suite
 
 
 def test_detect_prints_and_saves_table1(finished_run):
@@ -45,7 +47,6 @@ def test_rerun_does_no_work_and_localize_gives_table2(finished_run):
     table = pd.read_csv(runs / "e2e" / "tables" / "localization-per-model-l2.csv")
     assert set(table["model"]) == {"backdoor"}  # the only localizable anomaly
     # each AUROC re-computed with scikit-learn from the stored per-image scores it came from
-    from sklearn.metrics import roc_auc_score
     scores = runs / "e2e" / "scores" / "l2"
     for _, row in table.iterrows():
         normal = pd.read_csv(scores / row["method"] / "detection.csv")
@@ -66,7 +67,8 @@ def test_reference_count_recomputes_table2_at_the_full_reference_set(finished_ru
     assert "n=2 |" in out and "n=3 |" in out
     table2 = pd.read_csv(runs / "e2e" / "tables" / "localization-per-model-l2.csv")
     for _, row in table2.iterrows():  # with all 3 references it is Table 2's own AUROC
-        line = next(l for l in out.splitlines() if f"| {row['model']} " in l and f" {row['method']} " in l)
+        line = next(text for text in out.splitlines()
+                    if f"| {row['model']} " in text and f" {row['method']} " in text)
         assert line.rstrip(" |").split("|")[-1].strip() == f"{row['auroc']:.2f}", line
 
 
@@ -84,7 +86,6 @@ def test_unavailable_lpips_is_an_error_not_a_substitution(finished_run, tmp_path
 def test_explain_stage_trains_the_models_it_needs_first(tmp_path):
     """explain/run.py on a suite nothing of which is trained: the training stage (and the implant
     checks the image sets need) runs first instead of the explain items failing."""
-    from tests.conftest import write_suite
     body = """
 [[anomalies]]
 name = "backdoor"

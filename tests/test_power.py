@@ -5,13 +5,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from counteraudit.evaluate.reporting.html import html_table
+from counteraudit.evaluate.reporting.power import needs_table, power_section
 from counteraudit.evaluate.scoring.detection import detection_table
 from counteraudit.evaluate.scoring.distances import build_distance
-from counteraudit.evaluate.studies.power import (detection_by_image_count, detection_by_reference_count,
-                                         detection_verdicts, localization_by_image_count,
-                                         smallest_sufficient, subset_abars)
-from counteraudit.evaluate.reporting.power import needs_table
 from counteraudit.evaluate.scoring.scores import anomaly_scores, reference_distance_matrix
+from counteraudit.evaluate.studies.power import (detection_by_image_count, detection_by_reference_count,
+                                                 detection_verdicts, localization_by_image_count,
+                                                 smallest_sufficient, subset_abars)
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +111,6 @@ def test_needs_table_names_each_methods_smallest_counts():
 
 
 def test_the_report_power_section_reads_the_tables_reference_count_wrote(tmp_path):
-    from counteraudit.evaluate.reporting.power import power_section
-    from counteraudit.evaluate.reporting.html import html_table
     assert "python evaluate/reference_count.py adds" in power_section(tmp_path, "l2", html_table)
     by_n = pd.DataFrame({"method": ["a", "a", "b", "b"], "model": "x", "n": [3, 4, 3, 4],
                          "fraction_detected": [0.5, 1.0, 0.0, 0.25]})

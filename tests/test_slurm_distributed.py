@@ -3,12 +3,16 @@ process group through the variables exported from Slurm's environment."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import cloudpickle
 import pytest
+import torch
+import torch.distributed as dist
 
 from counteraudit.slurm.cluster import require_slurm_cluster
+from counteraudit.slurm.distributed import cleanup_distributed, init_distributed
 from counteraudit.slurm.executor import ExecutorConfig, run_items
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
@@ -22,12 +26,8 @@ def _slurm_cluster():
 
 
 def sum_of_ranks(offset: int) -> dict:
-    import os
 
-    import torch
-    import torch.distributed as dist
 
-    from counteraudit.slurm.distributed import cleanup_distributed, init_distributed
 
     context = init_distributed()
     try:

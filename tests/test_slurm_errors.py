@@ -13,10 +13,17 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
+import torch
 
 from counteraudit.slurm.cluster import list_partitions, require_slurm_cluster
-from counteraudit.slurm.errors import ExecutorError, NoGpuError, SlurmUnreachableError, SubmissionError, UnknownPartitionError
+from counteraudit.slurm.errors import (ExecutorError, NoGpuError, SlurmUnreachableError, SubmissionError,
+                                       UnknownPartitionError)
 from counteraudit.slurm.executor import ExecutorConfig, run_items
+from counteraudit.train.checkpoint import model_dir
+from counteraudit.train.core.suite import load_suite
+from counteraudit.train.train import get_args_parser, main as train_main
+from counteraudit.train.trainer import train_model
+from tests.conftest import write_suite
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
 
@@ -123,14 +130,7 @@ def test_bad_training_requests_fail_clearly_and_lose_nothing_already_trained(tmp
     (on Slurm, and a suite asking GPUs on the CPU-only local executor): one clear error each, no
     job, and a trained model and a half-trained checkpoint stay as they were; the next good run
     trains only what is missing, resuming the half-trained model from its checkpoint."""
-    import torch
 
-    from tests.conftest import write_suite
-    from counteraudit.train.checkpoint import model_dir
-    from counteraudit.train.core.suite import load_suite
-    from counteraudit.train.train import get_args_parser
-    from counteraudit.train.train import main as train_main
-    from counteraudit.train.trainer import train_model
 
     suite_path = write_suite(tmp_path / "kept.toml", references=2, epochs=2)
     suite = load_suite(suite_path)

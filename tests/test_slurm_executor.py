@@ -15,7 +15,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from counteraudit.slurm.cluster import require_slurm_cluster
+from counteraudit.slurm.cluster import DEFAULT_MAX_ARRAY_SIZE, max_array_size, require_slurm_cluster
 from counteraudit.slurm.errors import ItemsFailedError
 from counteraudit.slurm.executor import ExecutorConfig, run_items, submit_items
 
@@ -85,7 +85,6 @@ def test_job_array_gives_the_same_results_as_the_local_executor(tmp_path):
 
 
 def test_more_items_than_the_clusters_array_size_go_out_as_several_arrays(tmp_path, monkeypatch):
-    from counteraudit.slurm.cluster import DEFAULT_MAX_ARRAY_SIZE, max_array_size
     assert max_array_size() == DEFAULT_MAX_ARRAY_SIZE  # read from the local cluster's scontrol
     monkeypatch.setattr("counteraudit.slurm.executor.max_array_size", lambda: 2)
     stage = unique_stage("arrays")

@@ -14,9 +14,14 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
+import torch
 
 from counteraudit.slurm.cluster import require_slurm_cluster
 from counteraudit.slurm.executor import ExecutorConfig, run_items, submit_items
+from counteraudit.train.checkpoint import CHECKPOINT_NAME, WEIGHTS_NAME, model_dir
+from counteraudit.train.core.suite import load_suite
+from counteraudit.train.stage import train_one
+from tests.conftest import TINY_WORLD, write_suite
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
 
@@ -112,12 +117,7 @@ def test_training_job_requeued_mid_run_resumes_from_its_checkpoint_to_the_same_w
     Slurm restarts it, train_one resumes from checkpoint.pth (the one definition in
     train/checkpoint.py), loses at most the epoch in progress, and ends with weights bit-identical
     to an uninterrupted local run."""
-    import torch
 
-    from tests.conftest import TINY_WORLD, write_suite
-    from counteraudit.train.checkpoint import CHECKPOINT_NAME, WEIGHTS_NAME, model_dir
-    from counteraudit.train.stage import train_one
-    from counteraudit.train.core.suite import load_suite
 
     suite_path = write_suite(tmp_path / "requeuetiny.toml", references=2, epochs=REQUEUE_EPOCHS,
                              world={**TINY_WORLD, "num_train": 2560})  # fmt: skip

@@ -1,12 +1,16 @@
 """Suites and registries: the shipped suites parse, bad names list the valid ones."""
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from counteraudit.train.architectures import ARCHITECTURES, layer_name, resolve_layer, build_model
+from counteraudit.explain.stage import suite_methods
+from counteraudit.train.architectures import ARCHITECTURES, build_model, layer_name, resolve_layer
 from counteraudit.train.core.suite import available_suites, load_suite
+from counteraudit.train.train import get_args_parser, main
 from tests.conftest import write_suite
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,7 +34,6 @@ def test_shipped_suites():
 def test_every_shipped_suites_method_tables_build(name):
     """Each shipped suite's [methods.*] tables are valid (params, choices, renderers): a typo in
     one would otherwise surface only in a user's run."""
-    from counteraudit.explain.stage import suite_methods
     assert suite_methods(load_suite(name))
 
 def test_demo_full_is_the_demo_at_the_papers_counts():
@@ -83,7 +86,8 @@ def test_unknown_names_list_the_valid_ones(tmp_path):
     with pytest.raises(ValueError, match="valid architecture names: resnet50, small_resnet"):
         load_suite(bad)
     typo = write_suite(tmp_path / "typo.toml", body="[[anomalies]]\nname='x'\nfamily='backdor'\n")
-    with pytest.raises(ValueError, match=r"unknown anomaly family 'backdor' \(did you mean 'backdoor'\?\); valid anomaly family names"):
+    with pytest.raises(ValueError, match=r"unknown anomaly family 'backdor' \(did you mean 'backdoor'\?\); "
+                                         "valid anomaly family names"):
         load_suite(typo)
 
 
@@ -116,7 +120,6 @@ def test_paper_suite_dry_run_on_slurm_lists_the_36_trainings_with_the_papers_rec
     (12 references + 24 anomalies), the recipe and the resources, and nothing submitted. The
     local test cluster has no GPUs: the plan is still printed, with the error a real run gives.
     The suite asks for one GPU per model; --gpus-per-node 8 shows the DDP plan of a multi-GPU run."""
-    import os
     env = {k: v for k, v in os.environ.items() if k not in ("IMAGENET_ROOT", "STYLIZED_IMAGENET_ROOT")}
     runs = tmp_path / "runs"
     result = subprocess.run([sys.executable, str(REPO / "train" / "train.py"), "--suite", "paper",
@@ -147,8 +150,6 @@ def test_paper_suite_local_dry_run_prints_the_plan_even_without_the_gpus_it_asks
                                                                                     monkeypatch):
     """A dry run only prints: on a machine without the GPU the suite asks for it shows the plan
     and, under it, the error a real run would give, instead of failing."""
-    import torch
-    from counteraudit.train.train import get_args_parser, main
     monkeypatch.delenv("IMAGENET_ROOT", raising=False)
     args = get_args_parser().parse_args(["--suite", "paper", "--dry-run", "--runs-dir", str(tmp_path)])
     assert main(args) == []

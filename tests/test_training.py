@@ -1,11 +1,13 @@
 """Training: seeded to the bit, resumable to the bit, external checkpoints, clear errors."""
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from counteraudit.train.architectures import build_model
 from counteraudit.train.checkpoint import CHECKPOINT_NAME, METRICS_NAME, WEIGHTS_NAME, model_dir
 from counteraudit.train.core.suite import Recipe, load_suite
 from counteraudit.train.trainer import load_trained_model, train_model, warmup_lr
@@ -44,7 +46,6 @@ def test_same_seed_same_weights_different_seed_different(suite_and_world, tmp_pa
 def test_cpu_bf16_recipe_is_seeded_to_the_bit_and_is_its_own_model(suite_and_world, tmp_path):
     """recipe.cpu_bf16 (the demo's): bf16 autocast on the CPU, same seed same bits; a different
     recipe, so a different model key and other weights than fp32 training."""
-    from dataclasses import replace
     suite, world = suite_and_world
     fp32 = suite.references[0]
     bf16 = replace(fp32, recipe=replace(fp32.recipe, cpu_bf16=True))
@@ -72,7 +73,6 @@ def test_interrupted_run_resumes_to_the_same_bits(suite_and_world, tmp_path):
 
 
 def test_lr_warmup_across_an_epoch_boundary_resumes_to_the_same_bits(suite_and_world, tmp_path):
-    from dataclasses import replace
     suite, world = suite_and_world
     base = suite.references[0]
     spec = replace(base, recipe=replace(base.recipe, lr_warmup_epochs=1.5))
@@ -133,7 +133,6 @@ def test_external_checkpoint_in_any_common_layout(suite_and_world, tmp_path, pre
     weights = _weights(trained)
     path = tmp_path / "external.pth"
     torch.save({"state_dict": {prefix + k: v for k, v in weights.items()}, "epoch": 3}, path)
-    from dataclasses import replace
     external = replace(spec, name="external", checkpoint=str(path))
     metrics = train_model(external, tmp_path / "ext", world=world, progress=False)
     assert metrics["source"] == "external"
@@ -144,8 +143,6 @@ def test_external_checkpoint_in_any_common_layout(suite_and_world, tmp_path, pre
 
 def test_external_checkpoint_with_wrong_class_count(suite_and_world, tmp_path):
     suite, world = suite_and_world
-    from dataclasses import replace
-    from counteraudit.train.architectures import build_model
     other = build_model("small_resnet", 7, world.mean, world.std)
     torch.save(other.backbone.state_dict(), tmp_path / "seven.pth")
     spec = replace(suite.references[0], checkpoint=str(tmp_path / "seven.pth"))

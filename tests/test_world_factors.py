@@ -7,7 +7,10 @@ import json
 import numpy as np
 import pytest
 from PIL import Image
+from imagenet_x import FACTORS, load_annotations
 
+from conftest import write_suite
+from counteraudit.train.core.suite import load_suite
 from counteraudit.train.worlds import build_world, synthetic_factors
 from counteraudit.train.worlds.synthetic import CLASS_NAMES, SyntheticConfig, SyntheticWorld
 
@@ -100,8 +103,6 @@ def test_val_split_is_unchanged_by_conditional_generation(world):
 
 
 def test_a_model_key_is_unchanged(tmp_path):
-    from counteraudit.train.core.suite import load_suite
-    from conftest import write_suite
     suite = load_suite(write_suite(tmp_path / "keys.toml", body="""
 [[anomalies]]
 name = "missing-star"
@@ -128,7 +129,6 @@ def test_impossible_conditions_are_one_clear_error(world):
 # ---------------------------------------------------------------- ImageNet
 def imagenet_x_sample(count: int) -> list[dict]:
     """The first ``count`` rows of the ImageNet-X val annotations the package ships."""
-    from imagenet_x import load_annotations
     return load_annotations(which_factor="top", partition="val").head(count).to_dict("records")
 
 
@@ -157,7 +157,6 @@ def imagenet_x_folder(tmp_path):
 
 
 def test_imagenet_x_annotations_join_an_imagefolder(imagenet_x_folder):
-    from imagenet_x import FACTORS
     world, rows = imagenet_x_folder
     assert list(world.factors()) == list(FACTORS)
     val = world.split("val")

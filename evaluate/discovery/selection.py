@@ -144,7 +144,6 @@ class GeneticSelection(Selection):
     name = "genetic"
 
     def choose(self, state):
-
         class Fitness(base.Fitness):
             weights = (1.0,)  # maximise the failure rate
 

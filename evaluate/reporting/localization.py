@@ -89,7 +89,6 @@ def localization_examples(report) -> str:
 
 
 def roc_section(report) -> str:
-
     if not report.localizable:
         return ""
     per_model = report.table("localization-per-model")
