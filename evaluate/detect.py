@@ -21,9 +21,10 @@ if __package__ in (None, ""):
 import argparse
 import time
 
+from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, prepare
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
-from counteraudit.evaluate.scoring.stage import (describe_distance, detection_scores, detection_tables,
-                                                 pipeline_parser, prepare)
+from counteraudit.evaluate.scoring.stage import detection_scores
+from counteraudit.evaluate.scoring.tables import detection_tables
 from counteraudit.train.core.stage import run_cli
 
 

@@ -26,9 +26,9 @@ import argparse
 import pandas as pd
 
 from counteraudit.anomalies.image_sets import localizable
+from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, prepare
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
-from counteraudit.evaluate.scoring.stage import (describe_distance, detection_scores, localization_scores,
-                                                 pipeline_parser, prepare)
+from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores
 from counteraudit.evaluate.studies.dose_response import suite_dose, sweep_table, threshold_text
 from counteraudit.train.core.stage import run_cli
 from counteraudit.train.implant_checks import read_implant

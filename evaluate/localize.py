@@ -20,10 +20,10 @@ if __package__ in (None, ""):
 import argparse
 import time
 
+from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, prepare
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
-from counteraudit.evaluate.scoring.stage import (describe_distance, localization_power_note,
-                                                 localization_scores, localization_tables, pipeline_parser,
-                                                 prepare)
+from counteraudit.evaluate.scoring.stage import localization_scores
+from counteraudit.evaluate.scoring.tables import localization_power_note, localization_tables
 from counteraudit.train.core.stage import run_cli
 
 

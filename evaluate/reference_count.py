@@ -34,13 +34,13 @@ import numpy as np
 import pandas as pd
 
 from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_positions
+from counteraudit.evaluate.pipeline import check_scorable
 from counteraudit.evaluate.reporting.power import power_tables, print_power
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.evaluate.scoring.distances import build_distance, resolve_distance_name
 from counteraudit.evaluate.scoring.localization import auroc
 from counteraudit.evaluate.scoring.scores import (ZERO_SPREAD_TOLERANCE, mean_pair_distance,
                                                   reference_distance_matrix, score_frame)
-from counteraudit.evaluate.scoring.stage import check_scorable
 from counteraudit.evaluate.studies.power import detection_by_reference_count
 from counteraudit.explain.stage import load_image_sets, load_results, suite_methods
 from counteraudit.train.core.stage import add_common_args, run_cli

@@ -39,11 +39,12 @@ from counteraudit.anomalies.image_sets import localizable
 from counteraudit.evaluate.discovery.search_study import search_study
 from counteraudit.evaluate.discovery.stage import FINDINGS, discover_seed, load_suite_findings
 from counteraudit.evaluate.discovery.tables import discovery_tables
+from counteraudit.evaluate.pipeline import pipeline_parser, prepare
 from counteraudit.evaluate.reporting.page import DEFAULT_EXAMPLES, DEFAULT_IMAGE_SIDE, Report
 from counteraudit.evaluate.reporting.sensitivity import stored_sensitivity
 from counteraudit.evaluate.reporting.tables import write_tables
-from counteraudit.evaluate.scoring.stage import (detection_scores, detection_tables, localization_scores,
-                                                 localization_tables, pipeline_parser, prepare)
+from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores
+from counteraudit.evaluate.scoring.tables import detection_tables, localization_tables
 from counteraudit.evaluate.studies.dose_response import suite_dose
 from counteraudit.explain.stage import load_image_sets
 from counteraudit.train.core.artifacts import atomic_write_text, store_dir

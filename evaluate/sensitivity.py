@@ -32,9 +32,9 @@ import argparse
 
 import pandas as pd
 
+from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, prepare
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.evaluate.scoring.baseline import BASELINE
-from counteraudit.evaluate.scoring.stage import describe_distance, pipeline_parser, prepare
 from counteraudit.evaluate.studies.protocol_choices import PROTOCOL_CHOICES
 from counteraudit.evaluate.studies.sensitivity import (CHANGED, compare, plan_variants, scored_tables,
                                                        side_by_side)

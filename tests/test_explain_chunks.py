@@ -16,8 +16,9 @@ import torch
 import counteraudit.explain.stage as explain_pipeline
 import counteraudit.train.core.stage as stage_skeleton
 from counteraudit.anomalies.image_sets import detection_set
+from counteraudit.evaluate.pipeline import pipeline_parser
 from counteraudit.evaluate.scoring.distances import build_distance
-from counteraudit.evaluate.scoring.stage import SCORES, detection_scores, pipeline_parser
+from counteraudit.evaluate.scoring.stage import SCORES, detection_scores
 from counteraudit.explain.base import build_method
 from counteraudit.explain.run import get_args_parser
 from counteraudit.explain.stage import (chunk_images, explain_suite, image_ranges, load_results, part_size,

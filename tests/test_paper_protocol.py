@@ -18,7 +18,7 @@ from counteraudit.anomalies.families.backdoor import PAPER_PATTERNS, apply_trigg
 from counteraudit.anomalies.families.spurious import add_watermark
 from counteraudit.anomalies.watermark_digits import digit_glyphs
 from counteraudit.evaluate.scoring.detection import FLAG_OK
-from counteraudit.evaluate.scoring.stage import detection_tables, localization_tables
+from counteraudit.evaluate.scoring.tables import detection_tables, localization_tables
 from counteraudit.explain.base import BatchContext, build_method
 from counteraudit.explain.input_space import on_normalized_input
 from counteraudit.explain.methods.outputs_only import OutputsOnly

@@ -11,7 +11,7 @@ from sklearn.metrics import roc_curve
 from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name
 from counteraudit.evaluate.reporting.html import fmt, html_table
 from counteraudit.evaluate.reporting.svg import ANOMALOUS_COLOR, MISSED_COLOR, StripRow, roc_plot, strip_plot
-from counteraudit.evaluate.scoring.stage import localization_power_note
+from counteraudit.evaluate.scoring.tables import localization_power_note
 
 
 def localization_section(report) -> str:

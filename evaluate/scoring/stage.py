@@ -1,4 +1,4 @@
-"""From stored visualizations to score tables, and the end-to-end run the main job makes.
+"""The score stage: from stored visualizations to score tables, one per (distance, method, image set).
 
 Scores are one tidy table per (distance, method, image set):
 ``runs/<suite>/scores/<distance>/<method>/<image set>.csv`` with columns distance, method, layer,
@@ -11,32 +11,21 @@ between two visualizations is computed from those cached features.
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from counteraudit.anomalies.image_sets import (DEFAULT_LOCALIZATION_IMAGES, DETECTION, abnormal_set_name,
-                                               localizable, normal_positions, set_sizes)
-from counteraudit.evaluate.scoring.baseline import (BASELINE, delta_table, detection_margin_ratios,
-                                                    fraction_intervals, fraction_table,
-                                                    localization_versus_baseline, null_rate_table)
-from counteraudit.evaluate.scoring.detection import NO_LAYER, NULL_FAMILY, detection_table, null_rates, table1
-from counteraudit.evaluate.scoring.distances import build_distance, resolve_distance_name
-from counteraudit.evaluate.scoring.localization import localization_table, paper_layout, table2
+from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_positions
+from counteraudit.evaluate.scoring.detection import NO_LAYER
+from counteraudit.evaluate.scoring.distances import build_distance
 from counteraudit.evaluate.scoring.scores import anomaly_scores
-from counteraudit.explain.stage import (add_chunk_images_arg, explain_suite, explained_images_line,
-                                        load_image_sets, load_results, result_dir, suite_methods)
+from counteraudit.explain.stage import load_image_sets, load_results, result_dir
 from counteraudit.explain.store import stored_key
-from counteraudit.slurm.executor import add_executor_args
 from counteraudit.train.core.artifacts import atomic_write_text, stable_hash
 from counteraudit.train.core.keyed_store import KeyedArtifact
-from counteraudit.train.core.stage import (StagePlan, add_common_args, executor_config, plan_stage, run_stage,
-                                           stage_item)
-from counteraudit.train.core.suite import PAPER_REFERENCES, Suite, load_suite
-from counteraudit.train.core.suite_schema import MIN_SCORED_REFERENCES, SuiteFileError
-from counteraudit.train.train import train_and_check
+from counteraudit.train.core.stage import StagePlan, executor_config, plan_stage, run_stage, stage_item
+from counteraudit.train.core.suite import Suite, load_suite
 from counteraudit.train.worlds import build_world
 
 SCORES = "scores"
@@ -214,132 +203,3 @@ def localization_scores(suite: Suite, distance, distance_name: str, methods: lis
             abnormal = scored[(method, abnormal_set_name(spec))]
             frames += [rows.assign(abnormal=False), abnormal.assign(abnormal=True)]
     return pd.concat(frames, ignore_index=True)
-
-
-# ---------------------------------------------------------------- the end-to-end run
-def pipeline_parser(prog: str, add_help: bool = True) -> argparse.ArgumentParser:
-    """The options detect.py, localize.py and report.py share: suite, upstream stages, executor."""
-    parser = argparse.ArgumentParser(prog, add_help=add_help,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_common_args(parser)
-    add_pipeline_args(parser)
-    add_executor_args(parser)
-    return parser
-
-
-def add_pipeline_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--quick", action="store_true",
-                        help="run the small 'quick' suite instead (a smoke test in a few minutes)")
-    parser.add_argument("--distance", default=None,
-                        help="lpips-alex (the paper's; default when its backbone weights are "
-                             "available), lpips-vgg, lpips-squeeze; weight-free: l2 (the default "
-                             "offline, said in every table), ssim")
-    parser.add_argument("--weights-dir", default=None,
-                        help="folder holding torchvision's ImageNet backbone weights for LPIPS "
-                             "(e.g. alexnet-owt-7be5be79.pth); also searched: $TORCH_HOME/hub/checkpoints")
-    parser.add_argument("--method", action="append", default=None, metavar="NAME",
-                        help="only this explanation method (repeatable)")
-    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
-    add_chunk_images_arg(parser)  # the explain stage's work items
-    return parser
-
-
-def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], Any, str, str | None]:
-    """Everything upstream of scoring that is missing: world, training, implant checks,
-    image sets, visualizations. Returns (suite, methods, distance, its name, fallback note);
-    the distance is built first, so missing LPIPS weights fail before any work."""
-    if args.quick and args.suite not in ("demo", "quick"):
-        raise ValueError(f"--quick runs the 'quick' suite; drop --suite {args.suite} or --quick")
-    suite = load_suite("quick" if args.quick else args.suite)
-    check_scorable(suite)
-    distance_name, note = resolve_distance_name(args.distance, weights_dir=args.weights_dir)
-    distance = build_distance(distance_name, weights_dir=args.weights_dir)
-    methods = suite_methods(suite, args.method)
-    started = time.perf_counter()
-    _stage(f"1/3 training {len(suite.models)} models of suite {suite.name!r} (skips trained ones)")
-    train_and_check(suite, suite.models, args)
-    print(f"training and implant checks: {time.perf_counter() - started:.0f}s")
-    _stage(f"2/3 explaining with {', '.join(methods)}")
-    started = time.perf_counter()
-    counts = explain_suite(suite, args, methods=methods)
-    print(f"{counts['computed']} visualization set(s) computed, {counts['stored']} already stored, "
-          f"in {time.perf_counter() - started:.0f}s; {explained_images_line(counts)}")
-    _stage(f"3/3 scoring with {distance_name}" + (f" ({note})" if note else ""))
-    return suite, methods, distance, distance_name, note
-
-
-def check_scorable(suite: Suite) -> None:
-    """Fail before training when the score stage could not use the suite's references."""
-    if len(suite.references) < MIN_SCORED_REFERENCES:
-        raise SuiteFileError(
-            f"suite file {suite.path}: [references] count = {len(suite.references)} is too few to "
-            f"score: each reference is scored against the others with it left out, so at least "
-            f"{MIN_SCORED_REFERENCES} are needed; set count = {MIN_SCORED_REFERENCES} or more (the "
-            "paper: 12, the demo: 5). Nothing was run.")
-
-
-def _stage(text: str) -> None:
-    print(f"\n== {text}", flush=True)
-
-
-def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str) -> dict[str, pd.DataFrame]:
-    """Table 1 (families in registry order, stark first), the per-model detection table and the
-    per-layer rows of layered methods, keyed by the file names ``write_tables`` gives them."""
-    references = [s.name for s in suite.references]
-    families, order = suite.table_rows()  # a family, or a row of one (adversarial_linf)
-    nulls = [s.name for s in suite.held_out]
-    per_model = detection_table(scores, references, families=families, null_models=nulls)
-    per_layer = detection_table(scores, references, families=families, per_layer=True,
-                                null_models=nulls)
-    per_layer = per_layer[per_layer["layer"] != NO_LAYER]
-    summary = table1(per_model, family_order=order)
-    tables = {}
-    if nulls:  # Table 1's last row: how often the rule flags a normal model
-        rates = null_rates(per_model, len(references))
-        tables[f"detection-null-{distance_name}"] = null_rate_table(rates)
-        row = {"family": NULL_FAMILY, "n_models": len(nulls),
-               **dict(zip(rates["method"], rates["false_positive_rate"]))}
-        summary = pd.concat([summary, pd.DataFrame([row])], ignore_index=True)
-    tables = {f"detection-{distance_name}": summary, **tables,
-              f"detection-per-model-{distance_name}": per_model,
-              f"detection-per-layer-{distance_name}": per_layer,
-              f"detection-intervals-{distance_name}": fraction_table(fraction_intervals(per_model),
-                                                                     order)}
-    if BASELINE in set(per_model["method"]) and len(set(per_model["method"])) > 1:
-        tables[f"detection-vs-outputs-{distance_name}"] = detection_margin_ratios(per_model)
-    return tables
-
-
-def localization_tables(scores: pd.DataFrame, distance_name: str) -> dict[str, pd.DataFrame]:
-    """Table 2 (Caricatures per layer, then their layer average), the per-model localization table
-    (AUROC, bootstrap interval, chance band) and the per-layer rows of layered methods, keyed by the
-    file names ``write_tables`` gives them."""
-    per_model = localization_table(scores)
-    per_layer = localization_table(scores, per_layer=True)
-    per_layer = per_layer[per_layer["layer"] != NO_LAYER]
-    # the paper's layout: Caricatures one row per layer, their layer average an extra row
-    tables = {f"localization-{distance_name}": table2(paper_layout(per_model, per_layer)),
-              f"localization-per-model-{distance_name}": per_model,
-              f"localization-per-layer-{distance_name}": per_layer}
-    if BASELINE in set(scores["method"]) and len(set(scores["method"])) > 1:
-        versus = localization_versus_baseline(scores)
-        tables[f"localization-vs-outputs-per-model-{distance_name}"] = versus
-        tables[f"localization-vs-outputs-{distance_name}"] = delta_table(versus)
-    return tables
-
-
-def describe_distance(distance_name: str, note: str | None) -> str:
-    return f"distance: {distance_name}" + (f" -- {note}" if note else "")
-
-
-def localization_power_note(suite: Suite) -> str | None:
-    """Why a suite with fewer references or images than the paper localizes less sharply, or None."""
-    references, (_, p) = len(suite.references), set_sizes(suite)
-    if references >= PAPER_REFERENCES and p >= DEFAULT_LOCALIZATION_IMAGES:
-        return None
-    return (f"This suite uses {references} references and p = {p} images per set (the paper: "
-            f"{PAPER_REFERENCES} and {DEFAULT_LOCALIZATION_IMAGES}). The anomaly score divides by "
-            f"the references' spread on each image, here estimated from "
-            f"{references * (references - 1) // 2} pairs: with fewer references that estimate is "
-            "noisier, which pulls AUROCs towards 0.5, and with fewer images each AUROC varies more "
-            "from one draw of images to the next.")

@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from counteraudit.evaluate.scoring.stage import (detection_scores, detection_tables, localization_scores,
-                                                 localization_tables)
+from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores
+from counteraudit.evaluate.scoring.tables import detection_tables, localization_tables
 from counteraudit.evaluate.studies.protocol_choices import PROTOCOL_CHOICES
 from counteraudit.explain.base import build_method
 from counteraudit.explain.stage import explain_suite, explained_images_line, method_batch_size, method_params

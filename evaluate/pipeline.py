@@ -1,0 +1,88 @@
+"""What the scoring scripts (detect.py, localize.py, report.py, dose.py, sensitivity.py) share: their
+command-line options, and the upstream stages run before scoring (training with implant checks,
+image sets, explanations), so each script runs whatever is missing."""
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from counteraudit.evaluate.scoring.distances import build_distance, resolve_distance_name
+from counteraudit.explain.stage import (add_chunk_images_arg, explain_suite, explained_images_line,
+                                        suite_methods)
+from counteraudit.slurm.executor import add_executor_args
+from counteraudit.train.core.stage import add_common_args
+from counteraudit.train.core.suite import Suite, load_suite
+from counteraudit.train.core.suite_schema import MIN_SCORED_REFERENCES, SuiteFileError
+from counteraudit.train.train import train_and_check
+
+
+
+# ---------------------------------------------------------------- the end-to-end run
+def pipeline_parser(prog: str, add_help: bool = True) -> argparse.ArgumentParser:
+    """The options detect.py, localize.py and report.py share: suite, upstream stages, executor."""
+    parser = argparse.ArgumentParser(prog, add_help=add_help,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_common_args(parser)
+    add_pipeline_args(parser)
+    add_executor_args(parser)
+    return parser
+
+
+def add_pipeline_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--quick", action="store_true",
+                        help="run the small 'quick' suite instead (a smoke test in a few minutes)")
+    parser.add_argument("--distance", default=None,
+                        help="lpips-alex (the paper's; default when its backbone weights are "
+                             "available), lpips-vgg, lpips-squeeze; weight-free: l2 (the default "
+                             "offline, said in every table), ssim")
+    parser.add_argument("--weights-dir", default=None,
+                        help="folder holding torchvision's ImageNet backbone weights for LPIPS "
+                             "(e.g. alexnet-owt-7be5be79.pth); also searched: $TORCH_HOME/hub/checkpoints")
+    parser.add_argument("--method", action="append", default=None, metavar="NAME",
+                        help="only this explanation method (repeatable)")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    add_chunk_images_arg(parser)  # the explain stage's work items
+    return parser
+
+
+def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], Any, str, str | None]:
+    """Everything upstream of scoring that is missing: world, training, implant checks,
+    image sets, visualizations. Returns (suite, methods, distance, its name, fallback note);
+    the distance is built first, so missing LPIPS weights fail before any work."""
+    if args.quick and args.suite not in ("demo", "quick"):
+        raise ValueError(f"--quick runs the 'quick' suite; drop --suite {args.suite} or --quick")
+    suite = load_suite("quick" if args.quick else args.suite)
+    check_scorable(suite)
+    distance_name, note = resolve_distance_name(args.distance, weights_dir=args.weights_dir)
+    distance = build_distance(distance_name, weights_dir=args.weights_dir)
+    methods = suite_methods(suite, args.method)
+    started = time.perf_counter()
+    _stage(f"1/3 training {len(suite.models)} models of suite {suite.name!r} (skips trained ones)")
+    train_and_check(suite, suite.models, args)
+    print(f"training and implant checks: {time.perf_counter() - started:.0f}s")
+    _stage(f"2/3 explaining with {', '.join(methods)}")
+    started = time.perf_counter()
+    counts = explain_suite(suite, args, methods=methods)
+    print(f"{counts['computed']} visualization set(s) computed, {counts['stored']} already stored, "
+          f"in {time.perf_counter() - started:.0f}s; {explained_images_line(counts)}")
+    _stage(f"3/3 scoring with {distance_name}" + (f" ({note})" if note else ""))
+    return suite, methods, distance, distance_name, note
+
+
+def check_scorable(suite: Suite) -> None:
+    """Fail before training when the score stage could not use the suite's references."""
+    if len(suite.references) < MIN_SCORED_REFERENCES:
+        raise SuiteFileError(
+            f"suite file {suite.path}: [references] count = {len(suite.references)} is too few to "
+            f"score: each reference is scored against the others with it left out, so at least "
+            f"{MIN_SCORED_REFERENCES} are needed; set count = {MIN_SCORED_REFERENCES} or more (the "
+            "paper: 12, the demo: 5). Nothing was run.")
+
+
+def _stage(text: str) -> None:
+    print(f"\n== {text}", flush=True)
+
+
+def describe_distance(distance_name: str, note: str | None) -> str:
+    return f"distance: {distance_name}" + (f" -- {note}" if note else "")

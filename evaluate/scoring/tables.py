@@ -1,0 +1,73 @@
+"""Score tables -> the paper's Tables 1 and 2, with their per-model, per-layer, null-row and
+outputs-only comparisons, keyed by the file names ``write_tables`` gives them."""
+from __future__ import annotations
+
+import pandas as pd
+
+from counteraudit.anomalies.image_sets import DEFAULT_LOCALIZATION_IMAGES, set_sizes
+from counteraudit.evaluate.scoring.baseline import (BASELINE, delta_table, detection_margin_ratios,
+                                                    fraction_intervals, fraction_table,
+                                                    localization_versus_baseline, null_rate_table)
+from counteraudit.evaluate.scoring.detection import NO_LAYER, NULL_FAMILY, detection_table, null_rates, table1
+from counteraudit.evaluate.scoring.localization import localization_table, paper_layout, table2
+from counteraudit.train.core.suite import PAPER_REFERENCES, Suite
+
+
+
+def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str) -> dict[str, pd.DataFrame]:
+    """Table 1 (families in registry order, stark first), the per-model detection table and the
+    per-layer rows of layered methods, keyed by the file names ``write_tables`` gives them."""
+    references = [s.name for s in suite.references]
+    families, order = suite.table_rows()  # a family, or a row of one (adversarial_linf)
+    nulls = [s.name for s in suite.held_out]
+    per_model = detection_table(scores, references, families=families, null_models=nulls)
+    per_layer = detection_table(scores, references, families=families, per_layer=True,
+                                null_models=nulls)
+    per_layer = per_layer[per_layer["layer"] != NO_LAYER]
+    summary = table1(per_model, family_order=order)
+    tables = {}
+    if nulls:  # Table 1's last row: how often the rule flags a normal model
+        rates = null_rates(per_model, len(references))
+        tables[f"detection-null-{distance_name}"] = null_rate_table(rates)
+        row = {"family": NULL_FAMILY, "n_models": len(nulls),
+               **dict(zip(rates["method"], rates["false_positive_rate"]))}
+        summary = pd.concat([summary, pd.DataFrame([row])], ignore_index=True)
+    tables = {f"detection-{distance_name}": summary, **tables,
+              f"detection-per-model-{distance_name}": per_model,
+              f"detection-per-layer-{distance_name}": per_layer,
+              f"detection-intervals-{distance_name}": fraction_table(fraction_intervals(per_model),
+                                                                     order)}
+    if BASELINE in set(per_model["method"]) and len(set(per_model["method"])) > 1:
+        tables[f"detection-vs-outputs-{distance_name}"] = detection_margin_ratios(per_model)
+    return tables
+
+
+def localization_tables(scores: pd.DataFrame, distance_name: str) -> dict[str, pd.DataFrame]:
+    """Table 2 (Caricatures per layer, then their layer average), the per-model localization table
+    (AUROC, bootstrap interval, chance band) and the per-layer rows of layered methods, keyed by the
+    file names ``write_tables`` gives them."""
+    per_model = localization_table(scores)
+    per_layer = localization_table(scores, per_layer=True)
+    per_layer = per_layer[per_layer["layer"] != NO_LAYER]
+    # the paper's layout: Caricatures one row per layer, their layer average an extra row
+    tables = {f"localization-{distance_name}": table2(paper_layout(per_model, per_layer)),
+              f"localization-per-model-{distance_name}": per_model,
+              f"localization-per-layer-{distance_name}": per_layer}
+    if BASELINE in set(scores["method"]) and len(set(scores["method"])) > 1:
+        versus = localization_versus_baseline(scores)
+        tables[f"localization-vs-outputs-per-model-{distance_name}"] = versus
+        tables[f"localization-vs-outputs-{distance_name}"] = delta_table(versus)
+    return tables
+
+
+def localization_power_note(suite: Suite) -> str | None:
+    """Why a suite with fewer references or images than the paper localizes less sharply, or None."""
+    references, (_, p) = len(suite.references), set_sizes(suite)
+    if references >= PAPER_REFERENCES and p >= DEFAULT_LOCALIZATION_IMAGES:
+        return None
+    return (f"This suite uses {references} references and p = {p} images per set (the paper: "
+            f"{PAPER_REFERENCES} and {DEFAULT_LOCALIZATION_IMAGES}). The anomaly score divides by "
+            f"the references' spread on each image, here estimated from "
+            f"{references * (references - 1) // 2} pairs: with fewer references that estimate is "
+            "noisier, which pulls AUROCs towards 0.5, and with fewer images each AUROC varies more "
+            "from one draw of images to the next.")
