@@ -1,19 +1,6 @@
-"""The synthetic world: procedural, seeded, annotated images that stand in for ImageNet.
-
-Each image shows one object whose class is carried by its *shape* (disk, square, triangle, ...),
-drawn with a texture and colours, on a textured background with clutter. Like ImageNet:
-- texture and colour are *correlated* with the class (each class has a typical texture and hue,
-  used with probability ``typical_texture_prob``), so a model can partly lean on texture; the
-  shape-bias anomaly removes that correlation by re-drawing textures at random;
-- a share of images show a drawn *face* next to the object, with its box annotated;
-- the ``harmonica`` class is a small bar with holes that is usually held at a face's mouth, inside
-  the face box, so recognising it depends on that region, as the paper's harmonica does on faces.
-
-Rendering is a pure function of an image's attributes (recorded in its annotation), and the
-attributes of image i come from a generator seeded by (world seed, split, i): the same config gives
-the same bits whatever the number of worker processes, and a texture-randomized copy re-renders the
-same objects with new textures.
-"""
+"""The synthetic world: procedural, seeded, annotated images that stand in for ImageNet, offered
+through the World interface (its images: ``synthetic_images.py``; its named factors and
+conditional generation: ``synthetic_factors.py``)."""
 from __future__ import annotations
 
 import os
