@@ -13,8 +13,6 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 from counteraudit.slurm.errors import SlurmUnreachableError
 
 LOCAL_CLUSTER_SCRIPT = Path(__file__).resolve().parent / "local_cluster.sh"
@@ -134,15 +132,3 @@ def list_partitions() -> list[Partition]:
         )
         for name, entry in by_name.items()
     ]
-
-
-def require_slurm_cluster() -> None:
-    """For tests: skip when no cluster answers, but fail when COUNTERAUDIT_REQUIRE_SLURM=1 (CI),
-    so a broken cluster in CI can't silently turn the Slurm tests into skips."""
-
-    reason = why_slurm_unavailable()
-    if reason is None:
-        return
-    if os.environ.get(REQUIRE_SLURM_ENV) == "1":
-        pytest.fail(f"{REQUIRE_SLURM_ENV}=1 but no Slurm cluster is usable: {reason}", pytrace=False)
-    pytest.skip(f"no Slurm cluster: {reason}")

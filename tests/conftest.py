@@ -9,10 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from counteraudit.explain.stage import load_image_sets
-from counteraudit.slurm.cluster import require_slurm_cluster
-from counteraudit.train.core.suite import load_suite
-from counteraudit.train.stage import train_one
+from counteraudit.slurm.cluster import REQUIRE_SLURM_ENV, why_slurm_unavailable
 
 # Two cores: keep each test process on its threads without oversubscribing.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -93,6 +90,11 @@ localization_images = 4
 def trained_suite(suite_path: Path, runs: Path) -> tuple[Path, Path]:
     """Every model of a suite trained (in this process) and its image sets made, nothing
     explained: (suite file, runs root)."""
+    # Here, not at the top: every pytest process and every subprocess that imports a test
+    # module reads this file, and most never train (ruff's per-file exception, pyproject.toml).
+    from counteraudit.explain.stage import load_image_sets
+    from counteraudit.train.core.suite import load_suite
+    from counteraudit.train.stage import train_one
     suite = load_suite(suite_path)
     for spec in suite.models:
         train_one({"suite": str(suite_path), "model": spec.name, "runs_dir": str(runs),
@@ -135,3 +137,14 @@ def pytest_runtest_setup(item):
     """Tests marked slurm skip without a cluster, and fail instead when CI requires one."""
     if item.get_closest_marker("slurm"):
         require_slurm_cluster()
+
+
+def require_slurm_cluster() -> None:
+    """Skip when no cluster answers, but fail when COUNTERAUDIT_REQUIRE_SLURM=1 (CI), so a broken
+    cluster in CI can't silently turn the Slurm tests into skips."""
+    reason = why_slurm_unavailable()
+    if reason is None:
+        return
+    if os.environ.get(REQUIRE_SLURM_ENV) == "1":
+        pytest.fail(f"{REQUIRE_SLURM_ENV}=1 but no Slurm cluster is usable: {reason}", pytrace=False)
+    pytest.skip(f"no Slurm cluster: {reason}")

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from counteraudit.slurm.cluster import require_slurm_cluster
+from tests.conftest import require_slurm_cluster
 from counteraudit.slurm.distributed import cleanup_distributed, init_distributed
 from counteraudit.slurm.executor import ExecutorConfig, run_items
 

@@ -15,7 +15,7 @@ import cloudpickle
 import pytest
 import torch
 
-from counteraudit.slurm.cluster import list_partitions, require_slurm_cluster
+from counteraudit.slurm.cluster import list_partitions
 from counteraudit.slurm.errors import (ExecutorError, NoGpuError, SlurmUnreachableError, SubmissionError,
                                        UnknownPartitionError)
 from counteraudit.slurm.executor import ExecutorConfig, run_items
@@ -23,7 +23,7 @@ from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.train import get_args_parser, main as train_main
 from counteraudit.train.trainer import train_model
-from tests.conftest import write_suite
+from tests.conftest import require_slurm_cluster, write_suite
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
 

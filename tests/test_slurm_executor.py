@@ -15,7 +15,8 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from counteraudit.slurm.cluster import DEFAULT_MAX_ARRAY_SIZE, max_array_size, require_slurm_cluster
+from tests.conftest import require_slurm_cluster
+from counteraudit.slurm.cluster import DEFAULT_MAX_ARRAY_SIZE, max_array_size
 from counteraudit.slurm.errors import ItemsFailedError
 from counteraudit.slurm.executor import ExecutorConfig, run_items, submit_items
 

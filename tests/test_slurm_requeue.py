@@ -16,12 +16,11 @@ import cloudpickle
 import pytest
 import torch
 
-from counteraudit.slurm.cluster import require_slurm_cluster
 from counteraudit.slurm.executor import ExecutorConfig, run_items, submit_items
 from counteraudit.train.checkpoint import CHECKPOINT_NAME, WEIGHTS_NAME, model_dir
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.stage import train_one
-from tests.conftest import TINY_WORLD, write_suite
+from tests.conftest import TINY_WORLD, require_slurm_cluster, write_suite
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
 

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from counteraudit.slurm.executor import ExecutorConfig, run_items
-from counteraudit.train.worlds.synthetic_images import map_in_processes
 from tests.conftest import REPO
 
 JOBS = 2
@@ -28,10 +26,13 @@ def sleeping_item(folder: str) -> None:
 
 
 def run_sleeping_stage(folder: str, pool: str) -> None:
-    """The run the tests kill: ITEMS sleeping items on JOBS worker processes."""
+    """The run the tests kill: ITEMS sleeping items on JOBS worker processes. The pools are
+    imported here, in the killed process only: the test process never needs them."""
     if pool == "stage":
+        from counteraudit.slurm.executor import ExecutorConfig, run_items  # noqa: PLC0415
         run_items(sleeping_item, [folder] * ITEMS, ExecutorConfig(local_jobs=JOBS), "sleep")
     else:
+        from counteraudit.train.worlds.synthetic_images import map_in_processes  # noqa: PLC0415
         map_in_processes(sleeping_item, [folder] * ITEMS, workers=JOBS)
 
 
