@@ -92,8 +92,11 @@ def test_no_worker_outlives_its_run(tmp_path, pool, stop):
     log = tmp_path / "run.log"  # a file, not a pipe: a worker left behind would hold a pipe open
     with open(log, "w") as output:
         run = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from tests.test_worker_lifetime import "
-                                   "run_sleeping_stage; run_sleeping_stage(*sys.argv[1:])",
+            # Ctrl-C raises KeyboardInterrupt in the run even where this test was started with
+            # SIGINT ignored (a shell's background job), which the run would inherit
+            [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                                   "from tests.test_worker_lifetime import run_sleeping_stage; "
+                                   "run_sleeping_stage(*sys.argv[1:])",
              str(tmp_path), pool],
             cwd=REPO, stdout=output, stderr=subprocess.STDOUT,
             start_new_session=True)  # its own process group, as a shell gives a command
