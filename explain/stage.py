@@ -46,18 +46,17 @@ from typing import Any, NamedTuple
 
 import torch
 
-from counteraudit.anomalies.image_sets import (DETECTION, ImageSet, abnormal_set_name, build_image_sets,
+from counteraudit.anomalies.image_sets import (DETECTION, IMAGE_SET, ImageSet, abnormal_set_name, build_image_sets,
                                                localizable, same_lineage, set_sizes)
 from counteraudit.explain.base import METHODS, Explanation, ExplanationMethod, build_method
-from counteraudit.explain.store import (ARRAYS_FILE, PARAMS_FILE, concatenate, gather_parts, is_stored,
+from counteraudit.explain.store import (ARRAYS_FILE, PARAMS_FILE, VISUALIZATION, concatenate, gather_parts, is_stored,
                                         load_explanation, part_dir, part_key, result_key, row_range,
                                         save_explanation)
 from counteraudit.slurm.errors import ItemsFailedError, OutOfSpaceError
 from counteraudit.slurm.stage_run import say
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.artifacts import (artifact_lock, find_or_make, link_into_store, lock_beside,
-                                               marker_says, read_json, stable_hash, store_dir)
-from counteraudit.train.core.keyed_store import as_stored
+                                               read_json, stable_hash, store_dir)
 from counteraudit.train.core.stage import StagePlan, executor_config, longest_first, run_stage, stage_item
 from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
 from counteraudit.train.implant_checks import read_implant
@@ -115,7 +114,7 @@ def load_image_sets(suite: Suite, runs_root=None, world=None) -> dict[str, Image
     sets = build_image_sets(suite, world, store, {k: v for k, v in implants.items() if v})
     for name, image_set in sets.items():
         link_into_store(suite.root(runs_root) / IMAGE_SETS / name, store / image_set.id, runs_root,
-                        marker_says("index.json", "id", image_set.id))
+                        IMAGE_SET.marks(image_set.id))
     return sets
 
 
@@ -445,7 +444,7 @@ def _missing_results(suite: Suite, method: str, description: dict[str, Any], spe
         key = result_key(description, spec.key, image_set.id)
         directory = stored_result_dir(runs_root, key)
         link_into_store(result_dir(root, method, spec.name, set_name), directory, runs_root,
-                        marker_says(PARAMS_FILE, "key", as_stored(key)))
+                        VISUALIZATION.marks(key))
         if gather_parts(directory, key, []):  # stored (leftover parts are removed)
             already += 1
         else:

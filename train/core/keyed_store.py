@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from counteraudit.train.core.artifacts import atomic_write_json, file_sha256, intact, read_marker
+from counteraudit.train.core.artifacts import atomic_write_json, file_sha256, intact, marker_says, read_marker
 
 
 def as_stored(key: Any) -> Any:
@@ -91,6 +91,11 @@ class KeyedArtifact:
             return record
         self.marker_path(directory).unlink(missing_ok=True)  # the payload is gone: unfinished
         return None
+
+    def marks(self, key: Any) -> Callable[[Path], bool]:
+        """Whether a folder's marker records ``key``: the ``is_own`` test of ``link_into_store``,
+        which adopts an older layout's folder only when it holds this very artifact."""
+        return marker_says(self.marker, self.key_field, as_stored(key))
 
     def is_stored(self, directory: str | os.PathLike, key: Any = None) -> bool:
         return self.find(directory, key) is not None
