@@ -26,6 +26,7 @@ from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.evaluate.scoring.stage import detection_scores
 from counteraudit.evaluate.scoring.tables import detection_tables
 from counteraudit.train.core.stage import run_cli
+from counteraudit.train.implant_checks import read_implant
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -40,7 +41,9 @@ def main(args: argparse.Namespace) -> dict:
     scores = detection_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
     print(f"scored in {time.perf_counter() - started:.0f}s")
     references = [s.name for s in suite.references]
-    tables = detection_tables(suite, scores, distance_name)
+    implants = {s.name: read_implant(suite, s, args.runs_dir) for s in suite.anomalies}
+    tables = detection_tables(suite, scores, distance_name, implants=implants,
+                              test=args.p_value)
     summary, per_model = tables[f"detection-{distance_name}"], tables[f"detection-per-model-{distance_name}"]
     write_tables(suite, tables, args.runs_dir)
     anomalous = per_model[per_model["role"] == "anomalous"]
@@ -68,8 +71,30 @@ def main(args: argparse.Namespace) -> dict:
         print("\nAgainst the outputs-only control: margin(method) / margin(outputs_only) (> 1: the "
               "explanation sets the model further from the references than the outputs do)\n")
         print(to_markdown(ratios, float_format="{:.2f}"))
+    print_verdicts(tables, distance_name)
     print(f"\ntables: {suite.root(args.runs_dir) / 'tables'}/")
     return tables
+
+
+def print_verdicts(tables: dict, distance_name: str) -> None:
+    """The verdict tables, where the suite asked for null p-values."""
+    verdicts = tables.get(f"detection-verdicts-{distance_name}")
+    if verdicts is None:
+        return
+    power = tables[f"detection-power-{distance_name}"]
+    print("\nTable 1 with verdicts: each family's detection rate under the null test, its exact "
+          "95% interval and verdict (evaluate/scoring/verdicts.py states the rules), with the "
+          "paper's rule's fraction over the same models\n")
+    print(to_markdown(verdicts))
+    print("\nEach method's null population (fitting held-out references) and power: a model is "
+          "detected with probability 0.8 once its Abar reaches power_level (as a margin over the "
+          "references' highest Abar: power_level_margin)\n")
+    print(to_markdown(power))
+    calibration = tables[f"detection-calibration-{distance_name}"]
+    if len(calibration):
+        print("\nCalibration: clean held-out models tested against a disjoint null half; the "
+              "share flagged is each test's false-positive rate (exact 95% interval)\n")
+        print(to_markdown(calibration))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def main(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     scores = localization_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
     print(f"scored in {time.perf_counter() - started:.0f}s")
-    tables = localization_tables(scores, distance_name)
+    tables = localization_tables(scores, distance_name, suite)
     summary = tables[f"localization-{distance_name}"]
     per_model = tables[f"localization-per-model-{distance_name}"]
     write_tables(suite, tables, args.runs_dir)
@@ -48,6 +48,11 @@ def main(args: argparse.Namespace) -> dict:
     print(to_markdown(summary, float_format="{:.2f}"))
     print(f"\nAt these set sizes an AUROC inside [{band['chance_low']:.2f}, {band['chance_high']:.2f}] "
           "cannot be told from chance (95% of label permutations); 0.7 counts as success.")
+    replicated = tables.get(f"localization-replicates-{distance_name}")
+    if replicated is not None:
+        print("\nTable 2 over replicates: each configuration's mean AUROC over its seeds, 95% "
+              "interval resampling models, then images\n")
+        print(to_markdown(replicated, float_format="{:.2f}"))
     versus = tables.get(f"localization-vs-outputs-{distance_name}")
     if versus is not None:
         print("\nAgainst the outputs-only control: AUROC(method) - AUROC(outputs_only) on the same "

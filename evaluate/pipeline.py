@@ -12,7 +12,7 @@ from counteraudit.explain.stage import (add_chunk_images_arg, explain_suite, exp
                                         suite_methods)
 from counteraudit.slurm.executor import add_executor_args
 from counteraudit.train.core.stage import add_common_args
-from counteraudit.train.core.suite import Suite, load_suite
+from counteraudit.train.core.suite import Suite, load_suite, null_problems
 from counteraudit.train.core.suite_schema import MIN_SCORED_REFERENCES, SuiteFileError
 from counteraudit.train.train import train_and_check
 
@@ -42,6 +42,11 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("--method", action="append", default=None, metavar="NAME",
                         help="only this explanation method (repeatable)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    parser.add_argument("--p-value", default=None, metavar="TEST",
+                        help="test each model's Abar against the null population of held-out "
+                             "references ([references] held_out, 2 or more) and give each a "
+                             "verdict: student_t (recommended) or empirical; default: the suite's "
+                             "[evaluate] p_value, else the paper's rule alone")
     add_chunk_images_arg(parser)  # the explain stage's work items
     return parser
 
@@ -54,6 +59,7 @@ def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], Any, str, str |
         raise ValueError(f"--quick runs the 'quick' suite; drop --suite {args.suite} or --quick")
     suite = load_suite("quick" if args.quick else args.suite)
     check_scorable(suite)
+    check_null_request(suite, getattr(args, "p_value", None))
     distance_name, note = resolve_distance_name(args.distance, weights_dir=args.weights_dir)
     distance = build_distance(distance_name, weights_dir=args.weights_dir)
     methods = suite_methods(suite, args.method)
@@ -78,6 +84,16 @@ def check_scorable(suite: Suite) -> None:
             f"score: each reference is scored against the others with it left out, so at least "
             f"{MIN_SCORED_REFERENCES} are needed; set count = {MIN_SCORED_REFERENCES} or more (the "
             "paper: 12, the demo: 5). Nothing was run.")
+
+
+def check_null_request(suite: Suite, p_value: str | None) -> None:
+    """Fail before training when --p-value names no test or the suite has too few held-out
+    references to fit it."""
+    problems = null_problems(len(suite.held_out), suite.held_out_check, p_value, "--p-value")
+    if p_value is not None and problems:
+        lines = "\n".join(f"  - {problem}" for problem in problems)
+        raise SuiteFileError(f"suite file {suite.path} cannot give null p-values; nothing was "
+                             f"run:\n{lines}")
 
 
 def _stage(text: str) -> None:

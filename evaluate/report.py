@@ -72,12 +72,13 @@ def main(args: argparse.Namespace) -> Path | None:
     if getattr(args, "dry_run", False):
         return None
     detection = detection_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
-    tables = detection_tables(suite, detection, distance_name)
+    implants = {s.name: read_implant(suite, s, args.runs_dir) for s in suite.anomalies}
+    tables = detection_tables(suite, detection, distance_name, implants=implants,
+                              test=args.p_value)
     localization = None
     if localizable(suite):
         localization = localization_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
-        tables.update(localization_tables(localization, distance_name))
-    implants = {s.name: read_implant(suite, s, args.runs_dir) for s in suite.anomalies}
+        tables.update(localization_tables(localization, distance_name, suite))
     if suite.sweeps:  # dose-response: one panel per sweep
         dose, limits = suite_dose(suite, detection, localization, implants)
         tables.update({f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits})

@@ -123,7 +123,7 @@ def test_a_failed_plugin_import_is_tried_again(plugin_root):
 
 def test_every_registry_names_an_importable_plugin_package():
     kinds = [value for value in vars(registries).values() if isinstance(value, Registry)]
-    assert len(kinds) == 9
+    assert len(kinds) == 10
     for registry in kinds:
         assert registry.plugins.startswith("counteraudit.") and len(registry) > 0, registry.kind
 

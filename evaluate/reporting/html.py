@@ -5,7 +5,7 @@ import base64
 import io
 import math
 from html import escape
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -62,21 +62,43 @@ table.examples td, table.examples th { text-align: center; }
 .plots { display: flex; flex-wrap: wrap; gap: 10px 24px; align-items: flex-start; }
 details { margin: 0.4em 0; } summary { cursor: pointer; color: #035; }
 nav ul { columns: 2; }
+td.v-detected { background: #d5efd5; } td.v-not-detected { background: #f6d2d2; }
+td.v-inconclusive { background: #ececec; color: #444; } td.v-implant-failed { color: #888; }
 """
 
 
-def html_table(frame: pd.DataFrame, *, float_format: str = "{:.3f}", caption: str | None = None) -> str:
-    """A pandas frame (flat columns, index ignored) as an HTML table; numbers right-aligned."""
+def html_table(frame: pd.DataFrame, *, float_format: str = "{:.3f}", caption: str | None = None,
+               cell_class: Callable[[Any], str | None] | None = None) -> str:
+    """A pandas frame (flat columns, index ignored) as an HTML table; numbers right-aligned.
+    ``cell_class``: a cell's value -> a CSS class for it (or None), e.g. ``verdict_class``."""
     numeric = [pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
                for c in frame.columns]
     head = "".join(f"<th>{escape(str(c))}</th>" for c in frame.columns)
     body = []
     for row in frame.itertuples(index=False):
-        cells = "".join(f'<td{" class=num" if num else ""}>{escape(format_cell(v, float_format))}</td>'
+        cells = "".join(f'<td{_classes(v, num, cell_class)}>{escape(format_cell(v, float_format))}</td>'
                         for v, num in zip(row, numeric))
         body.append(f"<tr>{cells}</tr>")
     cap = f"<caption>{escape(caption)}</caption>" if caption else ""
     return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _classes(value: Any, numeric: bool, cell_class) -> str:
+    names = [*(["num"] if numeric else []), *([cell_class(value)] if cell_class else [])]
+    names = [name for name in names if name]
+    return f' class="{" ".join(names)}"' if names else ""
+
+
+def verdict_class(value: Any) -> str | None:
+    """The CSS class of a cell that holds or ends with a verdict ("... not detected (paper
+    0.20)" included): v-detected, v-not-detected, v-inconclusive or v-implant-failed."""
+    if not isinstance(value, str):
+        return None
+    text = value.split(" (paper")[0]
+    for verdict in ("not detected", "implant failed", "inconclusive", "detected"):
+        if text.endswith(verdict):
+            return "v-" + verdict.replace(" ", "-")
+    return None
 
 
 def png_data_uri(image: np.ndarray, max_side: int) -> tuple[str, int, int]:

@@ -35,6 +35,11 @@ def localization_section(report) -> str:
              "0.7 counts as success. CI: seeded bootstrap, abnormal and normal images resampled "
              f"separately. {escape(localization_power_note(report.suite) or '')}</p>",
              html_table(detail, caption=f"Per-model localization ({report.distance_name})")]
+    replicated = report.tables.get(f"localization-replicates-{report.distance_name}")
+    if replicated is not None:
+        parts.insert(2, html_table(replicated, float_format="{:.2f}", caption=(
+            f"Table 2 over replicates: each configuration's mean AUROC over its seeds, 95% "
+            f"interval resampling models, then each drawn model's images ({report.distance_name})")))
     versus = report.tables.get(f"localization-vs-outputs-{report.distance_name}")
     if versus is not None:
         parts.append(html_table(versus, caption=(

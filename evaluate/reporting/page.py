@@ -12,6 +12,7 @@ import pandas as pd
 from counteraudit.evaluate.reporting import detection as detection_sections
 from counteraudit.evaluate.reporting import implants as implant_sections
 from counteraudit.evaluate.reporting import localization as localization_sections
+from counteraudit.evaluate.reporting import verdicts as verdict_sections
 from counteraudit.evaluate.reporting.html import SCRIPT, STYLE, html_table, png_data_uri
 from counteraudit.evaluate.reporting.sensitivity import SECTION_ID as SENSITIVITY_ID
 from counteraudit.evaluate.reporting.sensitivity import TITLE as SENSITIVITY_TITLE
@@ -94,6 +95,7 @@ class Report:
 
     def html(self) -> str:
         sections = [self.header(),
+                    verdict_sections.verdict_section(self),
                     detection_sections.detection_section(self),
                     localization_sections.localization_section(self),
                     implant_sections.implant_section(self),
@@ -127,7 +129,9 @@ class Report:
                          "Their defect did not take, so they are not counter-audits.</p>")
         if unchecked:
             lines.append(f'<p class="warn">No implant check recorded for: {escape(", ".join(unchecked))}.</p>')
-        entries = [("detection", "Detection (Table 1)"), ("localization", "Localization (Table 2)"),
+        entries = [*([(verdict_sections.SECTION_ID, verdict_sections.TITLE)]
+                     if f"detection-verdicts-{self.distance_name}" in self.tables else []),
+                   ("detection", "Detection (Table 1)"), ("localization", "Localization (Table 2)"),
                    ("implants", "Implant verification"), ("detection-examples", "Detection examples"),
                    ("localization-examples", "Localization examples"),
                    ("distributions", "Score distributions"), ("roc", "ROC curves")]

@@ -184,3 +184,70 @@ def table2(localizations: pd.DataFrame, *, by: Sequence[str] = ("method",), valu
     wide.columns.name = None
     wide.index.name = "method"
     return wide.reset_index()
+
+
+def _resampled_aurocs(abnormal: np.ndarray, normal: np.ndarray, n_resamples: int,
+                      rng: np.random.Generator) -> np.ndarray:
+    """``n_resamples`` AUROCs of one model's images resampled with replacement, abnormal and normal
+    apart (set sizes kept), as ``bootstrap_auroc_interval`` draws them."""
+    wins = (abnormal[:, None] > normal[None, :]) + 0.5 * (abnormal[:, None] == normal[None, :])
+    counts_abnormal = rng.multinomial(len(abnormal), np.full(len(abnormal), 1 / len(abnormal)),
+                                      size=n_resamples)
+    counts_normal = rng.multinomial(len(normal), np.full(len(normal), 1 / len(normal)),
+                                    size=n_resamples)
+    return (np.einsum("bi,ij,bj->b", counts_abnormal, wins, counts_normal)
+            / (len(abnormal) * len(normal)))
+
+
+def replicate_auroc_interval(per_model_scores: Sequence[tuple[np.ndarray, np.ndarray]], *,
+                             n_resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_LEVEL,
+                             seed: int = 0) -> tuple[float, float, float]:
+    """(mean AUROC over the replicates, low, high): a two-stage bootstrap that resamples models,
+    then each drawn model's images. ``per_model_scores``: one (abnormal, normal) pair of score
+    arrays per replicate. Each resample draws k of the k models with replacement and, for each,
+    that resample's image draw of that model; so the interval holds the spread between seeds as
+    well as between images."""
+    pairs = [(_clean(a, "abnormal"), _clean(n, "normal")) for a, n in per_model_scores]
+    if not pairs:
+        raise ValueError("a replicated AUROC needs at least one model's scores")
+    rng = np.random.default_rng(seed)
+    resampled = np.stack([_resampled_aurocs(a, n, n_resamples, rng) for a, n in pairs])  # (k, B)
+    drawn = rng.integers(0, len(pairs), size=(n_resamples, len(pairs)))
+    means = resampled[drawn, np.arange(n_resamples)[:, None]].mean(axis=1)
+    low, high = _interval(means, level)
+    return float(np.mean([auroc(a, n) for a, n in pairs])), low, high
+
+
+def replicate_localization_table(scores: pd.DataFrame, configurations: dict[str, str], *,
+                                 abnormal_column: str = "abnormal", by: Sequence[str] = ("method",),
+                                 n_resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_LEVEL,
+                                 seed: int = 0) -> pd.DataFrame:
+    """Per (by..., configuration): n_models, mean_auroc over its replicates and the two-stage
+    bootstrap interval (``replicate_auroc_interval``; layered methods' scores averaged over
+    layers per image first, flagged images skipped). ``configurations``: model -> its
+    configuration (a model missing from it is its own)."""
+    by = list(by)
+    check_columns(scores, [*by, "model", "image", "score", abnormal_column], "scores")
+    frame = (with_layer_column(scores)
+             .groupby([*by, "model", "image", abnormal_column], sort=False, dropna=False)
+             .agg(score=("score", "mean")).reset_index())
+    frame = frame[np.isfinite(frame["score"].to_numpy(dtype=float))]
+    frame = frame.assign(configuration=[configurations.get(m, m) for m in frame["model"]])
+    rows = []
+    for key, group in frame.groupby([*by, "configuration"], sort=False):
+        pairs = []
+        for _, model_rows in group.groupby("model", sort=False):
+            is_abnormal = model_rows[abnormal_column].astype(bool).to_numpy()
+            values = model_rows["score"].to_numpy(float)
+            if is_abnormal.any() and (~is_abnormal).any():
+                pairs.append((values[is_abnormal], values[~is_abnormal]))
+        row = dict(zip([*by, "configuration"], key), n_models=len(pairs))
+        if not pairs:
+            rows.append({**row, "mean_auroc": np.nan, "ci_low": np.nan, "ci_high": np.nan})
+            continue
+        mean, low, high = replicate_auroc_interval(
+            pairs, n_resamples=n_resamples, level=level,
+            seed=derive_seed(seed, "replicates", *map(str, key)))
+        rows.append({**row, "mean_auroc": mean, "ci_low": low, "ci_high": high})
+    return pd.DataFrame(rows, columns=[*by, "configuration", "n_models", "mean_auroc", "ci_low",
+                                       "ci_high"])

@@ -9,18 +9,32 @@ from counteraudit.evaluate.scoring.baseline import (BASELINE, delta_table, detec
                                                     fraction_intervals, fraction_table,
                                                     localization_versus_baseline, null_rate_table)
 from counteraudit.evaluate.scoring.detection import NO_LAYER, NULL_FAMILY, detection_table, null_rates, table1
-from counteraudit.evaluate.scoring.localization import localization_table, paper_layout, table2
+from counteraudit.evaluate.scoring.localization import (localization_table, paper_layout,
+                                                        replicate_localization_table, table2)
+from counteraudit.evaluate.scoring.verdicts import (calibration, family_verdicts, method_power,
+                                                    model_verdicts, null_plan, verdict_table)
 from counteraudit.train.core.suite import PAPER_REFERENCES, Suite
 
 
 
-def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str) -> dict[str, pd.DataFrame]:
-    """Table 1 (families in registry order, stark first), the per-model detection table and the
-    per-layer rows of layered methods, keyed by the file names ``write_tables`` gives them."""
+def configurations(suite: Suite) -> dict[str, str]:
+    """Every anomalous model -> the configuration it is a replicate of (itself, if none)."""
+    return {spec.name: spec.configuration_name for spec in suite.anomalies}
+
+
+def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str, *,
+                     implants: dict[str, dict | None] | None = None,
+                     test: str | None = None) -> dict[str, pd.DataFrame]:
+    """Table 1 (families in registry order, stark first), the per-model detection table (the
+    replicates of a configuration side by side, its ``configuration`` column) and the per-layer
+    rows of layered methods, keyed by the file names ``write_tables`` gives them. With a null
+    plan (``[evaluate] p_value``, or ``test``): the verdict tables too (``verdict_tables``)."""
     references = [s.name for s in suite.references]
     families, order = suite.table_rows()  # a family, or a row of one (adversarial_linf)
     nulls = [s.name for s in suite.held_out]
     per_model = detection_table(scores, references, families=families, null_models=nulls)
+    per_model.insert(per_model.columns.get_loc("model") + 1, "configuration",
+                     [configurations(suite).get(m, m) for m in per_model["model"]])
     per_layer = detection_table(scores, references, families=families, per_layer=True,
                                 null_models=nulls)
     per_layer = per_layer[per_layer["layer"] != NO_LAYER]
@@ -39,13 +53,38 @@ def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str) -> 
                                                                      order)}
     if BASELINE in set(per_model["method"]) and len(set(per_model["method"])) > 1:
         tables[f"detection-vs-outputs-{distance_name}"] = detection_margin_ratios(per_model)
+    plan = null_plan(suite, test)
+    if plan is not None:
+        tables.update(verdict_tables(suite, per_model, plan, distance_name, implants or {}))
     return tables
 
 
-def localization_tables(scores: pd.DataFrame, distance_name: str) -> dict[str, pd.DataFrame]:
+def verdict_tables(suite: Suite, per_model: pd.DataFrame, plan, distance_name: str,
+                   implants: dict[str, dict | None]) -> dict[str, pd.DataFrame]:
+    """Table 1 with rates, exact intervals and verdicts (``detection-verdicts``), its long form
+    (``detection-families``), the per-model verdicts with every test's p-value
+    (``detection-verdicts-per-model``), each method's null population and power
+    (``detection-power``) and the tests' calibration on the checking nulls
+    (``detection-calibration``)."""
+    passed = {name: (None if record is None else bool(record["passed"]))
+              for name, record in implants.items()}
+    verdicts = model_verdicts(per_model, plan, configurations=configurations(suite),
+                              implants_passed=passed)
+    families = family_verdicts(verdicts, plan, family_order=suite.table_rows()[1])
+    return {f"detection-verdicts-{distance_name}": verdict_table(families),
+            f"detection-families-{distance_name}": families,
+            f"detection-verdicts-per-model-{distance_name}": verdicts,
+            f"detection-power-{distance_name}": method_power(per_model, plan),
+            f"detection-calibration-{distance_name}": calibration(per_model, plan)}
+
+
+def localization_tables(scores: pd.DataFrame, distance_name: str,
+                        suite: Suite | None = None) -> dict[str, pd.DataFrame]:
     """Table 2 (Caricatures per layer, then their layer average), the per-model localization table
     (AUROC, bootstrap interval, chance band) and the per-layer rows of layered methods, keyed by the
-    file names ``write_tables`` gives them."""
+    file names ``write_tables`` gives them. A ``suite`` with replicated configurations adds Table 2
+    over replicates (``localization-replicates``): each configuration's mean AUROC, its interval
+    resampling models, then images."""
     per_model = localization_table(scores)
     per_layer = localization_table(scores, per_layer=True)
     per_layer = per_layer[per_layer["layer"] != NO_LAYER]
@@ -53,6 +92,9 @@ def localization_tables(scores: pd.DataFrame, distance_name: str) -> dict[str, p
     tables = {f"localization-{distance_name}": table2(paper_layout(per_model, per_layer)),
               f"localization-per-model-{distance_name}": per_model,
               f"localization-per-layer-{distance_name}": per_layer}
+    if suite is not None and any(spec.replicate is not None for spec in suite.anomalies):
+        replicated = replicate_localization_table(scores, configurations(suite))
+        tables[f"localization-replicates-{distance_name}"] = replicated
     if BASELINE in set(scores["method"]) and len(set(scores["method"])) > 1:
         versus = localization_versus_baseline(scores)
         tables[f"localization-vs-outputs-per-model-{distance_name}"] = versus

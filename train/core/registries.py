@@ -20,6 +20,8 @@ DISTANCES: Registry[type] = Registry("distance", plugins="counteraudit.evaluate.
 AUDITORS: Registry[type] = Registry("auditor", plugins="counteraudit.evaluate.discovery.auditors")
 SELECTIONS: Registry[type] = Registry("selection function",
                                       plugins="counteraudit.evaluate.discovery.selection")
+NULL_TESTS: Registry[type] = Registry("p-value test",
+                                      plugins="counteraudit.evaluate.scoring.null_tests")
 PROTOCOL_CHOICES: Registry = Registry("protocol choice",
                                       plugins="counteraudit.evaluate.studies.protocol_choices")
 

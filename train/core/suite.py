@@ -24,10 +24,11 @@ from counteraudit.slurm.errors import ExecutorConfigError
 from counteraudit.slurm.executor_config import executor_config_from
 from counteraudit.train.core.artifacts import (atomic_write_text, derive_seed, inside_runs, runs_dir,
                                                stable_hash)
-from counteraudit.train.core.registries import (ARCHITECTURES, AUDITORS, FAMILIES, METHODS, WORLDS,
-                                                strength_families)
+from counteraudit.train.core.registries import (ARCHITECTURES, AUDITORS, FAMILIES, METHODS,
+                                                NULL_TESTS, WORLDS, strength_families)
 from counteraudit.train.core.registry import UnknownNameError
-from counteraudit.train.core.suite_schema import (SAFE_NAME_LENGTH, SAFE_NAME_PATTERN, SAFE_NAME_RULE,
+from counteraudit.train.core.suite_schema import (MIN_NULL_MODELS, SAFE_NAME_LENGTH, SAFE_NAME_PATTERN,
+                                                  SAFE_NAME_RULE,
                                                   ReferencesTable, ScheduleSegment, SuiteFileError,
                                                   SuiteTable, check_table, dataclass_table, raise_problems)
 from counteraudit.train.core.weights import check_external_checkpoint
@@ -151,6 +152,11 @@ class ModelSpec:
     # Table 1's row for this model (an entry's ``row``; default: its family). The paper splits a
     # family into rows (adversarial_linf, adversarial_l2). A label, not part of the key.
     row: str | None = None
+    # The [[anomalies]] entry this model replicates (its ``name``) and which replicate it is
+    # (0, 1, ...); None for a model of an entry with one replicate. Labels, not part of the key:
+    # replicates differ only in their seed.
+    configuration: str | None = None
+    replicate: int | None = None
 
     @property
     def is_reference(self) -> bool:
@@ -159,6 +165,12 @@ class ModelSpec:
     @property
     def table_row(self) -> str:
         return self.row or self.family
+
+    @property
+    def configuration_name(self) -> str:
+        """The configuration this model is one seed of: its entry's name (its own name when the
+        entry has one replicate)."""
+        return self.configuration or self.name
 
     def identity(self) -> dict[str, Any]:
         """Everything that determines the weights (the name does not)."""
@@ -201,10 +213,21 @@ class Suite:
     # flags a normal model. Same keys as references of those seeds: shared through the store.
     held_out: list[ModelSpec] = field(default_factory=list)
     sweeps: list[Sweep] = field(default_factory=list)  # their models are among ``anomalies``
+    held_out_check: int = 0  # the last held_out models check the null p-values ([references])
 
     @property
     def models(self) -> list[ModelSpec]:
         return self.references + self.held_out + self.anomalies
+
+    @property
+    def null_fit(self) -> list[ModelSpec]:
+        """The held-out references that fit the null p-values (all but the checking ones)."""
+        return self.held_out[:len(self.held_out) - self.held_out_check]
+
+    @property
+    def null_check(self) -> list[ModelSpec]:
+        """The held-out references, disjoint from ``null_fit``, that check their calibration."""
+        return self.held_out[len(self.held_out) - self.held_out_check:]
 
     def model(self, name: str) -> ModelSpec:
         for spec in self.models:
@@ -348,6 +371,8 @@ def _parse(table: dict[str, Any], path: Path, plugin_tables: bool = True) -> Sui
                   int(world.get("image_size", world_class.default_image_size)))
     ref_table = {**ReferencesTable().model_dump(), **table.pop("references", {})}
     count, seed_start, held_out = ref_table["count"], ref_table["seed_start"], ref_table["held_out"]
+    problems += null_problems(held_out, ref_table["held_out_check"],
+                              table.get("evaluate", {}).get("p_value"), "[evaluate] p_value")
     entries = [dict(entry) for entry in table.pop("anomalies", [])]
     sweep_entries = [dict(entry) for entry in table.pop("sweeps", [])]
     for position, entry in enumerate(entries):
@@ -375,13 +400,7 @@ def _parse(table: dict[str, Any], path: Path, plugin_tables: bool = True) -> Sui
                        **common) for i in range(held_out)]
     anomalies = []
     for entry in entries:
-        family = FAMILIES.get(entry["family"])
-        anomalies.append(ModelSpec(name=entry["name"], family=entry["family"],
-                                   params=family.validate_params(dict(entry.get("params", {}))),
-                                   seed=int(entry.get("seed", default_anomaly_seed(entry["name"]))),
-                                   checkpoint=entry.get("checkpoint"), row=entry.get("row"),
-                                   **{**common, "recipe": Recipe.from_dict(
-                                       {**recipe_table, **entry.get("recipe", {})})}))
+        anomalies += _replicates(entry, common, recipe_table)
     sweeps = []
     for entry in sweep_entries:
         sweep, specs = _expand_sweep(entry, common, recipe_table)
@@ -393,7 +412,31 @@ def _parse(table: dict[str, Any], path: Path, plugin_tables: bool = True) -> Sui
         raise ValueError(f"model names must be unique; repeated: {duplicates}")
     return Suite(name=name, path=path, world=world, architecture=architecture, recipe=recipe,
                  references=references, anomalies=anomalies, tables=table, held_out=nulls,
-                 sweeps=sweeps)
+                 sweeps=sweeps, held_out_check=ref_table["held_out_check"])
+
+
+def null_problems(held_out: int, held_out_check: int, p_value: str | None,
+                  asked_by: str) -> list[str]:
+    """What stops the null p-values (``p_value``, asked for by ``asked_by``: a suite key or a
+    command-line option) from being computed: an unknown test, or fewer than ``MIN_NULL_MODELS``
+    held-out references left to fit it."""
+    problems = []
+    if held_out_check > held_out:
+        problems.append(f"[references] held_out_check = {held_out_check} exceeds held_out = "
+                        f"{held_out}: the checking models are some of the held-out ones; set "
+                        f"held_out_check = {held_out // 2} (half) or raise held_out")
+    if p_value is None:
+        return problems
+    problems += _named_problems([p_value], NULL_TESTS, f"{asked_by} = {p_value!r}")
+    fitting = held_out - held_out_check
+    if fitting < MIN_NULL_MODELS:
+        problems.append(
+            f"{asked_by} = {p_value!r} fits each method's null distribution to the held-out "
+            f"references and needs at least {MIN_NULL_MODELS} of them; [references] held_out = "
+            f"{held_out} with held_out_check = {held_out_check} leaves {fitting}: set "
+            f"[references] held_out = {MIN_NULL_MODELS + held_out_check} or more (20 with "
+            "held_out_check = 10 fits on 10 and checks the calibration on the other 10)")
+    return problems
 
 
 def _named_problems(names, registry, where: str) -> list[str]:
@@ -506,6 +549,34 @@ def _expand_sweep(entry: dict[str, Any], common: dict[str, Any],
     return Sweep(name=prefix, family=family.name, parameter=parameter,
                  values=tuple(float(v) for v in values),
                  models=tuple(s.name for s in specs)), specs
+
+
+def replicate_seed(seed: int, replicate: int) -> int:
+    """Replicate ``replicate``'s seed in a configuration whose first model has ``seed``: the
+    first keeps it (so the one-model entry's weights are shared through the store), the others
+    are derived from it, never ``seed + i``, which another entry's seed may already be."""
+    return seed if replicate == 0 else derive_seed("replicate", seed, replicate) % 1_000_000_000
+
+
+def _replicates(entry: dict[str, Any], common: dict[str, Any],
+                recipe_table: dict[str, Any]) -> list[ModelSpec]:
+    """An [[anomalies]] entry's models: one named as the entry, or with ``replicates = k`` k
+    models <name>-r0 .. <name>-r<k-1> that differ only in their seed."""
+    family = FAMILIES.get(entry["family"])
+    count = int(entry.get("replicates", 1))
+    seed = int(entry.get("seed", default_anomaly_seed(entry["name"])))
+    shared = dict(family=entry["family"], params=family.validate_params(dict(entry.get("params", {}))),
+                  checkpoint=entry.get("checkpoint"), row=entry.get("row"),
+                  **{**common, "recipe": Recipe.from_dict({**recipe_table, **entry.get("recipe", {})})})
+    if count == 1:
+        return [ModelSpec(name=entry["name"], seed=seed, **shared)]
+    if entry.get("checkpoint") is not None:
+        raise ValueError(f"[[anomalies]] {entry['name']}: replicates = {count} with a checkpoint "
+                         f"would load the same weights {count} times; give replicates = 1, or one "
+                         "entry per checkpoint")
+    return [ModelSpec(name=safe_name(f"{entry['name']}-r{i}", "a replicate's model name"),
+                      seed=replicate_seed(seed, i), configuration=entry["name"], replicate=i,
+                      **shared) for i in range(count)]
 
 
 def default_anomaly_seed(name: str) -> int:

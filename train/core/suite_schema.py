@@ -54,12 +54,19 @@ class ReferencesTable(_Table):
     seed_start: int = Field(0, ge=0, description="the first reference's seed; the others follow")
     held_out: int = Field(0, ge=0, description=(
         "more seeds trained like the references and scored as null models (8 or more make the "
-        "false-positive rate worth reading; 0: none)"))
+        "false-positive rate worth reading; 0: none); with 2 or more they are the null "
+        "population that gives each model a p-value ([evaluate] p_value)"))
+    held_out_check: int = Field(0, ge=0, description=(
+        "how many of the held_out models (the last ones) check the null p-values' calibration "
+        "instead of fitting them: 0 (none) or about half of held_out (the replicated suite: 10 "
+        "of 20)"))
 
 
 # The fewest references the score stage can use: it scores each reference against the others
 # with that one left out (evaluate/scoring/scores.py), and the spread needs a pair.
 MIN_SCORED_REFERENCES = 3
+# The fewest held-out references that fit a null p-value: the Student-t fit needs a spread.
+MIN_NULL_MODELS = 2
 
 
 class EvaluateTable(_Table):
@@ -68,6 +75,15 @@ class EvaluateTable(_Table):
     localization_images: int = Field(40, ge=2, description="p, abnormal images per localizable "
                                                            "model (the paper: 40)")
     seed: int = Field(0, ge=0, description="seed of the image sets' draw")
+    p_value: str | None = Field(None, description=(
+        "the test that turns a model's Abar into a p-value against the null population of "
+        "held-out references: student_t (recommended: a Student-t prediction on log Abar) or "
+        "empirical (the rank among the nulls); absent: the paper's rule alone"))
+    alpha: float = Field(0.05, gt=0, lt=1, description=(
+        "the false-discovery rate at which a table's p-values are called detected (0.05)"))
+    power: float = Field(0.8, gt=0, lt=1, description=(
+        "the power a method must have before a miss counts as 'not detected' rather than "
+        "'inconclusive' (0.8)"))
 
 
 class ExplainTable(_Table):
@@ -108,6 +124,10 @@ class AnomalyEntry(_Table):
     recipe: dict[str, Any] = Field(default_factory=dict, description="keys of [recipe] to "
                                                                       "override for this model")
     row: str | None = Field(None, description="its Table 1 row (default: its family)")
+    replicates: int = Field(1, ge=1, description=(
+        "models of this configuration that differ only in their seed, named <name>-r0, -r1, ...: "
+        "Table 1 then reads a detection rate with an exact interval (1: one model, named <name>; "
+        "5 or more to tell a family's rate from chance)"))
 
 
 class SweepEntry(_Table):

@@ -1,0 +1,54 @@
+"""The report's verdicts section: what the run found under the powered test (Table 1 with rates,
+exact intervals and coloured verdicts, one sentence per family), each method's power, and the
+null tests' calibration on the checking held-out references."""
+from __future__ import annotations
+
+from html import escape
+
+from counteraudit.evaluate.reporting.html import html_table, verdict_class
+from counteraudit.evaluate.scoring.verdicts import findings
+
+SECTION_ID = "verdicts"
+TITLE = "Verdicts (null p-values)"
+
+
+def verdict_section(report) -> str:
+    """The section, or "" when the suite asked for no null p-values."""
+    name = f"detection-verdicts-{report.distance_name}"
+    if name not in report.tables:
+        return ""
+    evaluate = report.suite.tables.get("evaluate", {})
+    alpha, power = evaluate.get("alpha", 0.05), evaluate.get("power", 0.8)
+    where = f"{report.distance_name}; {len(report.references)} references"
+    families = report.table("detection-families")
+    plan = report.table("detection-power")
+    calibration = report.table("detection-calibration")
+    per_model = report.table("detection-verdicts-per-model")
+    k = int(plan["k"].iloc[0]) if len(plan) else 0
+    sentences = "".join(f"<li>{escape(line)}</li>" for line in findings(families))
+    parts = [f'<section id="{SECTION_ID}"><h2>{TITLE}</h2>',
+             f"<p><b>What this run found</b> (each family's verdict per method):</p><ul>{sentences}</ul>",
+             html_table(report.table("detection-verdicts"), cell_class=verdict_class, caption=(
+                 f"Table 1 with verdicts: detection rate over each family's models, exact 95% "
+                 f"interval, verdict, and the paper's rule over the same models ({where})")),
+             f'<p class="note">A model is <b>detected</b> when its p-value against {k} held-out '
+             f"clean models (Benjamini-Hochberg adjusted over the table's cells) is at most "
+             f"{alpha}; <b>not detected</b> when it lies significantly below the Abar the method "
+             f"detects with probability {power} (its power level, below); <b>inconclusive</b> "
+             f"otherwise. A family is detected when its rate's interval starts above {alpha}, not "
+             f"detected (missed with power) when most of its models are not detected and the "
+             f"interval ends below {power}, inconclusive otherwise (undecidable at this scale). "
+             "Models whose implant failed are left out.</p>",
+             html_table(plan, caption=(
+                 f"Each method's null population (log Abar of the fitting held-out references) "
+                 f"and power: power_level is the Abar detected with probability {power}, "
+                 f"power_level_margin the same over the references' highest Abar ({where})"))]
+    if len(calibration):
+        parts.append(html_table(calibration, caption=(
+            f"Calibration: clean held-out models tested against a disjoint null half (and the "
+            f"halves swapped); the share with p <= {alpha} is the test's false-positive rate, "
+            f"exact 95% interval; ks_p tests the p-values against uniform ({where})")))
+    parts.append("<details><summary>Per-model verdicts (every test's p-value)</summary>"
+                 + html_table(per_model, cell_class=verdict_class,
+                              caption=f"Per-model verdicts ({where})") + "</details>")
+    return "\n".join(parts) + "</section>"
