@@ -25,6 +25,7 @@ from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, p
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.evaluate.scoring.stage import detection_scores
 from counteraudit.evaluate.scoring.tables import detection_tables
+from counteraudit.evaluate.scoring.verdicts import findings
 from counteraudit.train.core.stage import run_cli
 from counteraudit.train.implant_checks import read_implant
 
@@ -86,6 +87,9 @@ def print_verdicts(tables: dict, distance_name: str) -> None:
           "95% interval and verdict (evaluate/scoring/verdicts.py states the rules), with the "
           "paper's rule's fraction over the same models\n")
     print(to_markdown(verdicts))
+    print("\nWhat this run found:")
+    for line in findings(tables[f"detection-families-{distance_name}"]):
+        print(f"- {line}")
     print("\nEach method's null population (fitting held-out references) and power: a model is "
           "detected with probability 0.8 once its Abar reaches power_level (as a margin over the "
           "references' highest Abar: power_level_margin)\n")

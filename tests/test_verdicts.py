@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -13,6 +14,7 @@ from scipy.stats import t as student_t
 from statsmodels.stats.proportion import proportion_confint
 
 from counteraudit.evaluate.pipeline import check_null_request
+from counteraudit.evaluate.reporting.verdicts import verdict_section
 from counteraudit.evaluate.scoring.detection import detection_table
 from counteraudit.evaluate.scoring.localization import auroc, replicate_auroc_interval
 from counteraudit.evaluate.scoring.null_tests.base import (NULL_TESTS, detectable_effect, power)
@@ -305,3 +307,15 @@ def test_a_replicated_suite_with_nulls_gets_verdicts_end_to_end(finished_run, tm
     for row in families.itertuples():
         assert cells.loc[row.family, row.method].startswith(f"{row.rate:.2f} [")
         assert f"] {row.verdict} (paper " in cells.loc[row.family, row.method]
+    # the report's section: the same tables, each verdict cell coloured by its verdict
+    stored = {f"{name}-l2": pd.read_csv(tables / f"{name}-l2.csv", keep_default_na=False)
+              for name in ("detection-verdicts", "detection-families", "detection-power",
+                           "detection-calibration", "detection-verdicts-per-model")}
+    stored["detection-families-l2"] = families
+    html = verdict_section(SimpleNamespace(tables=stored, suite=replicated, distance_name="l2",
+                                           references=[s.name for s in replicated.references],
+                                           table=lambda name: stored[f"{name}-l2"]))
+    assert html.startswith('<section id="verdicts">')
+    for verdict in set(families["verdict"]):
+        assert f'class="v-{verdict.replace(" ", "-")}"' in html
+    assert "randomized_smoothing (2 models):" in html
