@@ -273,20 +273,20 @@ def calibration(per_model: pd.DataFrame, plan: NullPlan) -> pd.DataFrame:
                                                        _null_abars(per_model, method, checked))
                                          for fit, checked in splits])
                 pooled.append(values)
-                rows.append(_calibration_row(design, name, method, min(len(f) for f, _ in splits),
-                                             values, plan.alpha))
-            rows.append(_calibration_row(design, name, "all methods",
+                rows.append(_calibration_row(design, test, method,
+                                             min(len(f) for f, _ in splits), values, plan.alpha))
+            rows.append(_calibration_row(design, test, "all methods",
                                          min(len(f) for f, _ in splits), np.concatenate(pooled),
                                          plan.alpha))
     return pd.DataFrame(rows, columns=columns)
 
 
-def _calibration_row(design: str, test: str, method: str, n_null: int, p_values: np.ndarray,
+def _calibration_row(design: str, test, method: str, n_null: int, p_values: np.ndarray,
                      alpha: float) -> dict:
     flagged = int((p_values <= alpha).sum())
     low, high = exact_interval(flagged, len(p_values))
-    continuous = len(np.unique(p_values)) > len(p_values) // 2
-    return {"design": design, "test": test, "method": method, "n_null": n_null,
+    continuous = test.continuous
+    return {"design": design, "test": test.name, "method": method, "n_null": n_null,
             "n_checked": len(p_values), "n_flagged": flagged,
             "false_positive_rate": flagged / len(p_values), "ci_low": low, "ci_high": high,
             "ks_p": float(kstest(p_values, "uniform").pvalue) if continuous else np.nan}

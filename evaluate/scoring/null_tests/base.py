@@ -32,6 +32,7 @@ class NullTest:
 
     name: str = ""
     summary: str = ""  # one line: what the p-value is, for the report and --help
+    continuous: bool = True  # False: p-values on a grid (a rank), where a KS test says nothing
 
     def p_values(self, null_abars: np.ndarray, abars: np.ndarray) -> np.ndarray:
         """``null_abars`` (..., k) and ``abars`` (..., n), all > 0 -> p-values (..., n):

@@ -15,6 +15,7 @@ from counteraudit.evaluate.scoring.null_tests.base import NULL_TESTS, NullTest, 
 class Empirical(NullTest):
     name = "empirical"
     summary = "the rank among the null models, (1 + #{null >= Abar}) / (k + 1)"
+    continuous = False
 
     def p_values(self, null_abars: np.ndarray, abars: np.ndarray) -> np.ndarray:
         nulls = _check_nulls(null_abars, 1)
