@@ -45,9 +45,10 @@ def verdict_section(report) -> str:
                  f"power_level_margin the same over the references' highest Abar ({where})"))]
     if len(calibration):
         parts.append(html_table(calibration, caption=(
-            f"Calibration: clean held-out models tested against a disjoint null half (and the "
-            f"halves swapped); the share with p <= {alpha} is the test's false-positive rate, "
-            f"exact 95% interval; ks_p tests the p-values against uniform ({where})")))
+            f"Calibration: clean held-out models tested against nulls they were not fitted to "
+            f"(halves: checking against fitting, and swapped; leave-one-out: each against all "
+            f"the others); the share with p <= {alpha} is the test's false-positive rate, exact "
+            f"95% interval; ks_p tests the p-values against uniform ({where})")))
     parts.append("<details><summary>Per-model verdicts (every test's p-value)</summary>"
                  + html_table(per_model, cell_class=verdict_class,
                               caption=f"Per-model verdicts ({where})") + "</details>")
