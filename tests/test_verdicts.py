@@ -319,3 +319,16 @@ def test_a_replicated_suite_with_nulls_gets_verdicts_end_to_end(finished_run, tm
     for verdict in set(families["verdict"]):
         assert f'class="v-{verdict.replace(" ", "-")}"' in html
     assert "randomized_smoothing (2 models):" in html
+
+
+def test_the_replicated_suite_shares_demo_fulls_references_and_the_demos_models():
+    """What the store reuses: demo-full's 12 references (the same keys) and, as each
+    configuration's r0, the demo's model; every demo configuration at 5 seeds; 10 + 10 nulls."""
+    replicated, full, demo = (load_suite(name) for name in ("replicated", "demo-full", "demo"))
+    assert [s.key for s in replicated.references] == [s.key for s in full.references]
+    first = {s.configuration: s for s in replicated.anomalies if s.replicate == 0}
+    assert {name: spec.key for name, spec in first.items()} == {s.name: s.key for s in demo.anomalies}
+    counts = pd.Series([s.configuration for s in replicated.anomalies]).value_counts()
+    assert (counts >= 5).all() and set(counts.index) == {s.name for s in demo.anomalies}
+    assert (len(replicated.null_fit), len(replicated.null_check)) == (10, 10)
+    assert replicated.tables["evaluate"]["p_value"] in NULL_TESTS.names()
