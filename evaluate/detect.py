@@ -88,6 +88,10 @@ def print_verdicts(tables: dict, distance_name: str) -> None:
           "95% interval and verdict (evaluate/scoring/verdicts.py states the rules), with the "
           "paper's rule's fraction over the same models\n")
     print(to_markdown(verdicts))
+    configurations = tables[f"detection-verdicts-configurations-{distance_name}"]
+    if len(configurations) > len(verdicts):  # a family of several configurations: each apart
+        print("\nThe same per configuration (its replicates only)\n")
+        print(to_markdown(configurations))
     print("\nWhat this run found:")
     for line in findings(tables[f"detection-families-{distance_name}"]):
         print(f"- {line}")

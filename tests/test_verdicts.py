@@ -310,7 +310,8 @@ def test_a_replicated_suite_with_nulls_gets_verdicts_end_to_end(finished_run, tm
     # the report's section: the same tables, each verdict cell coloured by its verdict
     stored = {f"{name}-l2": pd.read_csv(tables / f"{name}-l2.csv", keep_default_na=False)
               for name in ("detection-verdicts", "detection-families", "detection-power",
-                           "detection-calibration", "detection-verdicts-per-model")}
+                           "detection-calibration", "detection-verdicts-per-model",
+                           "detection-verdicts-configurations")}
     stored["detection-families-l2"] = families
     html = verdict_section(SimpleNamespace(tables=stored, suite=replicated, distance_name="l2",
                                            references=[s.name for s in replicated.references],

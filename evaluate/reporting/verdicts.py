@@ -31,6 +31,11 @@ def verdict_section(report) -> str:
              html_table(report.table("detection-verdicts"), cell_class=verdict_class, caption=(
                  f"Table 1 with verdicts: detection rate over each family's models, exact 95% "
                  f"interval, verdict, and the paper's rule over the same models ({where})")),
+             *([html_table(report.table("detection-verdicts-configurations"),
+                           cell_class=verdict_class,
+                           caption=f"The same per configuration, its replicates only ({where})")]
+               if len(report.table("detection-verdicts-configurations"))
+               > len(report.table("detection-verdicts")) else []),
              f'<p class="note">A model is <b>detected</b> when its p-value against {k} held-out '
              f"clean models (Benjamini-Hochberg adjusted over the table's cells) is at most "
              f"{alpha}; <b>not detected</b> when it lies significantly below the Abar the method "

@@ -62,7 +62,8 @@ def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str, *,
 def verdict_tables(suite: Suite, per_model: pd.DataFrame, plan, distance_name: str,
                    implants: dict[str, dict | None]) -> dict[str, pd.DataFrame]:
     """Table 1 with rates, exact intervals and verdicts (``detection-verdicts``), its long form
-    (``detection-families``), the per-model verdicts with every test's p-value
+    (``detection-families``), the same per configuration (``detection-verdicts-configurations``:
+    a family of two strengths read apart), the per-model verdicts with every test's p-value
     (``detection-verdicts-per-model``), each method's null population and power
     (``detection-power``) and the tests' calibration on the checking nulls
     (``detection-calibration``)."""
@@ -70,8 +71,12 @@ def verdict_tables(suite: Suite, per_model: pd.DataFrame, plan, distance_name: s
               for name, record in implants.items()}
     verdicts = model_verdicts(per_model, plan, configurations=configurations(suite),
                               implants_passed=passed)
-    families = family_verdicts(verdicts, plan, family_order=suite.table_rows()[1])
+    order = suite.table_rows()[1]
+    families = family_verdicts(verdicts, plan, family_order=order)
+    per_configuration = family_verdicts(verdicts, plan, family_order=order, by="configuration")
     return {f"detection-verdicts-{distance_name}": verdict_table(families),
+            f"detection-verdicts-configurations-{distance_name}":
+                verdict_table(per_configuration, row="configuration"),
             f"detection-families-{distance_name}": families,
             f"detection-verdicts-per-model-{distance_name}": verdicts,
             f"detection-power-{distance_name}": method_power(per_model, plan),

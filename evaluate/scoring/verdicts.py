@@ -201,19 +201,22 @@ def family_verdict(n_detected: int, n_not_detected: int, n_models: int, *, alpha
 
 
 def family_verdicts(verdicts: pd.DataFrame, plan: NullPlan,
-                    family_order: Sequence[str] | None = None) -> pd.DataFrame:
-    """Per (family, method) of the anomalous models: n_models (implants that took), n_detected,
-    n_not_detected, n_inconclusive, n_implant_failed, rate with its exact interval, verdict, and
-    the paper's rule's fraction over the same models (``paper_rate``)."""
+                    family_order: Sequence[str] | None = None, by: str = "family") -> pd.DataFrame:
+    """Per (family, method) of the anomalous models (``by="configuration"``: per configuration,
+    with its family): n_models (implants that took), n_detected, n_not_detected, n_inconclusive,
+    n_implant_failed, rate with its exact interval, verdict (the module's rule 4), and the paper's
+    rule's fraction over the same models (``paper_rate``). A family of several configurations
+    (two backdoors) pools their models; per configuration, each strength is read on its own."""
     anomalous = verdicts[verdicts["role"] == ROLE_ANOMALOUS]
+    keys = ["family", "method"] if by == "family" else ["family", by, "method"]
     rows = []
-    for (family, method), group in anomalous.groupby(["family", "method"], sort=False):
+    for key, group in anomalous.groupby(keys, sort=False):
         took = group[group["verdict"] != IMPLANT_FAILED]
         counts = {v: int((took["verdict"] == v).sum()) for v in VERDICTS}
         n = len(took)
         low, high, verdict = family_verdict(counts[DETECTED], counts[NOT_DETECTED], n,
                                             alpha=plan.alpha, power=plan.power)
-        rows.append({"family": family, "method": method, "n_models": n,
+        rows.append({**dict(zip(keys, key)), "n_models": n,
                      "n_detected": counts[DETECTED], "n_not_detected": counts[NOT_DETECTED],
                      "n_inconclusive": counts[INCONCLUSIVE],
                      "n_implant_failed": len(group) - n,
@@ -228,18 +231,18 @@ def family_verdicts(verdicts: pd.DataFrame, plan: NullPlan,
     return table
 
 
-def verdict_table(families: pd.DataFrame) -> pd.DataFrame:
-    """Table 1 with verdicts: rows = family, columns = method, cells
+def verdict_table(families: pd.DataFrame, row: str = "family") -> pd.DataFrame:
+    """Table 1 with verdicts: rows = family (or ``row``: configuration), columns = method, cells
     "0.80 [0.28, 0.99] detected (paper 0.60)"."""
     cells = families.assign(cell=[
         f"{r:.2f} [{lo:.2f}, {hi:.2f}] {v} (paper {p:.2f})" if n else "no model"
         for r, lo, hi, v, p, n in zip(families["rate"], families["ci_low"], families["ci_high"],
                                       families["verdict"], families["paper_rate"],
                                       families["n_models"])])
-    wide = cells.pivot(index="family", columns="method", values="cell")
-    wide = wide.reindex(index=list(dict.fromkeys(cells["family"])),
+    wide = cells.pivot(index=row, columns="method", values="cell")
+    wide = wide.reindex(index=list(dict.fromkeys(cells[row])),
                         columns=list(dict.fromkeys(cells["method"])))
-    wide.insert(0, "n_models", cells.groupby("family", sort=False)["n_models"].max())
+    wide.insert(0, "n_models", cells.groupby(row, sort=False)["n_models"].max())
     wide.columns.name = None
     return wide.reset_index()
 
