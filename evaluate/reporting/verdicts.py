@@ -6,7 +6,7 @@ from __future__ import annotations
 from html import escape
 
 from counteraudit.evaluate.reporting.html import html_table, verdict_class
-from counteraudit.evaluate.scoring.verdicts import findings
+from counteraudit.evaluate.scoring.verdicts import findings, verdict_settings
 
 SECTION_ID = "verdicts"
 TITLE = "Verdicts (null p-values)"
@@ -17,8 +17,7 @@ def verdict_section(report) -> str:
     name = f"detection-verdicts-{report.distance_name}"
     if name not in report.tables:
         return ""
-    evaluate = report.suite.tables.get("evaluate", {})
-    alpha, power = evaluate.get("alpha", 0.05), evaluate.get("power", 0.8)
+    alpha, power = verdict_settings(report.suite)
     where = f"{report.distance_name}; {len(report.references)} references"
     families = report.table("detection-families")
     plan = report.table("detection-power")

@@ -59,12 +59,8 @@ def bootstrap_auroc_interval(abnormal_scores, normal_scores, *, n_resamples: int
     """
     abnormal = _clean(abnormal_scores, "abnormal")
     normal = _clean(normal_scores, "normal")
-    wins = (abnormal[:, None] > normal[None, :]) + 0.5 * (abnormal[:, None] == normal[None, :])
-    rng = np.random.default_rng(seed)
-    counts_abnormal = rng.multinomial(len(abnormal), np.full(len(abnormal), 1 / len(abnormal)), size=n_resamples)
-    counts_normal = rng.multinomial(len(normal), np.full(len(normal), 1 / len(normal)), size=n_resamples)
-    resampled = np.einsum("bi,ij,bj->b", counts_abnormal, wins, counts_normal) / (len(abnormal) * len(normal))
-    return _interval(resampled, level)
+    return _interval(_resampled_aurocs(abnormal, normal, n_resamples, np.random.default_rng(seed)),
+                     level)
 
 
 def permutation_aurocs(abnormal_scores, normal_scores, *, n_permutations: int = DEFAULT_RESAMPLES,

@@ -33,8 +33,9 @@ def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str, *,
     families, order = suite.table_rows()  # a family, or a row of one (adversarial_linf)
     nulls = [s.name for s in suite.held_out]
     per_model = detection_table(scores, references, families=families, null_models=nulls)
+    configuration = configurations(suite)
     per_model.insert(per_model.columns.get_loc("model") + 1, "configuration",
-                     [configurations(suite).get(m, m) for m in per_model["model"]])
+                     [configuration.get(m, m) for m in per_model["model"]])
     per_layer = detection_table(scores, references, families=families, per_layer=True,
                                 null_models=nulls)
     per_layer = per_layer[per_layer["layer"] != NO_LAYER]

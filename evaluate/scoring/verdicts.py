@@ -42,7 +42,7 @@ from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS, ROLE_NULL, c
 from counteraudit.evaluate.scoring.localization import DEFAULT_LEVEL
 from counteraudit.evaluate.scoring.null_tests.base import (NULL_TESTS, below_level_p_values,
                                                            detectable_effect)
-from counteraudit.train.core.suite_schema import MIN_NULL_MODELS
+from counteraudit.train.core.suite_schema import MIN_NULL_MODELS, EvaluateTable
 
 DETECTED, NOT_DETECTED, INCONCLUSIVE = "detected", "not detected", "inconclusive"
 VERDICTS = (DETECTED, NOT_DETECTED, INCONCLUSIVE)
@@ -69,13 +69,19 @@ class NullPlan:
 def null_plan(suite, test: str | None = None) -> NullPlan | None:
     """The suite's plan ([references] held_out and held_out_check, [evaluate] p_value, alpha,
     power; ``test`` overrides p_value), or None when it asks for no null p-values."""
-    evaluate = suite.tables.get("evaluate", {})
-    test = test or evaluate.get("p_value")
+    test = test or suite.tables.get("evaluate", {}).get("p_value")
     if test is None:
         return None
+    alpha, power = verdict_settings(suite)
     return NullPlan(fit=tuple(s.name for s in suite.null_fit),
-                    check=tuple(s.name for s in suite.null_check), test=test,
-                    alpha=float(evaluate.get("alpha", 0.05)), power=float(evaluate.get("power", 0.8)))
+                    check=tuple(s.name for s in suite.null_check), test=test, alpha=alpha,
+                    power=power)
+
+
+def verdict_settings(suite) -> tuple[float, float]:
+    """The suite's (alpha, power): [evaluate] alpha and power, or their schema defaults."""
+    evaluate = {**EvaluateTable().model_dump(), **suite.tables.get("evaluate", {})}
+    return float(evaluate["alpha"]), float(evaluate["power"])
 
 
 @functools.cache
