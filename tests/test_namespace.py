@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,16 @@ def test_benchmark_parser_names_the_benchmark_and_shows_its_docstring_and_defaul
     assert "    python evaluate/benchmarks/thing.py --rounds 3" in shown  # as written
     assert "rounds (5: steady) (default: 5)" in shown
     assert benchmark_parser("thing", docstring, add_help=False).format_help().find("-h") == -1
+
+
+def test_every_package_folder_is_listed_for_the_wheel():
+    """setuptools ships only the packages pyproject.toml lists: an editable install finds an
+    unlisted subpackage through its parent's folder, a wheel does not (null_tests was missed so)."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {name: Path(folder) for name, folder in config["package-dir"].items()}
+    on_disk = set()
+    for name, folder in folders.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(REPO / folder)
+            on_disk.add(".".join([name, *relative.parts]))
+    assert on_disk - set(config["packages"]) == set()
