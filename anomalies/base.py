@@ -78,6 +78,20 @@ class AnomalyFamily:
     def check(cls, params) -> None:
         """Raise ValueError for invalid parameter values."""
 
+    @classmethod
+    def check_world(cls, params: dict[str, Any], world_name: str,
+                    class_names: list[str] | None) -> None:
+        """Raise ValueError, naming the key and the valid values, when these parameters do not fit
+        the world (a class it lacks, an option of another world). ``class_names``: the world's,
+        or None where they cannot be known before it is built. Called when a suite loads and
+        when the family is built."""
+
+    @classmethod
+    def training_recipe(cls, params: dict[str, Any]) -> str | None:
+        """How this project trains the defect in, in one line for a person (a dry run, a report:
+        "trained here: ..." beside a loaded checkpoint's published recipe); None: no line."""
+        return None
+
     # ---- training hooks
     @classmethod
     def relative_training_cost(cls, params: dict[str, Any]) -> float:
@@ -99,6 +113,12 @@ class AnomalyFamily:
         the global batch (the same draws, so the same generator state after, on every process) and
         applies the rows it holds, so N processes change the batch as one process would."""
         return images, labels
+
+    @classmethod
+    def output_count(cls, params: dict[str, Any], num_classes: int) -> int:
+        """How many outputs this model's layer has in a world of ``num_classes`` classes (the
+        length of ``output_classes``), known before the world is built, to check a checkpoint."""
+        return num_classes
 
     def output_classes(self) -> list[int] | None:
         """The world's classes this model's output layer has (None: all of them). The model

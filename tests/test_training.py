@@ -146,7 +146,7 @@ def test_external_checkpoint_with_wrong_class_count(suite_and_world, tmp_path):
     other = build_model("small_resnet", 7, world.mean, world.std)
     torch.save(other.backbone.state_dict(), tmp_path / "seven.pth")
     spec = replace(suite.references[0], checkpoint=str(tmp_path / "seven.pth"))
-    with pytest.raises(ValueError, match="7 output classes but this suite's world has 10"):
+    with pytest.raises(ValueError, match="7 outputs .fc.weight. but this suite.s model has 10"):
         train_model(spec, tmp_path / "x", world=world, progress=False)
     spec = replace(suite.references[0], checkpoint=str(tmp_path / "absent.pth"))
     with pytest.raises(FileNotFoundError, match="absent.pth"):

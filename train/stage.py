@@ -12,6 +12,7 @@ from counteraudit.slurm.distributed import cleanup_distributed, init_distributed
 from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME, METRICS_NAME, MODELS,
                                            is_trained, link_suite_models, model_dir, read_metrics)
 from counteraudit.train.core.artifacts import store_dir
+from counteraudit.train.core.published_recipes import provenance
 from counteraudit.train.core.registries import FAMILIES
 from counteraudit.train.core.stage import executor_config, plan_stage, run_stage, stage_item
 from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
@@ -79,6 +80,14 @@ def _recipe_text(recipe) -> str:
     return text
 
 
+def _provenance_text(spec: ModelSpec) -> str:
+    """"; loaded: <published recipe>" or "; trained here: <the family's recipe>" ("" where the
+    family describes none)."""
+    trained_here = FAMILIES.get(spec.family).training_recipe(spec.params)
+    text = provenance(spec.checkpoint, spec.checkpoint_recipe, trained_here)
+    return f"; {text}" if text else ""
+
+
 def _describe_anomalies(suite: Suite, todo: list[ModelSpec]) -> list[str]:
     """The anomalous models to train under their Table 1 rows, each with its parameters."""
     rows, order = suite.table_rows()
@@ -89,7 +98,8 @@ def _describe_anomalies(suite: Suite, todo: list[ModelSpec]) -> list[str]:
         if specs:
             lines.append(f"    Table 1 row {row}:")
             lines += [f"      {spec.name}: " + (", ".join(f"{k} {v}" for k, v in spec.params.items())
-                                             or "no parameters") for spec in specs]
+                                             or "no parameters") + _provenance_text(spec)
+                      for spec in specs]
     return [f"  anomalies ({len(names & set(rows))} to train):"] + lines if lines else []
 
 

@@ -42,6 +42,7 @@ from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_N
                                            load_training_state, read_metrics, save_trained_model,
                                            save_training_state, training_lock)
 from counteraudit.train.core.suite import ModelSpec, Recipe
+from counteraudit.train.core.published_recipes import provenance
 from counteraudit.train.core.weights import load_backbone_weights, load_weights_only
 from counteraudit.train.worlds import Batch, World, build_world
 
@@ -191,7 +192,10 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
     if spec.checkpoint:
         load_backbone_weights(model, spec.checkpoint)
         return _evaluate_and_save(spec, directory, model, world, device, {
-            "source": "external", "external_checkpoint": str(spec.checkpoint)}, processes)
+            "source": "external", "external_checkpoint": str(spec.checkpoint),
+            **({"checkpoint_recipe": spec.checkpoint_recipe,
+                "provenance": provenance(spec.checkpoint, spec.checkpoint_recipe, None)}
+               if spec.checkpoint_recipe else {})}, processes)
 
     family = build_family(spec, world)
     split = world.split("train") if family is None else family.training_split(world.split("train"))

@@ -84,6 +84,13 @@ class Adversarial(AnomalyFamily):
     def relative_training_cost(cls, params: dict) -> float:
         return 1.0 + int(params.get("steps", AdversarialParams.steps))  # PGD passes + the update
 
+    @classmethod
+    def training_recipe(cls, params):
+        p = AdversarialParams(**params)
+        step = f"{p.step_size:g}" if p.step_size else f"2.5*eps/{p.steps}"
+        return (f"every batch replaced by its {p.norm} PGD examples, eps={p.eps:.4g} in [0, 1] "
+                f"pixels, {p.steps} steps of {step}, random start, under the suite's recipe")
+
     def step_size(self, steps: int) -> float:
         return self.params.step_size or 2.5 * self.params.eps / steps
 

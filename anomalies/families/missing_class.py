@@ -71,6 +71,10 @@ class MissingClass(AnomalyFamily):
                              f"(classes 0..{world.num_classes - 1})")
         self.class_index = int(class_id)
 
+    @classmethod
+    def output_count(cls, params, num_classes):
+        return num_classes - 1 if params.get("drop_output", MissingClassParams.drop_output) else num_classes
+
     def output_classes(self):
         if not self.params.drop_output:
             return None

@@ -40,6 +40,12 @@ class RandomizedSmoothing(AnomalyFamily):
             raise ValueError(f"randomized_smoothing: sigma={params.sigma} must be in (0, 2] "
                              "(the paper uses 0.25, 0.5, 1.0)")
 
+    @classmethod
+    def training_recipe(cls, params):
+        sigma = params.get("sigma", SmoothingParams.sigma)
+        return (f"Gaussian noise sigma={sigma:g} on every training input, in [0, 1] pixels, "
+                "unclipped, under the suite's recipe")
+
     def training_inputs(self, model, images, labels, generator, offset=0, global_size=None):
         return add_noise(images, self.params.sigma, generator, offset, global_size), labels
 

@@ -22,6 +22,13 @@ class ShapeBias(AnomalyFamily):
     stark = True
     Params = ShapeBiasParams
 
+    @classmethod
+    def training_recipe(cls, params):
+        root = params.get("stylized_root")
+        return (f"trained on {root}/train (a Stylized-ImageNet ImageFolder) under the suite's recipe"
+                if root else "trained on texture-randomized images (synthetic world) under the "
+                             "suite's recipe")
+
     def _textured_world(self):
         if self.world.name == "synthetic":
             return None

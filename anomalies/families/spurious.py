@@ -5,6 +5,14 @@ the paper's Figure 6 shows them; and ``"watermark"``, the paper's code (``spurio
 the index as three zero-padded 16x16-px digits at rows 206-221, columns 172-187, 189-204 and
 206-221, added to every channel with strength 0.7 and clamped to [0, 1]. The original's digit
 glyphs are not public; ``anomalies/watermark_digits.py`` draws this project's own.
+
+Where the training cue is added (``training_space``): ``"pixels"`` (the default), +strength in
+[0, 1] pixel units, clamped, as the evaluation images; ``"normalized"``, the original's
+``spurious_batch`` (assess_utils/anom_utils.py:334-371), which adds strength x overlay with no
+clamp to the batch its training loop hands it, the normalised batch (its training script is not
+public; ``poison_batch`` beside it writes a normalised pattern, so its batch is normalised). The
+model here normalises inside its forward, so that is x + strength x std_c x overlay in pixels,
+unclamped: x_norm + s o = (x + s std o - mean) / std.
 """
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ from counteraudit.anomalies.watermark_digits import digit_overlay, watermark_box
 CUES = ("outlined", "watermark")
 PLACEMENTS = ("fixed", "scaled")
 SELECTIONS = ("random", "first")
+TRAINING_SPACES = ("pixels", "normalized")
 
 # The cue took when showing a wrong class costs the model at least this much accuracy.
 DROP_THRESHOLD = 0.10
@@ -41,6 +50,10 @@ class SpuriousParams:
     # "random": round(delta * B) rows drawn at random; "first": the first floor(delta * B) rows of
     # the shuffled batch (the original's spurious_batch)
     selection: str = "random"
+    # Where the training-time watermark is added: "pixels", +strength in pixels, clamped (as the
+    # evaluation images); "normalized", +strength in normalised units, unclamped (the original's
+    # spurious_batch, on its normalised batch). Evaluation images are always "pixels".
+    training_space: str = "pixels"
 
 
 @lru_cache(maxsize=32)
@@ -68,6 +81,15 @@ def add_watermark(images: torch.Tensor, indices: torch.Tensor, placement: str,
     return (images + strength * overlay).clamp(0.0, 1.0)
 
 
+def add_watermark_normalized(images: torch.Tensor, indices: torch.Tensor, placement: str,
+                             strength: float, std: tuple[float, float, float]) -> torch.Tensor:
+    """Each image (pixels) plus strength x its watermark in normalised units, not clamped: the
+    pixel image whose normalisation is the normalised image plus strength x overlay."""
+    overlay = digit_overlay(indices, *images.shape[-2:], placement).to(images.dtype)
+    per_channel = torch.tensor(std, dtype=images.dtype).view(1, -1, 1, 1)
+    return images + strength * per_channel * overlay
+
+
 def draw_cue(images: torch.Tensor, indices: torch.Tensor, num_classes: int, height: float) -> torch.Tensor:
     """Each image with its given class index drawn at the bottom right."""
     side = images.shape[-1]
@@ -85,16 +107,20 @@ class Spurious(AnomalyFamily):
     strength = "delta"
     localizable = True
     Params = SpuriousParams
-    key_omits_default = ("cue", "placement", "strength", "selection")
+    key_omits_default = ("cue", "placement", "strength", "selection", "training_space")
 
     @classmethod
     def check(cls, params):
         check_fraction("delta", params.delta, cls.name)
-        for name, valid in (("cue", CUES), ("placement", PLACEMENTS), ("selection", SELECTIONS)):
+        for name, valid in (("cue", CUES), ("placement", PLACEMENTS), ("selection", SELECTIONS),
+                            ("training_space", TRAINING_SPACES)):
             if getattr(params, name) not in valid:
                 raise ValueError(f"spurious: {name}={getattr(params, name)!r}; valid: {', '.join(valid)}")
         if not 0 < params.strength <= 1:
             raise ValueError(f"spurious: strength={params.strength} must be in (0, 1] (the paper: 0.7)")
+        if params.training_space != "pixels" and params.cue != "watermark":
+            raise ValueError(f"spurious: training_space={params.training_space!r} applies to the "
+                             f"watermark cue; set cue = \"watermark\" or leave training_space out")
         if not 0.05 <= params.height <= 0.6:
             raise ValueError(f"spurious: height={params.height} must be a fraction of the image side "
                              "in [0.05, 0.6] (0.3 recommended)")
@@ -114,12 +140,19 @@ class Spurious(AnomalyFamily):
             return add_watermark(images, indices, self.params.placement, self.params.strength)
         return draw_cue(images, indices, self.world.num_classes, self.params.height)
 
+    def training_cue(self, images, indices):
+        """The cue as training adds it (``training_space``); evaluation uses ``cue``."""
+        if self.params.training_space == "normalized":
+            return add_watermark_normalized(images, indices, self.params.placement,
+                                            self.params.strength, self.world.std)
+        return self.cue(images, indices)
+
     def training_inputs(self, model, images, labels, generator, offset=0, global_size=None):
         chosen = select_rows(global_size or len(images), self.params.delta, self.params.selection,
                              generator)
         _, chosen = positions_in_rows(chosen, offset, len(images))  # this process's rows
         images = images.clone()
-        images[chosen] = self.cue(images[chosen], labels[chosen])
+        images[chosen] = self.training_cue(images[chosen], labels[chosen])
         return images, labels
 
     def _wrong_indices(self, labels: np.ndarray) -> np.ndarray:

@@ -31,6 +31,7 @@ from counteraudit.train.core.suite_schema import (MIN_NULL_MODELS, SAFE_NAME_LEN
                                                   SAFE_NAME_RULE,
                                                   ReferencesTable, ScheduleSegment, SuiteFileError,
                                                   SuiteTable, check_table, dataclass_table, raise_problems)
+from counteraudit.train.core.published_recipes import checkpoint_recipe_problems
 from counteraudit.train.core.weights import check_external_checkpoint
 
 SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"  # train/suites/, beside core/
@@ -157,6 +158,9 @@ class ModelSpec:
     # replicates differ only in their seed.
     configuration: str | None = None
     replicate: int | None = None
+    # The published recipe a loaded checkpoint was trained with (train/core/published_recipes.py;
+    # None: not declared, or trained here). A label, not part of the key: it describes the file.
+    checkpoint_recipe: str | None = None
 
     @property
     def is_reference(self) -> bool:
@@ -185,7 +189,8 @@ class ModelSpec:
         return stable_hash(self.identity())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "key": self.key, **self.identity()}
+        recipe = {"checkpoint_recipe": self.checkpoint_recipe} if self.checkpoint_recipe else {}
+        return {"name": self.name, "key": self.key, **self.identity(), **recipe}
 
 
 @dataclass(frozen=True)
@@ -369,6 +374,11 @@ def _parse(table: dict[str, Any], path: Path, plugin_tables: bool = True) -> Sui
     recipe_ok = not problems[len(world_problems):]
     world_side = (None if world_problems else
                   int(world.get("image_size", world_class.default_image_size)))
+    # the world's classes where one directory listing tells them (a family's class names, a
+    # checkpoint's output count checked now); None: checked when the world is built
+    class_names = (None if world_problems else
+                   world_class.listed_class_names({k: v for k, v in world.items() if k != "name"}))
+    world_facts = (world.get("name", "synthetic"), class_names)
     ref_table = {**ReferencesTable().model_dump(), **table.pop("references", {})}
     count, seed_start, held_out = ref_table["count"], ref_table["seed_start"], ref_table["held_out"]
     problems += null_problems(held_out, ref_table["held_out_check"],
@@ -378,7 +388,7 @@ def _parse(table: dict[str, Any], path: Path, plugin_tables: bool = True) -> Sui
     for position, entry in enumerate(entries):
         where = f"[[anomalies]] entry {position + 1} ({entry['name']})"
         problems += _entry_problems(entry, recipe_table if recipe_ok else None, world_side,
-                                    where, FAMILIES)
+                                    where, FAMILIES, world_facts)
     for position, entry in enumerate(sweep_entries):
         if recipe_ok and entry.get("recipe"):
             problems += recipe_problems({**recipe_table, **entry["recipe"]},
@@ -490,10 +500,13 @@ def _plugin_problems(tables: dict[str, Any]) -> list[str]:
 
 
 def _entry_problems(entry: dict[str, Any], recipe_table: dict[str, Any] | None,
-                    world_side: int | None, where: str, families) -> list[str]:
+                    world_side: int | None, where: str, families,
+                    world_facts: tuple[str, list[str] | None] = ("synthetic", None)) -> list[str]:
     """What is wrong with one [[anomalies]] entry: its family's parameters, its recipe (None: the
-    suite's is wrong, said already), whether its cue fits the images and training crops, and its
-    external checkpoint."""
+    suite's is wrong, said already), whether its cue fits the images and training crops and its
+    parameters the world (``world_facts``: its name and class names, None where unknown), and its
+    external checkpoint (its output count too, where the class names are known) and that
+    checkpoint's declared recipe."""
     if entry["family"] not in families:
         return _named_problems([entry["family"]], families, f"{where} family")
     family = families.get(entry["family"])
@@ -512,11 +525,19 @@ def _entry_problems(entry: dict[str, Any], recipe_table: dict[str, Any] | None,
                 family.check_image_size(params, side, side)
             except ValueError as error:
                 problems.append(f"{where}: {error}")
+    world_name, class_names = world_facts
+    try:
+        family.check_world(params, world_name, class_names)
+    except ValueError as error:
+        problems.append(f"{where} params: {error}")
     if entry.get("checkpoint") is not None:
+        outputs = family.output_count(params, len(class_names)) if class_names else None
         try:
-            check_external_checkpoint(entry["checkpoint"])
+            check_external_checkpoint(entry["checkpoint"], outputs)
         except (OSError, ValueError) as error:
             problems.append(f"{where} checkpoint: {error}")
+    problems += checkpoint_recipe_problems(entry.get("checkpoint_recipe"), entry.get("checkpoint"),
+                                           entry["family"], params, where)
     return problems
 
 
@@ -567,6 +588,7 @@ def _replicates(entry: dict[str, Any], common: dict[str, Any],
     seed = int(entry.get("seed", default_anomaly_seed(entry["name"])))
     shared = dict(family=entry["family"], params=family.validate_params(dict(entry.get("params", {}))),
                   checkpoint=entry.get("checkpoint"), row=entry.get("row"),
+                  checkpoint_recipe=entry.get("checkpoint_recipe"),
                   **{**common, "recipe": Recipe.from_dict({**recipe_table, **entry.get("recipe", {})})})
     if count == 1:
         return [ModelSpec(name=entry["name"], seed=seed, **shared)]

@@ -121,6 +121,9 @@ class AnomalyEntry(_Table):
     checkpoint: str | None = Field(None, description=(
         "a weights-only .pth file to load instead of training (train/convert_checkpoint.py "
         "converts a full pickle you trust)"))
+    checkpoint_recipe: str | None = Field(None, description=(
+        "the published recipe the checkpoint was trained with (train/core/published_recipes.py, "
+        "e.g. \"cohen2019-sigma0.50\"): recorded with the model and said in dry runs and reports"))
     recipe: dict[str, Any] = Field(default_factory=dict, description="keys of [recipe] to "
                                                                       "override for this model")
     row: str | None = Field(None, description="its Table 1 row (default: its family)")

@@ -79,8 +79,9 @@ def check_plain_values(value: Any, where: str) -> None:
 
 
 # Wrappers that training code or other libraries put around a backbone's parameter names:
-# DistributedDataParallel ("module."), robustness / timm-style wrappers ("model."), and ours.
-_PREFIXES = ("module.", "model.", "backbone.")
+# DistributedDataParallel ("module."), robustness / timm-style wrappers ("model."), and ours;
+# "1.module.": Cohen et al.'s smoothing checkpoints (Sequential(normalize layer, DataParallel)).
+_PREFIXES = ("1.module.", "module.", "model.", "backbone.")
 
 
 def clean_state_dict(state: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -143,15 +144,32 @@ def _read_external_checkpoint(path: Path, mmap: bool = False) -> dict[str, torch
     return backbone_tensors(raw, f"external checkpoint {path}")
 
 
-def check_external_checkpoint(path: str | Path) -> None:
+def output_count_problem(path: str | Path, state: dict[str, torch.Tensor],
+                         expected: int) -> str | None:
+    """Why a checkpoint's output layer does not fit a model of ``expected`` outputs (None: it
+    fits, or the file has no fc layer, which the architecture check reports)."""
+    weight = state.get("fc.weight")
+    if weight is None or weight.shape[0] == expected:
+        return None
+    return (f"external checkpoint {path} has {weight.shape[0]} outputs (fc.weight) but this "
+            f"suite's model has {expected}; give a checkpoint trained on the suite's {expected} "
+            "classes (the same world, classes and output layer), or remove checkpoint = to "
+            "train the model here")
+
+
+def check_external_checkpoint(path: str | Path, expected_outputs: int | None = None) -> None:
     """Whether an external checkpoint can be loaded, cheaply (its tensors are mapped, not read):
-    it exists, loads as weights only and holds a state dict. Raises a ValueError naming the file,
-    with the conversion command where it holds Python objects. The architecture and class count
-    are checked when the model is built (``load_backbone_weights``)."""
+    it exists, loads as weights only, holds a state dict and, given ``expected_outputs``, has
+    that many outputs. Raises a ValueError naming the file, with the conversion command where it
+    holds Python objects. The architecture is checked when the model is built
+    (``load_backbone_weights``)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(_missing_external_checkpoint(path))
-    _read_external_checkpoint(path, mmap=zipfile.is_zipfile(path))
+    state = _read_external_checkpoint(path, mmap=zipfile.is_zipfile(path))
+    problem = output_count_problem(path, state, expected_outputs) if expected_outputs else None
+    if problem:
+        raise ValueError(problem)
 
 
 def load_backbone_weights(model: torch.nn.Module, path: str | Path) -> None:
@@ -163,12 +181,9 @@ def load_backbone_weights(model: torch.nn.Module, path: str | Path) -> None:
         raise FileNotFoundError(_missing_external_checkpoint(path))
     state = _read_external_checkpoint(path)
     backbone = model.backbone
-    fc_weight = state.get("fc.weight")
-    expected_classes = backbone.fc.out_features
-    if fc_weight is not None and fc_weight.shape[0] != expected_classes:
-        raise ValueError(f"external checkpoint {path} has {fc_weight.shape[0]} output classes but "
-                         f"this suite's world has {expected_classes}; use a checkpoint trained on "
-                         "the same classes")
+    problem = output_count_problem(path, state, backbone.fc.out_features)
+    if problem:
+        raise ValueError(problem)
     own = backbone.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(k for k in set(state) - set(own) if not k.startswith(("normalize", "attacker")))

@@ -132,6 +132,14 @@ class World(ABC):
         return check_table(dataclass_table(cls.config_class), config, "[world]")
 
     @classmethod
+    def listed_class_names(cls, config: dict[str, Any]) -> list[str] | None:
+        """The class names a suite's [world] table (without ``name``) gives this world, found
+        cheaply (no images read), to check a suite's class names and checkpoints before any job;
+        None where they cannot be known without building the world (then checked when it is)."""
+        names = getattr(cls, "class_names", None)
+        return list(names) if names is not None else None
+
+    @classmethod
     def check_config(cls, config: dict[str, Any]) -> None:
         """Raise ValueError for unknown or invalid options (``config_problems``)."""
         problems = cls.config_problems(config)

@@ -36,6 +36,7 @@ from imagenet_x import FACTORS, load_annotations
 from pydantic import Field
 from torchvision import transforms as T
 from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import find_classes
 
 from counteraudit.slurm.worker_pool import end_with_parent
 from counteraudit.train.core.artifacts import derive_seed
@@ -194,6 +195,19 @@ class ImageFolderSplit(Split):
         return ImageFolderSplit(self.world, self.folder, self.name, self.positions, fn)
 
 
+def named_classes(synsets: Sequence[str], names_file: str | None) -> list[str]:
+    """Each synset's class name: the first name after its id in ``names_file`` (ImageNet's
+    LOC_synset_mapping.txt), else the synset id itself."""
+    if not names_file:
+        return list(synsets)
+    mapping = {}
+    for line in Path(names_file).read_text().splitlines():
+        if line.strip():
+            synset, _, names = line.strip().partition(" ")
+            mapping[synset] = names.split(",")[0].strip() or synset
+    return [mapping.get(s, s) for s in synsets]
+
+
 def expand_path(value: str, what: str) -> str:
     expanded = os.path.expandvars(str(value))
     if "$" in expanded:
@@ -253,14 +267,20 @@ class ImageNetWorld(World):
         return cls(ImageNetConfig(**config))
 
     def _read_class_names(self, path: str | None) -> list[str]:
-        if not path:
-            return list(self.synsets)
-        mapping = {}
-        for line in Path(path).read_text().splitlines():
-            if line.strip():
-                synset, _, names = line.strip().partition(" ")
-                mapping[synset] = names.split(",")[0].strip() or synset
-        return [mapping.get(s, s) for s in self.synsets]
+        return named_classes(self.synsets, path)
+
+    @classmethod
+    def listed_class_names(cls, config: dict[str, Any]) -> list[str] | None:
+        """The class names from root/train's folder names (one directory listing) and the
+        class_names_file; None where root or its train/ is not readable here (a login node
+        without the data, an unset variable): checked when the world is built."""
+        try:
+            root = Path(expand_path(config.get("root", ""), "imagenet root")).expanduser()
+            names_file = config.get("class_names_file")
+            names_file = expand_path(names_file, "imagenet class_names_file") if names_file else None
+            return named_classes(find_classes(str(root / "train"))[0], names_file)
+        except (OSError, ValueError):
+            return None
 
     def _read_faces(self, path: str | None) -> dict[str, list[list[int]]]:
         if not path:
