@@ -45,6 +45,9 @@ class AnomalyFamily:
     # Parameters added after models were trained: left out of the canonical dict (the model's key)
     # while at their default, so those models keep their keys and are not trained again.
     key_omits_default: ClassVar[tuple[str, ...]] = ()
+    # Parameters that decide only what is evaluated (which images are abnormal), never the
+    # weights: always left out of the model's key, so changing one never trains a model again.
+    key_excludes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, params: dict[str, Any], world, seed: int):
         self.params = self.Params(**params)

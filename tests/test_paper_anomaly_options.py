@@ -104,6 +104,18 @@ def test_bad_blur_options_fail_when_the_suite_loads(tmp_path):
     assert suite.anomalies[0].params["abnormal_class"] == "harmonica"
 
 
+def test_abnormal_class_never_changes_the_models_key(tmp_path):
+    """Which val images are abnormal is chosen after training: the same weights, one key, so
+    naming a class never trains the model again (a ResNet-50 on ImageNet, in `paper`)."""
+    entry = {"name": "blur", "family": "blurred_faces", "seed": 5}
+    plain = _suite(tmp_path, entry).anomalies[0]
+    named = _suite(tmp_path, {**entry, "params": {"abnormal_class": "harmonica"}}).anomalies[0]
+    yang = _suite(tmp_path, {**entry, "params": {"blur": "yang2022"}}).anomalies[0]
+    assert named.params["abnormal_class"] == "harmonica"     # the family still gets it
+    assert named.key == plain.key and "abnormal_class" not in named.to_dict()["params"]
+    assert yang.key != plain.key                             # a blur is part of the weights
+
+
 def _checkpoint(path, outputs):
     torch.save(build_model("small_resnet", outputs, (0.5,) * 3, (0.25,) * 3).backbone.state_dict(), path)
     return str(path)

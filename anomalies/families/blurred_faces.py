@@ -96,6 +96,7 @@ class BlurredFaces(AnomalyFamily):
     localizable = True
     Params = BlurredFacesParams
     key_omits_default = ("blur", "abnormal_class", "blurred_root")
+    key_excludes = ("abnormal_class",)  # which val images are abnormal, not how the model trains
 
     @classmethod
     def check(cls, params):

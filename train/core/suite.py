@@ -182,7 +182,16 @@ class ModelSpec:
                 "architecture": self.architecture,
                 "architecture_version": ARCHITECTURES.get(self.architecture).version,
                 "recipe": self.recipe.identity(),
-                "params": self.params, "checkpoint": self.checkpoint}
+                "params": self.weight_params, "checkpoint": self.checkpoint}
+
+    @property
+    def weight_params(self) -> dict[str, Any]:
+        """The parameters that shape the weights: ``params`` less the family's ``key_excludes``
+        (what only decides which images are evaluated)."""
+        if self.is_reference:
+            return self.params
+        excluded = FAMILIES.get(self.family).key_excludes
+        return {name: value for name, value in self.params.items() if name not in excluded}
 
     @property
     def key(self) -> str:
