@@ -39,6 +39,7 @@ from torchvision.datasets import ImageFolder
 
 from counteraudit.slurm.worker_pool import end_with_parent
 from counteraudit.train.core.artifacts import derive_seed
+from counteraudit.train.core.paths import expand_path
 from counteraudit.train.worlds import decoding
 from counteraudit.train.worlds.base import WORLDS, Batch, Split, World, part_bounds
 
@@ -192,14 +193,6 @@ class ImageFolderSplit(Split):
     def with_pil_transform(self, fn: Callable[[Image.Image, int], Image.Image]) -> "ImageFolderSplit":
         """Same images, changed at load time before cropping (fn gets the image and its index)."""
         return ImageFolderSplit(self.world, self.folder, self.name, self.positions, fn)
-
-
-def expand_path(value: str, what: str) -> str:
-    expanded = os.path.expandvars(str(value))
-    if "$" in expanded:
-        raise ValueError(f"{what} {value!r} uses an unset environment variable; export it "
-                         "(e.g. IMAGENET_ROOT=/datasets/imagenet)")
-    return expanded
 
 
 @WORLDS.register
