@@ -120,10 +120,25 @@ def image_folders(suite: Suite) -> dict[str, str]:
     return dict(suite.tables.get("image_sets", {}))
 
 
-def set_source(suite: Suite, name: str) -> str:
-    """Where a set's images come from, for people: the folder, or the seeded draw and its seed."""
-    folder = image_folders(suite).get(name)
-    return f"folder {folder}" if folder else f"seeded draw (seed {image_set_seed(suite)})"
+def set_names(suite: Suite) -> list[str]:
+    """The names of the suite's image sets, as ``build_image_sets`` makes them."""
+    names = [DETECTION]
+    for spec in localizable(suite):
+        names += [abnormal_set_name(spec)] + ([normal_name(spec.name)]
+                                              if normal_set_name(suite, spec) != DETECTION else [])
+    return names
+
+
+def set_sources(suite: Suite, names: list[str] | None = None) -> str:
+    """Where the sets' images come from, for people (tables' captions, the report): each folder
+    [image_sets] names, then the sets drawn with the suite's seed."""
+    folders = image_folders(suite)
+    names = set_names(suite) if names is None else names
+    drawn = [name for name in names if name not in folders]
+    parts = [f"{name}: folder {folders[name]}" for name in names if name in folders]
+    if drawn:
+        parts.append(f"{', '.join(drawn)}: seeded draw (seed {image_set_seed(suite)})")
+    return "; ".join(parts)
 
 
 def localizable(suite: Suite) -> list[ModelSpec]:

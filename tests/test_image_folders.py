@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from conftest import write_suite
-from counteraudit.anomalies.image_sets import DETECTION, detection_set, normal_images
+from counteraudit.anomalies.image_sets import DETECTION, detection_set, normal_images, set_sources
 from counteraudit.evaluate.reporting.page import Report
 from counteraudit.explain.stage import load_image_sets, sets_for
 from counteraudit.train.core.suite import load_suite
@@ -59,7 +59,9 @@ def test_a_folder_replaces_the_detection_set_pixel_for_pixel(tmp_path, runs):
     report = Report(suite=suite, methods=[], distance_name="lpips", note=None,
                     detection=pd.DataFrame(columns=["model", "method", "image", "score"]),
                     localization=None, tables={}, implants={}, image_sets={DETECTION: image_set})
-    assert f"detection: folder {tmp_path / 'detection'}" in report.header()
+    assert f"detection: folder {tmp_path / 'detection'}." in report.header()
+    drawn = load_suite(write_suite(tmp_path / "drawn.toml", body=BACKDOOR + SIZES, world=WORLD))
+    assert set_sources(drawn) == "detection, bd-abnormal: seeded draw (seed 0)"
 
 
 def test_the_id_is_the_content_not_the_path(tmp_path, runs, monkeypatch):

@@ -20,7 +20,7 @@ from counteraudit.anomalies.image_sets import localizable
 from counteraudit.evaluate.scoring.detection import with_layer_column
 from counteraudit.explain.stage import load_results
 from counteraudit.evaluate.scoring.detection import NO_LAYER
-from counteraudit.anomalies.image_sets import image_folders, set_source, set_sizes
+from counteraudit.anomalies.image_sets import set_sizes, set_sources
 from counteraudit.evaluate.reporting.sensitivity import sensitivity_section
 from counteraudit.evaluate.reporting.power import power_section
 from counteraudit.evaluate.scoring.stage import TABLES
@@ -150,12 +150,7 @@ class Report:
 
     def image_sources(self) -> str:
         """Where each image set comes from: a seeded draw, or the folder [image_sets] names."""
-        folders = image_folders(self.suite)
-        drawn = [name for name in self.image_sets if name not in folders]
-        items = [f"{escape(name)}: {escape(set_source(self.suite, name))}" for name in folders]
-        if drawn:
-            items.append(f"{escape(', '.join(drawn))}: {escape(set_source(self.suite, drawn[0]))}")
-        return '<p id="image-sources"><b>Image sets:</b> ' + "; ".join(items) + ".</p>"
+        return f'<p id="image-sources"><b>Image sets:</b> {escape(set_sources(self.suite))}.</p>'
 
     def sensitivity_section(self) -> str:
         return sensitivity_section(self.sensitivity, html_table)
