@@ -16,6 +16,10 @@ their count share a *lineage* (the hash of their recipe without the count), and 
 reuses the visualizations of a stored set of the same lineage for the images they share
 (explain/prefixes.py) instead of explaining them again.
 
+A user's folder of images can replace any set (the suite's ``[image_sets]``, e.g. the original's
+published PNGs; train/core/image_folders.py): its id is the hash of its pixels and labels, and a
+``<model>-normal`` folder gives that model its own normal set in place of the detection images.
+
 Each set is stored once, in the store shared by every suite (``runs/store/image_sets/<id>/``, the id
 being the hash of everything that determines its pixels; ``runs/<suite>/image_sets/<name>`` links
 to it), as ``images.npz`` (uint8 N x H x W x 3), ``index.json`` (val positions, labels, how it was
@@ -36,11 +40,12 @@ from PIL import Image
 from counteraudit.anomalies.base import FAMILIES
 from counteraudit.train.core.artifacts import (atomic_save_npz, atomic_write_bytes, derive_seed,
                                                find_or_make, lock_beside, stable_hash)
+from counteraudit.train.core.image_folders import (DETECTION, ImageFolder, abnormal_name, content_digest,
+                                                   normal_name)
 from counteraudit.train.core.keyed_store import KeyedArtifact
 from counteraudit.train.core.suite import ModelSpec, Suite
 from counteraudit.train.worlds import World
 
-DETECTION = "detection"
 DEFAULT_DETECTION_IMAGES = 50     # SPEC: m
 DEFAULT_LOCALIZATION_IMAGES = 40  # SPEC: p
 # A set's images, marked by index.json, which also records how the set was made; its key is the
@@ -70,6 +75,7 @@ class ImageSet:
 # In every recipe: the sets are permutation prefixes (see the module docstring); sets of older
 # versions were sorted draws, which must not be taken for prefixes of each other.
 DRAW = "permutation-prefix"
+FOLDER = "folder"  # a set's recipe "source" when a user's folder replaces the draw
 COUNT_KEYS = ("m", "p")
 
 
@@ -99,7 +105,40 @@ def image_set_seed(suite: Suite) -> int:
 
 
 def abnormal_set_name(spec: ModelSpec) -> str:
-    return f"{spec.name}-abnormal"
+    return abnormal_name(spec.name)
+
+
+def normal_set_name(suite: Suite, spec: ModelSpec) -> str:
+    """The set holding the model's normal images: its own folder ``<model>-normal`` when the
+    suite's [image_sets] gives one (the original's layout), else the detection set."""
+    name = normal_name(spec.name)
+    return name if name in image_folders(suite) else DETECTION
+
+
+def image_folders(suite: Suite) -> dict[str, str]:
+    """The suite's [image_sets]: set name -> the folder that replaces its seeded draw."""
+    return dict(suite.tables.get("image_sets", {}))
+
+
+def set_names(suite: Suite) -> list[str]:
+    """The names of the suite's image sets, as ``build_image_sets`` makes them."""
+    names = [DETECTION]
+    for spec in localizable(suite):
+        names += [abnormal_set_name(spec)] + ([normal_name(spec.name)]
+                                              if normal_set_name(suite, spec) != DETECTION else [])
+    return names
+
+
+def set_sources(suite: Suite, names: list[str] | None = None) -> str:
+    """Where the sets' images come from, for people (tables' captions, the report): each folder
+    [image_sets] names, then the sets drawn with the suite's seed."""
+    folders = image_folders(suite)
+    names = set_names(suite) if names is None else names
+    drawn = [name for name in names if name not in folders]
+    parts = [f"{name}: folder {folders[name]}" for name in names if name in folders]
+    if drawn:
+        parts.append(f"{', '.join(drawn)}: seeded draw (seed {image_set_seed(suite)})")
+    return "; ".join(parts)
 
 
 def localizable(suite: Suite) -> list[ModelSpec]:
@@ -110,10 +149,11 @@ def _to_uint8(images: torch.Tensor) -> np.ndarray:
     return (images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
 
 
-def _save(root: Path, image_set: ImageSet) -> None:
+def _save(root: Path, image_set: ImageSet, source: dict[str, Any] | None = None) -> None:
     folder = root / image_set.id
     for i, image in enumerate(image_set.images):
-        path = folder / "png" / f"{i:03d}-val{image_set.val_indices[i]}.png"
+        val = image_set.val_indices[i]  # a folder's images have none (-1)
+        path = folder / "png" / (f"{i:03d}-val{val}.png" if val >= 0 else f"{i:03d}.png")
         if not path.exists():
             buffer = io.BytesIO()
             Image.fromarray(image).save(buffer, format="PNG")
@@ -122,7 +162,8 @@ def _save(root: Path, image_set: ImageSet) -> None:
                    lambda path: atomic_save_npz(path, images=image_set.images), {
                        "name": image_set.name, "recipe": image_set.recipe,
                        "lineage": image_set.lineage, "count": len(image_set.images),
-                       "val_indices": image_set.val_indices, "labels": image_set.labels})
+                       "val_indices": image_set.val_indices, "labels": image_set.labels,
+                       **(source or {})})
 
 
 def _load(root: Path, name: str, expected_id: str) -> ImageSet | None:
@@ -161,8 +202,30 @@ def same_lineage(root: Path, image_set: ImageSet) -> list[ImageSet]:
     return found
 
 
+def folder_set(suite: Suite, name: str, world: World, root: Path, count: int) -> ImageSet:
+    """The set ``name`` from the user's folder (``[image_sets]``), stored under the hash of its
+    pixels and labels; ``index.json`` names the folder it was read from."""
+    what, path = f"[image_sets] {name}", image_folders(suite)[name]
+    folder = ImageFolder.read(path, what)
+    images, labels = folder.load(what, count, world.image_size)
+    if (labels >= world.num_classes).any():
+        raise ValueError(f"{what}: class subfolder(s) {sorted(set(labels[labels >= world.num_classes]))} "
+                         f"of {folder.folder} name no class of the world's {world.num_classes}")
+    recipe = {"source": FOLDER, "pixels_sha256": content_digest(images, labels), "count": count}
+    set_id = stable_hash(recipe)
+
+    def make() -> ImageSet:
+        image_set = ImageSet(name, set_id, images, np.full(count, -1), labels, recipe)
+        _save(root, image_set, {"folder": str(folder.folder),
+                                "files": [str(p.relative_to(folder.folder)) for p in folder.files[:count]]})
+        return image_set
+    return _load_or_make(root, name, set_id, make)
+
+
 def detection_set(suite: Suite, world: World, root: Path) -> ImageSet:
     m, _ = set_sizes(suite)
+    if DETECTION in image_folders(suite):
+        return folder_set(suite, DETECTION, world, root, m)
     val = world.split("val")
     recipe = {"kind": DETECTION, "world": suite.world, "m": m, "seed": image_set_seed(suite),
               "draw": DRAW}
@@ -181,6 +244,9 @@ def detection_set(suite: Suite, world: World, root: Path) -> ImageSet:
 def abnormal_set(suite: Suite, spec: ModelSpec, world: World, root: Path,
                  implant: dict | None) -> ImageSet:
     _, p = set_sizes(suite)
+    name = abnormal_set_name(spec)
+    if name in image_folders(suite):
+        return folder_set(suite, name, world, root, p)
     family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)
     val = world.split("val")
     recipe = {"kind": "abnormal", "world": suite.world, "family": spec.family, "params": spec.params,
@@ -190,7 +256,6 @@ def abnormal_set(suite: Suite, spec: ModelSpec, world: World, root: Path,
               # the blurred-faces set depends on which class the model lost most on
               "details": (implant or {}).get("details", {}).get("most_affected_class"),
               "draw": DRAW}
-    name = abnormal_set_name(spec)
     set_id = stable_hash(recipe)
 
     def make() -> ImageSet:
@@ -207,12 +272,27 @@ def abnormal_set(suite: Suite, spec: ModelSpec, world: World, root: Path,
     return _load_or_make(root, name, set_id, make)
 
 
+@dataclass
+class _LabelsOnly:
+    """A folder set as a family's ``normal_pool`` reads a split: its labels (positions: the set's)."""
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
 def normal_positions(suite: Suite, spec: ModelSpec, world: World, detection: ImageSet) -> np.ndarray:
-    """Positions in the detection set of the p images that count as normal for this model."""
+    """Positions in the detection set of the p images that count as normal for this model (a
+    folder's images: judged by their labels, which the suite check required where the family
+    reads them)."""
     _, p = set_sizes(suite)
     family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)
-    allowed = set(family.normal_pool(world.split("val")).tolist())
-    positions = [i for i, v in enumerate(detection.val_indices) if int(v) in allowed][:p]
+    if detection.recipe.get("source") == FOLDER:
+        allowed = set(family.normal_pool(_LabelsOnly(detection.labels)).tolist())
+        positions = [i for i in range(len(detection.labels)) if i in allowed][:p]
+    else:
+        allowed = set(family.normal_pool(world.split("val")).tolist())
+        positions = [i for i, v in enumerate(detection.val_indices) if int(v) in allowed][:p]
     if len(positions) < p:
         raise ValueError(f"{spec.name}: only {len(positions)} of the {len(detection.val_indices)} "
                          f"detection images count as normal, {p} needed; raise [evaluate] "
@@ -220,10 +300,25 @@ def normal_positions(suite: Suite, spec: ModelSpec, world: World, detection: Ima
     return np.asarray(positions)
 
 
+def normal_images(suite: Suite, spec: ModelSpec, world: World,
+                  image_sets: dict[str, ImageSet]) -> tuple[str, np.ndarray]:
+    """The set holding the model's p normal images and their positions in it: its own folder's
+    first p, or the detection images its family counts as normal (``normal_positions``)."""
+    name = normal_set_name(suite, spec)
+    if name == DETECTION:
+        return name, normal_positions(suite, spec, world, image_sets[DETECTION])
+    return name, np.arange(set_sizes(suite)[1])
+
+
 def build_image_sets(suite: Suite, world: World, root: Path,
                      implants: dict[str, dict]) -> dict[str, ImageSet]:
-    """Every set the suite needs: detection + one abnormal set per localizable anomaly."""
+    """Every set the suite needs: detection + one abnormal set per localizable anomaly (+ its
+    normal set, where the suite gives it a folder)."""
     sets = {DETECTION: detection_set(suite, world, root)}
+    _, p = set_sizes(suite)
     for spec in localizable(suite):
         sets[abnormal_set_name(spec)] = abnormal_set(suite, spec, world, root, implants.get(spec.name))
+        if normal_set_name(suite, spec) != DETECTION:
+            name = normal_set_name(suite, spec)
+            sets[name] = folder_set(suite, name, world, root, p)
     return sets

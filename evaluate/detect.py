@@ -22,6 +22,7 @@ import argparse
 import time
 
 from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, prepare
+from counteraudit.anomalies.image_sets import DETECTION, set_sources
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.evaluate.scoring.stage import detection_scores
 from counteraudit.evaluate.scoring.tables import detection_tables
@@ -50,7 +51,7 @@ def main(args: argparse.Namespace) -> dict:
     anomalous = per_model[per_model["role"] == "anomalous"]
     print(f"\nTable 1 -- fraction of each family's models detected by the paper's rule (Abar above every "
           f"reference's; {describe_distance(distance_name, note)};"
-          f" {suite.name} suite, {len(references)} references)\n")
+          f" {suite.name} suite, {len(references)} references; {set_sources(suite, [DETECTION])})\n")
     print(to_markdown(summary))
     nulls = tables.get(f"detection-null-{distance_name}")
     if nulls is not None:

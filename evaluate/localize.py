@@ -22,6 +22,7 @@ import time
 
 from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, prepare
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
+from counteraudit.anomalies.image_sets import set_sources
 from counteraudit.evaluate.scoring.stage import localization_scores
 from counteraudit.evaluate.scoring.tables import localization_power_note, localization_tables
 from counteraudit.train.core.stage import run_cli
@@ -44,7 +45,7 @@ def main(args: argparse.Namespace) -> dict:
     write_tables(suite, tables, args.runs_dir)
     band = per_model[["chance_low", "chance_high"]].median()
     print(f"\nTable 2 -- localization AUROC, abnormal vs normal inputs "
-          f"({describe_distance(distance_name, note)}; {suite.name} suite)\n")
+          f"({describe_distance(distance_name, note)}; {suite.name} suite; images: {set_sources(suite)})\n")
     print(to_markdown(summary, float_format="{:.2f}"))
     print(f"\nAt these set sizes an AUROC inside [{band['chance_low']:.2f}, {band['chance_high']:.2f}] "
           "cannot be told from chance (95% of label permutations); 0.7 counts as success.")

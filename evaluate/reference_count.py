@@ -33,7 +33,7 @@ import argparse
 import numpy as np
 import pandas as pd
 
-from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_positions
+from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_images
 from counteraudit.evaluate.pipeline import check_scorable
 from counteraudit.evaluate.reporting.power import power_tables, print_power
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
@@ -126,7 +126,7 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
     references = [s.name for s in suite.references]
     anomalous = [s.name for s in suite.anomalies]
     specs = localizable(suite)
-    normal = {spec.name: normal_positions(suite, spec, world, image_sets[DETECTION]) for spec in specs}
+    normal = {spec.name: normal_images(suite, spec, world, image_sets) for spec in specs}
     rng = np.random.default_rng(args.seed)
     rows, located, detected = [], [], []
     for method in methods:
@@ -142,7 +142,12 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
             triggered = load_results(suite, method, [*references, spec.name],
                                      abnormal_set_name(spec), args.runs_dir)
             on_abnormal = distance_matrix(triggered, [*references, spec.name], distance)
-            on_normal = on_detection[normal[spec.name]][:, keep][:, :, keep]
+            normal_set, positions = normal[spec.name]
+            if normal_set == DETECTION:
+                on_normal = on_detection[positions][:, keep][:, :, keep]
+            else:  # its own normal folder ([image_sets] <model>-normal)
+                on_normal = distance_matrix(load_results(suite, method, [*references, spec.name], normal_set,
+                                                         args.runs_dir), [*references, spec.name], distance)[positions]
             abnormal = np.r_[np.ones(len(on_abnormal), bool), np.zeros(len(on_normal), bool)]
             by_n = aurocs_by_reference_count(np.concatenate([on_abnormal, on_normal]), abnormal,
                                              args.subsets, rng)

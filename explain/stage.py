@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 import torch
 
 from counteraudit.anomalies.image_sets import (DETECTION, IMAGE_SET, ImageSet, abnormal_set_name, build_image_sets,
-                                               localizable, same_lineage, set_sizes)
+                                               localizable, normal_set_name, same_lineage, set_sizes)
 from counteraudit.explain.base import METHODS, Explanation, ExplanationMethod, build_method
 from counteraudit.explain.store import (ARRAYS_FILE, PARAMS_FILE, VISUALIZATION, concatenate, gather_parts, is_stored,
                                         load_explanation, part_dir, part_key, result_key, row_range,
@@ -86,12 +86,15 @@ def method_batch_size(suite: Suite, name: str) -> int | None:
 
 
 def sets_for(suite: Suite, spec: ModelSpec) -> list[str]:
-    """The image sets a model is explained on (a held-out reference: the detection set only)."""
+    """The image sets a model is explained on (a held-out reference: the detection set only);
+    a localizable model's normal set is the detection set unless [image_sets] gives it a folder."""
     names = [DETECTION]
     references = {s.name for s in suite.references}
     for anomaly in localizable(suite):
         if spec.name in references or anomaly.name == spec.name:
             names.append(abnormal_set_name(anomaly))
+            if normal_set_name(suite, anomaly) != DETECTION:
+                names.append(normal_set_name(suite, anomaly))
     return names
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import roc_curve
 
-from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name
+from counteraudit.anomalies.image_sets import abnormal_set_name, normal_set_name
 from counteraudit.evaluate.reporting.html import fmt, html_table
 from counteraudit.evaluate.reporting.svg import ANOMALOUS_COLOR, MISSED_COLOR, StripRow, roc_plot, strip_plot
 from counteraudit.evaluate.scoring.tables import localization_power_note
@@ -66,8 +66,8 @@ def localization_examples(report) -> str:
              "inputs.</p>"]
     for spec in report.localizable:
         normal, abnormal = report.example_positions(spec)
-        abnormal_set = abnormal_set_name(spec)
-        columns = [(DETECTION, p, False) for p in normal] + [(abnormal_set, p, True) for p in abnormal]
+        normal_set, abnormal_set = normal_set_name(report.suite, spec), abnormal_set_name(spec)
+        columns = [(normal_set, p, False) for p in normal] + [(abnormal_set, p, True) for p in abnormal]
         head = "".join(f'<th colspan="2">{report.input_figure(s, p, "abnormal input" if a else "normal input")}</th>'
                        for s, p, a in columns)
         rows = []

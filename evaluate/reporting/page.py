@@ -20,7 +20,7 @@ from counteraudit.anomalies.image_sets import localizable
 from counteraudit.evaluate.scoring.detection import with_layer_column
 from counteraudit.explain.stage import load_results
 from counteraudit.evaluate.scoring.detection import NO_LAYER
-from counteraudit.anomalies.image_sets import set_sizes
+from counteraudit.anomalies.image_sets import set_sizes, set_sources
 from counteraudit.evaluate.reporting.sensitivity import sensitivity_section
 from counteraudit.evaluate.reporting.power import power_section
 from counteraudit.evaluate.scoring.stage import TABLES
@@ -89,8 +89,8 @@ class Report:
 
     def input_figure(self, set_name: str, position: int, what: str) -> str:
         image_set = self.image_sets[set_name]
-        label = int(image_set.labels[position])
-        caption = f"{escape(what)}<br>{escape(set_name)} #{position}, class {label}"
+        label = int(image_set.labels[position])  # a folder without labels: -1
+        caption = f"{escape(what)}<br>{escape(set_name)} #{position}, class {label if label >= 0 else 'unknown'}"
         return self.figure(image_set.images[position], f"{what}: {set_name} image {position}", caption)
 
     def html(self) -> str:
@@ -122,6 +122,7 @@ class Report:
                  f"{len(self.anomalies)} anomalous, {len(self.localizable)} of them localizable). "
                  f"<b>Methods:</b> {escape(', '.join(self.methods))}. <b>Images:</b> m = {m} detection, "
                  f"p = {p} normal + {p} abnormal per localizable model.</p>",
+                 self.image_sources(),
                  '<p class="note">Example images of layered methods (Caricatures) show their first layer only, '
                  "with that layer's scores; tables and plots use the overall score (mean over layers).</p>"]
         if failed:
@@ -147,6 +148,10 @@ class Report:
                      + "</ul></nav>")
         return "<header>" + "\n".join(lines) + "</header>"
 
+    def image_sources(self) -> str:
+        """Where each image set comes from: a seeded draw, or the folder [image_sets] names."""
+        return f'<p id="image-sources"><b>Image sets:</b> {escape(set_sources(self.suite))}.</p>'
+
     def sensitivity_section(self) -> str:
         return sensitivity_section(self.sensitivity, html_table)
 
@@ -167,7 +172,7 @@ class Report:
         return discovery_section(results, tables, world, self.figure, html_table)
 
     def example_positions(self, spec) -> tuple[list[int], list[int]]:
-        """The first ``examples`` normal (detection-set) and abnormal positions of one model."""
+        """The first ``examples`` normal (in its normal set) and abnormal positions of one model."""
         frame = self.localization
         rows = frame[(frame["model"] == spec.name) & (frame["method"] == self.methods[0])]
         normal = sorted(set(rows.loc[~rows["abnormal"].astype(bool), "image"].astype(int)))[:self.examples]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_positions
+from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_images, normal_set_name
 from counteraudit.evaluate.scoring.detection import NO_LAYER
 from counteraudit.evaluate.scoring.distances import build_distance
 from counteraudit.evaluate.scoring.scores import anomaly_scores
@@ -184,22 +184,25 @@ def detection_scores(suite: Suite, distance, distance_name: str, methods: list[s
 
 def localization_scores(suite: Suite, distance, distance_name: str, methods: list[str],
                         runs_root=None, args: argparse.Namespace | None = None) -> pd.DataFrame:
-    """For each localizable anomaly: its scores on its abnormal set (abnormal = True) and on the
-    detection images that count as normal for it (abnormal = False)."""
+    """For each localizable anomaly: its scores on its abnormal set (abnormal = True) and on its
+    normal images (abnormal = False): the detection images that count as normal for it, or its
+    own normal folder ([image_sets] <model>-normal)."""
     world = build_world(suite.world, runs_root=runs_root)
     image_sets = load_image_sets(suite, runs_root, world)
     models = [s.name for s in suite.models]
     wanted = [(method, DETECTION, models) for method in methods]
     wanted += [(method, abnormal_set_name(spec), [spec.name])
                for method in methods for spec in localizable(suite)]
+    wanted += [(method, normal_set_name(suite, spec), [spec.name]) for method in methods
+               for spec in localizable(suite) if normal_set_name(suite, spec) != DETECTION]
     scored = {(method, image_set): table for (method, image_set, _), table
               in zip(wanted, score_tables(suite, distance, distance_name, wanted, runs_root, args))}
     frames = []
     for method in methods:
-        detection = scored[(method, DETECTION)]
         for spec in localizable(suite):
-            normal = normal_positions(suite, spec, world, image_sets[DETECTION])
-            rows = detection[(detection["model"] == spec.name) & detection["image"].isin(normal)]
+            normal_set, normal = normal_images(suite, spec, world, image_sets)
+            on_normal = scored[(method, normal_set)]
+            rows = on_normal[(on_normal["model"] == spec.name) & on_normal["image"].isin(normal)]
             abnormal = scored[(method, abnormal_set_name(spec))]
             frames += [rows.assign(abnormal=False), abnormal.assign(abnormal=True)]
     return pd.concat(frames, ignore_index=True)

@@ -26,9 +26,10 @@ from counteraudit.train.core.artifacts import (atomic_write_text, derive_seed, i
                                                stable_hash)
 from counteraudit.train.core.registries import (ARCHITECTURES, AUDITORS, FAMILIES, METHODS,
                                                 NULL_TESTS, WORLDS, strength_families)
-from counteraudit.train.core.registry import UnknownNameError
+from counteraudit.train.core.image_folders import DETECTION, ImageFolder, abnormal_name, normal_name
+from counteraudit.train.core.registry import UnknownNameError, nearest
 from counteraudit.train.core.suite_schema import (MIN_NULL_MODELS, SAFE_NAME_LENGTH, SAFE_NAME_PATTERN,
-                                                  SAFE_NAME_RULE,
+                                                  SAFE_NAME_RULE, EvaluateTable,
                                                   ReferencesTable, ScheduleSegment, SuiteFileError,
                                                   SuiteTable, check_table, dataclass_table, raise_problems)
 from counteraudit.train.core.published_recipes import checkpoint_recipe_problems
@@ -429,9 +430,63 @@ def _parse(table: dict[str, Any], path: Path, plugin_tables: bool = True) -> Sui
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValueError(f"model names must be unique; repeated: {duplicates}")
-    return Suite(name=name, path=path, world=world, architecture=architecture, recipe=recipe,
-                 references=references, anomalies=anomalies, tables=table, held_out=nulls,
-                 sweeps=sweeps, held_out_check=ref_table["held_out_check"])
+    suite = Suite(name=name, path=path, world=world, architecture=architecture, recipe=recipe,
+                  references=references, anomalies=anomalies, tables=table, held_out=nulls,
+                  sweeps=sweeps, held_out_check=ref_table["held_out_check"])
+    problems = image_folder_problems(suite, world_side, getattr(world_class, "class_names", None))
+    if problems:  # a user's image folder, checked now rather than after training
+        raise_problems(path, problems)
+    return suite
+
+
+def image_folder_problems(suite: Suite, side: int | None, class_names: list[str] | None) -> list[str]:
+    """What is wrong with the suite's [image_sets] folders (train/core/image_folders.py): a name
+    that is no set of the suite, a missing folder, too few images, images of another size than
+    the world's ``side``, labels missing where they are read or naming no class."""
+    folders = suite.tables.get("image_sets", {})
+    if not folders:
+        return []
+    localizable = [spec for spec in suite.anomalies if FAMILIES.get(spec.family).localizable]
+    valid = [DETECTION, *(name for spec in localizable
+                          for name in (abnormal_name(spec.name), normal_name(spec.name)))]
+    evaluate = {**EvaluateTable().model_dump(), **suite.tables.get("evaluate", {})}
+    counts = {name: evaluate["detection_images" if name == DETECTION else "localization_images"]
+              for name in valid}
+    explain = suite.tables.get("explain", {})
+    by_label = sorted(name for name, params in suite.tables.get("methods", {}).items()
+                      if params.get("explained_class") == "label"
+                      and name in (explain.get("methods") or [name]))
+    by_class = [spec.name for spec in localizable if normal_name(spec.name) not in folders
+                and _picks_normal_images_by_class(FAMILIES.get(spec.family))]
+    problems = []
+    for name, path in folders.items():
+        what = f"[image_sets] {name}"
+        if name not in valid:
+            problems.append(f"{what}: no image set of suite {suite.name!r} is named so{nearest(name, valid)}; "
+                            f"its sets: {', '.join(valid)}")
+            continue
+        needs_labels = (f"[methods.{by_label[0]}] explained_class = \"label\" explains each image's "
+                        "label" if by_label else
+                        f"{', '.join(by_class)} pick(s) its normal images from it by class (or give "
+                        f"[image_sets] {normal_name(by_class[0])} = a folder of its normal images)"
+                        if name == DETECTION and by_class else None)
+        try:
+            folder = ImageFolder.read(path, what)
+        except ValueError as error:
+            problems.append(str(error))
+            continue
+        problems += folder.problems(what, counts[name], side, needs_labels,
+                                    len(class_names) if class_names else None,
+                                    "[evaluate] " + ("detection_images" if name == DETECTION
+                                                     else "localization_images"))
+    return problems
+
+
+def _picks_normal_images_by_class(family: type) -> bool:
+    """Whether a family narrows the normal images to some classes (overrides ``normal_pool``,
+    e.g. backdoor: not the target class), so a folder's images need labels to be picked."""
+    defining = next(cls for cls in family.__mro__ if "normal_pool" in vars(cls))
+    return defining.__mro__[1:] != (object,)  # not the base family's "every image"
 
 
 def null_problems(held_out: int, held_out_check: int, p_value: str | None,

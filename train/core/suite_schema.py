@@ -159,6 +159,10 @@ class SuiteTable(_Table):
     methods: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
         "[methods.<name>]: a method's parameters"))
     evaluate: EvaluateTable = Field(default_factory=EvaluateTable)
+    image_sets: dict[SafeName, str] = Field(default_factory=dict, description=(
+        "[image_sets]: a set's name (detection, <model>-abnormal, <model>-normal) -> a folder of "
+        "PNG/JPEG images (or of class-index subfolders 0/, 1/, ...) that replaces its seeded draw, "
+        "e.g. the original's published images (train/core/image_folders.py)"))
     discover: DiscoverTable = Field(default_factory=DiscoverTable)
     auditors: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
         "[auditors.<name>]: an auditor's parameters"))

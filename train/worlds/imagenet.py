@@ -40,6 +40,7 @@ from torchvision.datasets.folder import find_classes
 
 from counteraudit.slurm.worker_pool import end_with_parent
 from counteraudit.train.core.artifacts import derive_seed
+from counteraudit.train.core.paths import expand_path
 from counteraudit.train.worlds import decoding
 from counteraudit.train.worlds.base import WORLDS, Batch, Split, World, part_bounds
 
@@ -206,14 +207,6 @@ def named_classes(synsets: Sequence[str], names_file: str | None) -> list[str]:
             synset, _, names = line.strip().partition(" ")
             mapping[synset] = names.split(",")[0].strip() or synset
     return [mapping.get(s, s) for s in synsets]
-
-
-def expand_path(value: str, what: str) -> str:
-    expanded = os.path.expandvars(str(value))
-    if "$" in expanded:
-        raise ValueError(f"{what} {value!r} uses an unset environment variable; export it "
-                         "(e.g. IMAGENET_ROOT=/datasets/imagenet)")
-    return expanded
 
 
 @WORLDS.register
