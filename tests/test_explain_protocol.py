@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import io
+from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -36,6 +37,7 @@ from tests.conftest import write_suite
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 SIZE = 64
+MATPLOTLIB35_FIGURES = Path(__file__).with_name("data") / "captum_figures_matplotlib35.npz"
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet's, as the paper normalised
 
 
@@ -84,7 +86,8 @@ def captum_png(attribution_hwc: np.ndarray, image_hwc: np.ndarray) -> np.ndarray
     return png[..., :3]
 
 
-def test_captum_figure_gives_the_pixels_of_captums_saved_figure():
+def test_captum_figure_installed_gives_the_pixels_of_captums_saved_figure():
+    """``rasterisation = "installed"``: captum's call and savefig, on the installed versions."""
     rng = np.random.default_rng(0)
     # Three random attributions at the paper's 224 px, with a heavy-tailed one (captum clips at
     # 98% of the cumulative mass) and one of mixed signs that cancel across channels.
@@ -93,12 +96,32 @@ def test_captum_figure_gives_the_pixels_of_captums_saved_figure():
                              rng.normal(size=(3, 224, 224)) * [[[1.0]], [[-1.0]], [[0.5]]]]
                             ).astype(np.float32)
     images = rng.random((3, 3, 224, 224)).astype(np.float32)
-    renderer = build_renderer("captum_figure", None, "attributions", "test")
+    renderer = build_renderer("captum_figure", {"rasterisation": "installed"}, "attributions",
+                              "test")
     rendered = renderer.render(attributions, images)  # one figure, reused for all three
     assert rendered.shape == (3, 600, 600, 3) and rendered.dtype == np.uint8
     for attribution, image, ours in zip(attributions, images, rendered):
         np.testing.assert_array_equal(
             ours, captum_png(attribution.transpose(1, 2, 0), image.transpose(1, 2, 0)))
+
+
+@pytest.mark.parametrize("geometry, dpi", [("demo", 16), ("half_paper", 50)])
+def test_captum_figure_gives_the_pixels_of_the_papers_matplotlib_3_5(geometry, dpi):
+    """By default, the figure the paper's captum 0.6.0 and matplotlib 3.5.2 saved
+    (tests/data/make_matplotlib35_figures.py), at the demo's geometry and at the paper's halved
+    (both upsample by less than 3x, where matplotlib >= 3.10 colour-maps before resampling: up
+    to 137 grey levels apart on these figures). What remains is the Agg resampler, which
+    matplotlib 3.11 made more accurate (PRs 30184, 31021): at most 4 grey levels (1.5 colour-map
+    bins of resampled data), 0.15 on average; 2 and 0.006 on the smooth half-paper figure."""
+    reference = np.load(MATPLOTLIB35_FIGURES)
+    attributions = reference[f"{geometry}_attributions"].astype(np.float32)
+    images = reference[f"{geometry}_images"].astype(np.float32) / 255
+    rendered = build_renderer("captum_figure", {"dpi": dpi}, "attributions",
+                              "test").render(attributions, images)
+    difference = np.abs(rendered.astype(np.int16) - reference[f"{geometry}_figures"])
+    assert rendered.shape == reference[f"{geometry}_figures"].shape
+    assert difference.max() <= 4 and difference.mean() <= 0.2, \
+        (difference.max(), difference.mean())
 
 
 def test_captum_figure_scales_with_its_options_and_shows_no_heat_for_a_dead_map():
@@ -134,7 +157,8 @@ def test_unknown_or_mismatched_renderer_lists_the_valid_names():
                                          "hot_overlay"):
         build_method("guided_backprop", {"renderer": "show_cam_on_image"})
     with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['dpis'\] for renderer "
-                                         r"'captum_figure'; valid: \['dpi', 'figure_inches'\]"):
+                                         r"'captum_figure'; valid: \['dpi', 'figure_inches', "
+                                         r"'rasterisation'\]"):
         build_method("integrated_gradients", {"renderer": "captum_figure",
                                               "renderer_options": {"dpis": 10}})
     assert set(RENDERERS.names()) >= {"captum_figure", "hot_overlay", "jet_overlay",
@@ -151,6 +175,10 @@ def test_unknown_choice_lists_the_valid_values():
         build_method("caricature", {"noise": "per_image"})
     with pytest.raises(ValueError, match="'top', 'label'"):
         build_method("gradcam", {"explained_class": "true"})
+    with pytest.raises(ValueError, match="renderer 'captum_figure': rasterisation = '3.5' is not "
+                                         "one of the valid values 'matplotlib-3.5', 'installed'"):
+        build_method("guided_backprop", {"renderer": "captum_figure",
+                                         "renderer_options": {"rasterisation": "3.5"}})
 
 
 # ---------------------------------------------------------------- attributions as the paper
@@ -364,7 +392,13 @@ def test_new_options_at_their_old_values_keep_the_stored_key():
         "baseline": "normalized_zero", "renderer": "captum_figure",
         "renderer_options": {"figure_inches": 6.0, "dpi": 100}}).describe(None)
     assert spelled == paper and paper["method_params"]["renderer_options"] == {
-        "figure_inches": 6.0, "dpi": 100}
+        "figure_inches": 6.0, "dpi": 100, "rasterisation": "matplotlib-3.5"}
+    # Results stored before `rasterisation` existed were drawn by the installed matplotlib: they
+    # keep their key under "installed" and are not reused for the default (3.5.2's pixels).
+    installed = build_method("integrated_gradients", {
+        "baseline": "normalized_zero", "renderer": "captum_figure",
+        "renderer_options": {"rasterisation": "installed"}}).describe(None)
+    assert installed["method_params"]["renderer_options"] == {"figure_inches": 6.0, "dpi": 100}
 
 
 def test_per_row_grids_at_once_equal_the_grids_one_at_a_time():

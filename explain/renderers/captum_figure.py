@@ -17,7 +17,12 @@ tests/test_explain_renderers.py checks the pixels equal captum's call plus ``sav
 
 Options (``renderer_options``): ``figure_inches`` (captum's ``fig_size``, 6) and ``dpi`` (100): the
 image is ``figure_inches * dpi`` pixels square. The paper is 6 in at 100 dpi; a suite of small
-images may scale the figure down (demo.toml says why and what it measured).
+images may scale the figure down (demo.toml says why and what it measured). ``rasterisation``:
+how matplotlib turns the two images into pixels. "matplotlib-3.5" (the default), as the paper's
+matplotlib 3.5.2 did: resample the data, then colour-map it, laid out as 3.5.2 laid it out
+(explain/renderers/matplotlib35_image.py); "installed", whatever the installed matplotlib does
+(3.10 and later colour-map first where the image is upsampled by less than 3x, as in the paper's
+figure and the demo's).
 """
 from __future__ import annotations
 
@@ -29,9 +34,13 @@ from captum.attr import visualization  # captum.attr._utils.visualization, where
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from counteraudit.explain.params import added
 from counteraudit.explain.renderers import ATTRIBUTIONS, RENDERERS, Renderer
+from counteraudit.explain.renderers.matplotlib35_image import rasterise_as_matplotlib_3_5
 
 ALPHA_OVERLAY = 0.8  # the paper's call; captum's default is 0.5
+MATPLOTLIB_3_5, INSTALLED = "matplotlib-3.5", "installed"
+RASTERISATIONS = (MATPLOTLIB_3_5, INSTALLED)
 
 
 @RENDERERS.register
@@ -43,6 +52,9 @@ class CaptumFigure(Renderer):
     class Params:
         figure_inches: float = 6.0  # captum's default fig_size (6, 6)
         dpi: int = 100               # matplotlib's default figure.dpi, which savefig uses
+        # Results stored before this option were drawn by the installed matplotlib: they keep
+        # their key under "installed"; the default is recorded, so they are not reused for it.
+        rasterisation: str = added(MATPLOTLIB_3_5, before=INSTALLED, choices=RASTERISATIONS)
 
     def __init__(self, options=None):
         super().__init__(options)
@@ -66,6 +78,9 @@ class CaptumFigure(Renderer):
                 "blended_heat_map", alpha_overlay=ALPHA_OVERLAY, plt_fig_axis=(self._figure, axes),
                 use_pyplot=False)
             self._grey, self._heat = axes.images
+            if self.params.rasterisation == MATPLOTLIB_3_5:
+                for image in axes.images:
+                    rasterise_as_matplotlib_3_5(image)
             self._shape = shape
         return self._figure
 
