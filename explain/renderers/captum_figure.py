@@ -13,7 +13,10 @@ reads its RGB, which is what this returns.
 
 Fast enough to run inside the explain stage's workers: one Agg figure and axes per renderer
 (cleared between images, no pyplot, no PNG encoding), drawn straight into an RGBA buffer;
-tests/test_explain_renderers.py checks the pixels equal captum's call plus ``savefig`` read back.
+tests/test_explain_protocol.py checks the pixels: "installed" equal captum's call plus ``savefig``
+read back, bit for bit; the default within 4 grey levels of figures drawn by matplotlib 3.5.2 and
+captum 0.6.0 (tests/data/make_matplotlib35_figures.py), the rest being matplotlib 3.11's rewritten
+C++ resampler, which Python cannot reach.
 
 Options (``renderer_options``): ``figure_inches`` (captum's ``fig_size``, 6) and ``dpi`` (100): the
 image is ``figure_inches * dpi`` pixels square. The paper is 6 in at 100 dpi; a suite of small
