@@ -27,7 +27,7 @@ def _params(suite, method):
 def test_each_option_sets_its_parameter_on_its_methods_and_nothing_else(choice_name, tmp_path):
     choice = PROTOCOL_CHOICES.get(choice_name)
     base = load_suite("demo")
-    applicable = choice.applicable(ALL_METHODS)
+    applicable = choice.applicable(ALL_METHODS, base)
     assert applicable, f"{choice_name}: no registered method has the parameter {choice.parameter!r}"
     for value in choice.options:
         derived = write_derived_suite(base, f"demo-{choice_name}-{value}",
@@ -37,7 +37,13 @@ def test_each_option_sets_its_parameter_on_its_methods_and_nothing_else(choice_n
         for method in ALL_METHODS:
             before, after = _params(base, method), _params(derived, method)
             if method in applicable:
-                assert getattr(after, choice.parameter) == value
+                assert choice.value_of(derived, method) == value
+                if choice.within is not None:  # a renderer option: its other options kept
+                    assert {**getattr(before, choice.within), choice.parameter: value} == getattr(
+                        after, choice.within)
+                    after = dataclasses.replace(after, **{choice.within: getattr(before, choice.within)})
+                    assert after == before, f"{choice_name}={value} changed {method}'s other parameters"
+                    continue
                 default = type(after)()
                 for name, setting in along.items():  # set along with the value, or back to the default
                     assert getattr(after, name) == (getattr(default, name) if setting is None else setting)
@@ -59,7 +65,7 @@ def test_plan_runs_the_alternatives_only_on_the_methods_they_change(tmp_path):
             (o for o in choice.options if o != own), key=str)
         for variant in (v for v in variants if v.choice == choice_name):
             # a changed parameter changes the result's key for exactly the methods that have it
-            assert variant.methods == choice.applicable(methods)
+            assert variant.methods == choice.applicable(methods, suite)
             assert variant.suite.path.parent == suite.root(tmp_path) / "sensitivity"
 
 

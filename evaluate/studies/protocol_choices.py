@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from counteraudit.explain.base import METHODS, build_method
 from counteraudit.explain.renderers import ATTRIBUTIONS
+from counteraudit.explain.renderers.captum_figure import RASTERISATIONS
 from counteraudit.explain.stage import method_params
 from counteraudit.train.core.registries import PROTOCOL_CHOICES
 
@@ -36,26 +37,56 @@ class ProtocolChoice:
     # renderer's options, which belong to the renderer they were written for; a function of
     # (value, suite) where they depend on the suite (a figure's size on the image size).
     along: Callable[[Any, Any], dict[str, Any]] | None = None
+    # "renderer_options": ``parameter`` is an option of the renderer each method uses (set inside
+    # its ``renderer_options``), not a field of the method's Params; it applies to the methods
+    # whose renderer, in the suite at hand, has that option.
+    within: str | None = None
 
-    def applicable(self, methods: list[str]) -> list[str]:
-        """The suite's methods this choice sets (those whose parameters have the field)."""
+    def applicable(self, methods: list[str], suite=None) -> list[str]:
+        """The suite's methods this choice sets (those whose parameters have the field; for a
+        renderer option, those whose renderer in ``suite`` has it)."""
+        if self.within is not None:
+            return [m for m in methods if suite is not None and (self.methods is None or self.methods(
+                METHODS.get(m))) and self.parameter in _renderer_fields(suite, m)]
         return [m for m in methods if (self.methods is None or self.methods(METHODS.get(m)))
                 and self.parameter in {f.name for f in dataclasses.fields(METHODS.get(m).Params)}]
+
+    def value_of(self, suite, method: str) -> Any:
+        """The method's value of the parameter in ``suite`` (a renderer option's, its default
+        filled in)."""
+        built = build_method(method, method_params(suite, method))
+        if self.within is not None:
+            return getattr(built.renderer.params, self.parameter)
+        return getattr(built.params, self.parameter)
 
     def current(self, suite, methods: list[str]) -> Any:
         """The suite's own value of the parameter (``MIXED`` if its methods disagree; None if no
         method of the suite has it)."""
-        values = {_hashable(getattr(build_method(m, method_params(suite, m)).params, self.parameter))
-                  for m in self.applicable(methods)}
+        values = {_hashable(self.value_of(suite, m)) for m in self.applicable(methods, suite)}
         if not values:
             return None
         return values.pop() if len(values) == 1 else MIXED
 
     def patch(self, suite, methods: list[str], value: Any) -> dict[str, Any]:
         """The suite-file tables that set ``value`` (and what goes ``along`` with it) on the
-        applicable methods; a None removes a parameter (``train.suite.write_derived_suite``)."""
+        applicable methods; a None removes a parameter (``train.suite.write_derived_suite``). A
+        renderer option is set inside the method's own ``renderer_options``, the others kept."""
+        if self.within is not None:
+            return {"methods": {m: {self.within: {**self._options(suite, m), self.parameter: value}}
+                                for m in self.applicable(methods, suite)}}
         settings = {self.parameter: value, **(self.along(value, suite) if self.along else {})}
-        return {"methods": {m: dict(settings) for m in self.applicable(methods)}}
+        return {"methods": {m: dict(settings) for m in self.applicable(methods, suite)}}
+
+
+    def _options(self, suite, method: str) -> dict[str, Any]:
+        """The method's own ``within`` table in ``suite`` (its renderer's options as written)."""
+        return dict(getattr(build_method(method, method_params(suite, method)).params, self.within) or {})
+
+
+def _renderer_fields(suite, method: str) -> set[str]:
+    """The options of the renderer ``method`` uses in ``suite`` (none for a method without one)."""
+    renderer = getattr(build_method(method, method_params(suite, method)), "renderer", None)
+    return {f.name for f in dataclasses.fields(renderer.Params)} if renderer is not None else set()
 
 
 def _hashable(value: Any) -> Any:
@@ -87,6 +118,12 @@ PROTOCOL_CHOICES.register(ProtocolChoice(
     description="how a saliency map becomes the image that is scored: the paper's captum figure "
                 "(blended heat map on a grey image, with the figure's frame and margins) or the "
                 "project's image-sized hot overlay"))
+PROTOCOL_CHOICES.register(ProtocolChoice(
+    "rasterisation", "rasterisation", RASTERISATIONS, methods=saliency_method,
+    within="renderer_options",
+    description="how matplotlib turns captum's figure into pixels: as the paper's matplotlib 3.5.2 "
+                "did (resample the data, then colour-map it) or as the installed version does "
+                "(3.10 and later colour-map first when upsampling by less than 3x)"))
 PROTOCOL_CHOICES.register(ProtocolChoice(
     "ig_baseline", "baseline", ("normalized_zero", "black"), methods=named("integrated_gradients"),
     description="Integrated Gradients' baseline: zero in the normalised input space (the ImageNet "

@@ -42,7 +42,7 @@ def plan_variants(suite, methods: list[str], choice_names: list[str] | None,
 
     variants, skipped = [], []
     for choice in chosen:
-        applicable = choice.applicable(methods)
+        applicable = choice.applicable(methods, suite)
         if not applicable:
             skipped.append(f"{choice.name}: no method of the suite has the parameter "
                            f"{choice.parameter!r} (methods: {', '.join(methods)})")
