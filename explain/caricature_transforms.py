@@ -1,29 +1,44 @@
-"""lucent's ``standard_transforms`` followed by the resize to the input size, as ONE resampling.
+"""The augmentation of every Caricature step, two ways (``Caricature.Params.transforms``).
 
-lucent augments every optimisation step with five resamplings of the whole (padded, up to 97 px)
-batch: ``pad(12, constant 0.5)``, ``jitter(8)`` (a kornia warp), ``random_scale`` (a bilinear
-upsample), ``random_rotate`` (a kornia warp) and ``jitter(4)``; ``render_vis`` then resizes to the
-model's input size. On a CPU these resamplings and their backward passes cost more than the small
-model itself (about a third of a Caricature step, profiled on the demo's small ResNet).
+lucent's ``render_vis`` augments every optimisation step with ``standard_transforms``, five
+resamplings of the whole (padded, up to 97 px on a 64-px canvas) batch: ``pad(12, constant
+0.5)``, ``jitter(8)`` (a kornia warp), ``random_scale`` (a bilinear upsample), ``random_rotate`` (a
+kornia warp) and ``jitter(4)``; it then upsamples to the model's input size (bilinear, align
+corners). Two implementations, drawing the same random parameters in the same order:
 
-``StandardTransforms`` draws the same random parameters from numpy's global generator in the same
-order as lucent (so a seed gives the same augmentation sequence), composes the six geometric maps
-into one map from output pixels to the 0.5-padded input, and samples it once, bilinearly, at the
-output size. Regions that lucent fills with zeros (content shifted or rotated out of the canvas,
-the border around a shrunk image) are zero here too; the 0.5 padding stays 0.5.
+- "lucent" (``LucentStandardTransforms``; the ``paper`` suite): lucent's own functions, composed
+  as ``render_vis`` composes them, followed by ``render_vis``'s ``torch.nn.Upsample``: the
+  original code's pixels (render_vis applies lucent's ImageNet normalisation before that
+  upsample; the models here normalise themselves, after it: equal up to float rounding, 1e-6).
+  Rows with their own generators (noise = "per_model") each run the chain alone with numpy's
+  global generator swapped for their own (``drawing_from``), as if each were its own
+  ``render_vis`` call.
+- "fused" (``StandardTransforms``; the method's default, so visualizations stored before the
+  option keep their keys; the ``demo`` suite sets it explicitly): the six geometric maps composed
+  into one map from output pixels to the 0.5-padded input, sampled once, bilinearly, at the
+  output size. On a CPU lucent's five resamplings and their backward passes cost more than the
+  small model itself: a demo Caricature batch took 1.7x to 2.1x as long with "lucent"
+  (evaluate/benchmarks/caricature_transforms.py; at 128 -> 224 px the model dominates, 1.0x to
+  1.3x).
 
-What differs from lucent: one interpolation instead of five (slightly sharper), hard borders on
-the zero-filled regions, and kornia 0.4's half-pixel quirk in ``translate`` (a shift of d pixels
-moves the image by d * W / (W - 1)) is not reproduced: shifts are whole pixels, as intended.
-tests/test_explain_methods.py compares the two on a smooth image.
+What "fused" changes: one interpolation instead of five (sharper: on a uniform-noise canvas, std
+0.29, the model's input differs from lucent's by a mean of 0.05, at 64 -> 64 and 128 -> 224 px,
+and the Caricature after 12 steps by a mean of 0.06; on a smooth image the two agree except along
+the borders of the zero-filled regions), hard borders on those regions (content shifted or
+rotated out of the canvas, the border around a shrunk image: zero in both; the 0.5 padding stays
+0.5), and kornia 0.4's half-pixel quirk in ``translate`` (a shift of d pixels moves the image by
+d * W / (W - 1)) is not reproduced: shifts are whole pixels, as intended.
 """
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from lucent.optvis import transform as lucent_transform
 
 # lucent.optvis.transform.standard_transforms, parameter for parameter.
 PAD = 12
@@ -126,7 +141,9 @@ def sampling_grids(height: int, width: int, draws: list[dict], device=None,
 
 
 class StandardTransforms:
-    """Callable on a (B, 3, H, W) batch of canvases in [0, 1]: output (B, 3, *output_size).
+    """The "fused" path: lucent's chain and the upsample to the input as ONE resampling.
+
+    Callable on a (B, 3, H, W) batch of canvases in [0, 1]: output (B, 3, *output_size).
 
     ``generators`` None: one random augmentation for the whole batch per call, drawn from numpy's
     global generator (lucent's ``render_vis`` on one batch); else one ``np.random.RandomState``
@@ -162,3 +179,57 @@ class StandardTransforms:
         sampled = F.grid_sample(padded, grid, mode="bilinear", padding_mode="zeros",
                                 align_corners=True)
         return sampled * mask
+
+
+@contextmanager
+def drawing_from(generator: np.random.RandomState) -> Iterator[None]:
+    """Inside the block, numpy's global generator (which lucent's transforms draw from) continues
+    ``generator``'s sequence; on leaving, ``generator`` holds the advanced state (as if drawn from
+    directly) and the global generator is back where it was."""
+    saved = np.random.get_state()
+    np.random.set_state(generator.get_state())
+    try:
+        yield
+    finally:
+        generator.set_state(np.random.get_state())
+        np.random.set_state(saved)
+
+
+def lucent_chain(output_size: tuple[int, int]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """render_vis's ``transform_f`` without lucent's ImageNet normalisation (the models normalise
+    themselves): ``standard_transforms``, then ``torch.nn.Upsample`` to the model's input size, as
+    ``render_vis`` appends it (called with ``fixed_image_size``, or a canvas under 224 px for its
+    224-px zoo)."""
+    return lucent_transform.compose([
+        *lucent_transform.standard_transforms,
+        torch.nn.Upsample(size=output_size, mode="bilinear", align_corners=True)])
+
+
+class LucentStandardTransforms:
+    """The "lucent" path: lucent's own transform functions, composed as ``render_vis`` composes
+    them. The same interface as ``StandardTransforms``.
+
+    ``generators`` None: the whole batch through the chain at once, drawing from numpy's global
+    generator (lucent's ``render_vis`` on one batch); else each row through the chain alone,
+    drawing from its own ``np.random.RandomState`` (rows rendered as if each were its own
+    ``render_vis`` call: lucent draws one augmentation per call for the whole batch)."""
+
+    def __init__(self, height: int, width: int, output_size: tuple[int, int] | None = None,
+                 generators: list[np.random.RandomState] | None = None):
+        self.chain = lucent_chain(output_size or (height, width))
+        self.generators = generators
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        if self.generators is None:
+            return self.chain(images)
+        if len(self.generators) != len(images):
+            raise ValueError(f"{len(self.generators)} generators for {len(images)} rows")
+        rows = []
+        for row, generator in zip(images.split(1), self.generators):
+            with drawing_from(generator):
+                rows.append(self.chain(row))
+        return torch.cat(rows)
+
+
+# Caricature.Params.transforms: the implementation of each path.
+AUGMENTATIONS = {"fused": StandardTransforms, "lucent": LucentStandardTransforms}

@@ -196,9 +196,10 @@ def test_caricature_single_layer_and_cossim(model, images):
 
 
 def test_fused_augmentation_matches_lucents_transform_chain():
-    """explain/caricature_transforms.py draws what lucent draws and resamples once: on a smooth
-    image the two agree except along the borders of zero-filled regions (hard there, blended by
-    lucent's repeated bilinear warps), for every random draw."""
+    """The fused path (explain/caricature_transforms.py, transforms = "fused") draws what lucent
+    draws and resamples once: on a smooth image the two agree except along the borders of
+    zero-filled regions (hard there, blended by lucent's repeated bilinear warps), for every
+    random draw."""
     y, x = torch.meshgrid(torch.linspace(0, 1, SIZE), torch.linspace(0, 1, SIZE), indexing="ij")
     image = torch.stack([0.5 + 0.4 * torch.sin(6 * x), 0.5 + 0.4 * torch.cos(5 * y), x * y])[None]
     lucent_chain = lucent_transform.compose(lucent_transform.standard_transforms + [

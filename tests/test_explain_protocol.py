@@ -22,8 +22,8 @@ from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 
 from counteraudit.evaluate.detect import get_args_parser, main
 from counteraudit.explain import build_method
-from counteraudit.explain.caricature_transforms import (StandardTransforms, draw_parameters, sampling_grid,
-                                                        sampling_grids)
+from counteraudit.explain.caricature_transforms import (AUGMENTATIONS, draw_parameters,
+                                                        sampling_grid, sampling_grids)
 from counteraudit.explain.methods.caricature import floor_uint8, per_row_start
 from counteraudit.explain.renderers import RENDERERS, build_renderer
 from counteraudit.explain.stage import method_params
@@ -297,11 +297,13 @@ def test_paper_caricature_settings_are_render_vis_defaults(monkeypatch):
     layers = ARCHITECTURES.get("resnet50").caricature_layers
     assert [method.steps_for(layer) for layer in layers] == [512] * 5 + [1024] * 2
     assert (params.noise, params.quantize) == ("per_model", "floor")
+    assert params.transforms == "lucent"  # lucent's own standard_transforms (tests below)
 
 
 def test_canvas_is_upsampled_to_the_input_as_lucents_chain_does():
-    """explain/caricature_transforms.py with a canvas smaller than the input: as lucent's
-    standard_transforms followed by render_vis's upsample, on a smooth image."""
+    """The fused path (transforms = "fused") with a canvas smaller than the input: as lucent's
+    standard_transforms followed by render_vis's upsample, on a smooth image (on a high-frequency
+    one it is not: test_the_fused_path_differs_from_lucents_chain_on_a_high_frequency_canvas)."""
     canvas = 40
     y, x = torch.meshgrid(torch.linspace(0, 1, canvas), torch.linspace(0, 1, canvas), indexing="ij")
     image = torch.stack([0.5 + 0.4 * torch.sin(6 * x), 0.5 + 0.4 * torch.cos(5 * y), x * y])[None]
@@ -311,21 +313,119 @@ def test_canvas_is_upsampled_to_the_input_as_lucents_chain_does():
         np.random.seed(seed)
         expected = chain(image)
         np.random.seed(seed)
-        fused = StandardTransforms(canvas, canvas, (SIZE, SIZE))(image)
+        fused = AUGMENTATIONS["fused"](canvas, canvas, (SIZE, SIZE))(image)
         assert fused.shape == expected.shape == (1, 3, SIZE, SIZE)
         difference = (expected - fused).abs()
         assert difference.median() < 0.01 and difference.mean() < 0.03, (seed, difference.mean())
+
+
+def render_vis_chain(output_size: int):
+    """What render_vis applies to the canvas every step (models that normalise themselves, so
+    preprocess=False): lucent's standard_transforms, then its upsample to the model's input."""
+    return lucent_transform.compose(lucent_transform.standard_transforms + [
+        torch.nn.Upsample(size=output_size, mode="bilinear", align_corners=True)])
+
+
+def augmented_with_gradient(augment, canvas: torch.Tensor, weights: torch.Tensor):
+    """augment(canvas) and the gradient of a weighted sum of it with respect to the canvas."""
+    canvas = canvas.clone().requires_grad_(True)
+    augmented = augment(canvas)
+    (augmented * weights).sum().backward()
+    return augmented.detach(), canvas.grad
+
+
+def noise_canvas(rows: int, side: int) -> torch.Tensor:
+    """A high-frequency canvas: uniform noise, where one resampling and five differ most."""
+    return torch.rand(rows, 3, side, side, generator=torch.Generator().manual_seed(2))
+
+
+CANVAS, INPUT = 24, 40  # a canvas smaller than the input, as the paper's 128 -> 224
+
+
+def test_the_paper_suites_transforms_are_lucents_chain_bit_for_bit():
+    """The paper suite's Caricature augmentation, on a noise canvas and with numpy's global seed
+    (noise = "shared"): the output and its gradient are those of lucent's standard_transforms +
+    render_vis's upsample, bit for bit."""
+    path = build_method("caricature", method_params(load_suite("paper"), "caricature")).params.transforms
+    canvas = noise_canvas(2, CANVAS)
+    weights = torch.rand(2, 3, INPUT, INPUT, generator=torch.Generator().manual_seed(3))
+    for seed in range(3):
+        np.random.seed(seed)
+        expected = augmented_with_gradient(render_vis_chain(INPUT), canvas, weights)
+        np.random.seed(seed)
+        got = augmented_with_gradient(AUGMENTATIONS[path](CANVAS, CANVAS, (INPUT, INPUT)),
+                                      canvas, weights)
+        assert got[0].shape == (2, 3, INPUT, INPUT)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+def test_the_fused_path_differs_from_lucents_chain_on_a_high_frequency_canvas():
+    """The choice is real: with the same draws, one resampling is not five on a noise canvas."""
+    canvas = noise_canvas(1, CANVAS)
+    differences = []
+    for seed in range(3):
+        np.random.seed(seed)
+        lucent = AUGMENTATIONS["lucent"](CANVAS, CANVAS, (INPUT, INPUT))(canvas)
+        np.random.seed(seed)
+        fused = AUGMENTATIONS["fused"](CANVAS, CANVAS, (INPUT, INPUT))(canvas)
+        differences.append((lucent - fused).abs().mean().item())
+    assert min(differences) > 0.02, differences  # canvas std 0.29
+
+
+def test_lucent_path_per_model_rows_draw_from_their_own_generators():
+    """noise = "per_model" with lucent's chain: each row is lucent's chain on that row alone,
+    drawing from the row's generator as if it were numpy's global one, step after step; a rerun
+    gives the same bits, rows of the same canvas differ, numpy's global generator is untouched."""
+    seeds = [11, 12, 13]
+    canvas = noise_canvas(1, CANVAS).expand(3, -1, -1, -1)  # the same canvas in every row
+    weights = torch.rand(3, 3, INPUT, INPUT, generator=torch.Generator().manual_seed(3))
+    expected = []  # two steps per row, each row through render_vis's chain alone
+    for row, seed in enumerate(seeds):
+        np.random.seed(seed)
+        expected.append([augmented_with_gradient(render_vis_chain(INPUT), canvas[row:row + 1],
+                                                 weights[row:row + 1]) for _ in range(2)])
+    runs = []
+    for _ in range(2):
+        np.random.seed(99)
+        augment = AUGMENTATIONS["lucent"](CANVAS, CANVAS, (INPUT, INPUT),
+                                          [np.random.RandomState(s) for s in seeds])
+        runs.append([augmented_with_gradient(augment, canvas, weights) for _ in range(2)])
+        assert np.random.rand() == np.random.RandomState(99).rand()  # global state untouched
+    for step in range(2):
+        for row in range(3):
+            for got, want in zip(runs[0][step], expected[row][step]):
+                assert torch.equal(got[row:row + 1], want)
+        assert torch.equal(runs[1][step][0], runs[0][step][0])  # a rerun: the same bits
+        assert torch.equal(runs[1][step][1], runs[0][step][1])
+        outputs = runs[0][step][0]
+        assert not torch.equal(outputs[0], outputs[1]) and not torch.equal(outputs[1], outputs[2])
+    assert not torch.equal(runs[0][0][0], runs[0][1][0])  # the generators advance
+
+
+def test_the_transforms_path_enters_the_key_only_when_not_fused():
+    """Results stored before the option were computed with the fused path: "fused" keeps their
+    key, "lucent" gets its own."""
+    layers = {"layers": ["(3,1)"]}
+    default = build_method("caricature", layers).describe(None)
+    assert "transforms" not in default["method_params"]
+    assert build_method("caricature", {**layers, "transforms": "fused"}).describe(None) == default
+    lucent = build_method("caricature", {**layers, "transforms": "lucent"}).describe(None)
+    assert lucent["method_params"]["transforms"] == "lucent"
+    with pytest.raises(ValueError, match="'fused', 'lucent'"):
+        build_method("caricature", {"transforms": "lucid"})
 
 
 CARICATURE = {"steps": 2, "layers": ["(2,1,1)", "(4,0,3)"], "noise": "per_model",
               "canvas": 32, "quantize": "floor", "steps_by_layer": {"layer4": 3}}
 
 
-def test_per_model_noise_differs_between_models_and_repeats_bit_for_bit(model, images):
-    method = build_method("caricature", CARICATURE)
+@pytest.mark.parametrize("transforms", ["fused", "lucent"])
+def test_per_model_noise_differs_between_models_and_repeats_bit_for_bit(model, images, transforms):
+    params = {**CARICATURE, "transforms": transforms}
+    method = build_method("caricature", params)
     first = method.run(model, images, batch_size=2, model_id="model-a")
-    again = build_method("caricature", CARICATURE).run(model, images, batch_size=2,
-                                                       model_id="model-a")
+    again = build_method("caricature", params).run(model, images, batch_size=2,
+                                                   model_id="model-a")
     other = method.run(model, images, batch_size=2, model_id="model-b")
     assert first.images.shape == (2, 2, 32, 32, 3)  # the canvas's size
     np.testing.assert_array_equal(again.images, first.images)
@@ -351,10 +451,11 @@ def test_per_model_random_starts_differ_and_shared_starts_are_shared():
     assert 0.005 < spectra[0].std() < 0.02  # lucent's sd 0.01
 
 
-def test_shared_noise_gives_every_model_the_same_draws(model, images):
+@pytest.mark.parametrize("transforms", ["fused", "lucent"])
+def test_shared_noise_gives_every_model_the_same_draws(model, images, transforms):
     """The paired design: two model ids, same model, same bits (the draws do not depend on the
     model's key)."""
-    params = {**CARICATURE, "noise": "shared"}
+    params = {**CARICATURE, "noise": "shared", "transforms": transforms}
     first = build_method("caricature", params).run(model, images, model_id="model-a")
     other = build_method("caricature", params).run(model, images, model_id="model-b")
     np.testing.assert_array_equal(first.images, other.images)

@@ -8,10 +8,13 @@ power stays defined), solved with lucent's default regularisation, as ``render_v
   size of the result;
 - augmentation ``transform.standard_transforms`` (pad 12, jitter 8, scale 0.9-1.1, rotate +-10
   degrees, jitter 4), then bilinear resizing to the input size, as ``render_vis`` upsamples to
-  the model's input size (224 for its zoo), composed into one resampling with the same random
-  draws (explain/caricature_transforms.py: lucent's five resamplings cost more than the small
-  model on a CPU); the target f_l(x) is computed once on the clean input
-  x, as the paper's code did, so both feature maps have the same shape;
+  the model's input size (224 for its zoo); ``transforms`` chooses how
+  (explain/caricature_transforms.py): "lucent" calls lucent's own functions and that upsample,
+  as render_vis does (the ``paper`` suite); "fused", the default, composes them into one
+  resampling with the same random draws (lucent's five resamplings cost more than the small
+  model on a CPU; the ``demo`` suite, see demo.toml for the measured cost); the target f_l(x) is
+  computed once on the clean input x, as the paper's code did, so both feature maps have the
+  same shape;
 - Adam, learning rate 5e-2, ``steps`` steps (512, SPEC.md), or per layer from ``steps_by_layer``
   (the paper's code: ``{ layer4 = 1024 }``); layers with different step counts are rendered by
   separate optimisations;
@@ -19,7 +22,8 @@ power stays defined), solved with lucent's default regularisation, as ``render_v
   whole batch from the batch's seed, the same for every model (a paired design); or "per_model",
   each (model, image, layer) row its own start and draws, seeded from the seed, the model's key,
   the image's position and the layer (the paper's unseeded calls were independent, and a rerun
-  here gives the same bits);
+  here gives the same bits); with ``transforms = "lucent"`` each such row goes through lucent's
+  chain alone, numpy's global generator swapped for the row's own for the call;
 - ``quantize``: "round" to the nearest uint8, or "floor" as the paper's ``uint8(vis * 255)``.
 The models take [0, 1] images and normalise them themselves, so lucent's ImageNet preprocessing
 is not applied.
@@ -56,7 +60,7 @@ from torchvision.models.resnet import ResNet
 
 from counteraudit.explain.base import (METHODS, BatchContext, BatchOutput, VisualizationMethod,
                                        architecture_default, model_device)
-from counteraudit.explain.caricature_transforms import StandardTransforms
+from counteraudit.explain.caricature_transforms import AUGMENTATIONS
 from counteraudit.explain.params import added
 from counteraudit.explain.render import to_uint8
 from counteraudit.train.architectures import Classifier, layer_name, resolve_layer
@@ -67,6 +71,7 @@ COSINE_FLOOR = 0.1
 NOISES = ("shared", "per_model")
 LUCENT_SD = 0.01  # lucent's param.image start: a normal spectrum times this
 QUANTIZATIONS = ("round", "floor")
+TRANSFORM_PATHS = tuple(AUGMENTATIONS)
 
 
 def forward_stages(model: nn.Module) -> list[Callable[[torch.Tensor], torch.Tensor]]:
@@ -187,6 +192,11 @@ class Caricature(VisualizationMethod):
         # Float [0, 1] -> uint8: "round" (nearest), or "floor" as the paper's
         # uint8(vis * 255).
         quantize: str = added("round", choices=QUANTIZATIONS)
+        # The augmentation of every step (explain/caricature_transforms.py): "lucent", lucent's
+        # own standard_transforms and render_vis's upsample to the input (the original code's
+        # pixels); "fused", the same draws as one resampling (faster on a CPU, slightly sharper).
+        # "fused" is what results before this option were computed with, so it keeps their keys.
+        transforms: str = added("fused", choices=TRANSFORM_PATHS)
 
     def resolve(self, architecture: str | None) -> Params:
         layers = self.params.layers or architecture_default(
@@ -264,7 +274,8 @@ class Caricature(VisualizationMethod):
                 per_row_start(spectrum[0], row_seeds)
                 generators = [np.random.RandomState(s % 2**32) for s in row_seeds]
             optimizer = torch.optim.Adam(spectrum, lr=params.learning_rate)
-            augment = StandardTransforms(canvas_height, canvas_width, (height, width), generators)
+            augment = AUGMENTATIONS[params.transforms](canvas_height, canvas_width,
+                                                      (height, width), generators)
             resize = resize_to(height, width)
 
             def measure() -> tuple[torch.Tensor, torch.Tensor]:
