@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from counteraudit.explain.base import METHODS, build_method
+from counteraudit.explain.methods.caricature import TRANSFORM_PATHS
 from counteraudit.explain.renderers import ATTRIBUTIONS
 from counteraudit.explain.renderers.captum_figure import RASTERISATIONS
 from counteraudit.explain.stage import method_params
@@ -136,6 +137,11 @@ PROTOCOL_CHOICES.register(ProtocolChoice(
     "caricature_noise", "noise", ("per_model", "shared"), methods=named("caricature"),
     description="Caricatures' random start and augmentations: drawn per model, image and layer "
                 "(the paper's code, unseeded there) or shared by every model (a paired design)"))
+PROTOCOL_CHOICES.register(ProtocolChoice(
+    "caricature_transforms", "transforms", TRANSFORM_PATHS, methods=named("caricature"),
+    description="Caricatures' augmentation at every step: lucent's own standard_transforms chain "
+                "(five resamplings, then render_vis's upsample; the paper's code) or one fused "
+                "resampling with the same random draws (faster on a CPU, slightly sharper)"))
 PROTOCOL_CHOICES.register(ProtocolChoice(
     "explained_class", "explained_class", ("top", "label"),
     description="the class explained: the model's own top class (the paper) or the image's true "
