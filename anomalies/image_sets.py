@@ -222,13 +222,36 @@ def folder_set(suite: Suite, name: str, world: World, root: Path, count: int) ->
     return _load_or_make(root, name, set_id, make)
 
 
+def detection_recipe(suite: Suite) -> dict[str, Any]:
+    """Everything that determines the seeded detection set's pixels (its id is their hash)."""
+    m, _ = set_sizes(suite)
+    return {"kind": DETECTION, "world": suite.world, "m": m, "seed": image_set_seed(suite),
+            "draw": DRAW}
+
+
+# The one entry of an abnormal set's recipe that is known only after training: the class the
+# blurred-faces model lost most on (its implant check's finding).
+IMPLANT_DETAILS = "details"
+
+
+def abnormal_recipe(suite: Suite, spec: ModelSpec, implant: dict | None) -> dict[str, Any]:
+    """Everything that determines a model's seeded abnormal set's pixels."""
+    _, p = set_sizes(suite)
+    return {"kind": "abnormal", "world": suite.world, "family": spec.family, "params": spec.params,
+            "p": p, "seed": image_set_seed(suite),
+            # the draw is seeded from the name, the family built with the model's seed
+            "model": spec.name, "model_seed": spec.seed,
+            # the blurred-faces set depends on which class the model lost most on
+            IMPLANT_DETAILS: (implant or {}).get("details", {}).get("most_affected_class"),
+            "draw": DRAW}
+
+
 def detection_set(suite: Suite, world: World, root: Path) -> ImageSet:
     m, _ = set_sizes(suite)
     if DETECTION in image_folders(suite):
         return folder_set(suite, DETECTION, world, root, m)
     val = world.split("val")
-    recipe = {"kind": DETECTION, "world": suite.world, "m": m, "seed": image_set_seed(suite),
-              "draw": DRAW}
+    recipe = detection_recipe(suite)
     set_id = stable_hash(recipe)
 
     def make() -> ImageSet:
@@ -249,13 +272,7 @@ def abnormal_set(suite: Suite, spec: ModelSpec, world: World, root: Path,
         return folder_set(suite, name, world, root, p)
     family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)
     val = world.split("val")
-    recipe = {"kind": "abnormal", "world": suite.world, "family": spec.family, "params": spec.params,
-              "p": p, "seed": image_set_seed(suite),
-              # the draw is seeded from the name, the family built with the model's seed
-              "model": spec.name, "model_seed": spec.seed,
-              # the blurred-faces set depends on which class the model lost most on
-              "details": (implant or {}).get("details", {}).get("most_affected_class"),
-              "draw": DRAW}
+    recipe = abnormal_recipe(suite, spec, implant)
     set_id = stable_hash(recipe)
 
     def make() -> ImageSet:

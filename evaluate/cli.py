@@ -54,13 +54,15 @@ def _build_parsers(add_help: bool = True):
         own = module.get_args_parser(add_help=False)
         by_name[name] = commands.add_parser(
             name, parents=[own], help=_summary(module), description=module.__doc__,
-            formatter_class=ScriptHelpFormatter)
+            epilog=own.epilog, formatter_class=ScriptHelpFormatter)
     return parser, by_name
 
 
 def main(argv: list[str] | None = None) -> int:
     parser, by_name = _build_parsers()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse would blame the top-level command; the subcommand's usage helps more
+        by_name[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     run_cli(importlib.import_module(STAGE_SCRIPTS[args.command]).main, by_name[args.command], args)
     return 0
 

@@ -24,6 +24,7 @@ import time
 from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, prepare
 from counteraudit.anomalies.image_sets import DETECTION, set_sources
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
+from counteraudit.evaluate.scoring.detection import margin_wide
 from counteraudit.evaluate.scoring.stage import detection_scores
 from counteraudit.evaluate.scoring.tables import detection_tables
 from counteraudit.evaluate.scoring.verdicts import findings
@@ -36,7 +37,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict:
-    suite, methods, distance, distance_name, note = prepare(args)
+    suite, methods, distance, distance_name, _ = prepare(args)
     if getattr(args, "dry_run", False):
         return {}
     started = time.perf_counter()
@@ -50,7 +51,7 @@ def main(args: argparse.Namespace) -> dict:
     write_tables(suite, tables, args.runs_dir)
     anomalous = per_model[per_model["role"] == "anomalous"]
     print(f"\nTable 1 -- fraction of each family's models detected by the paper's rule (Abar above every "
-          f"reference's; {describe_distance(distance_name, note)};"
+          f"reference's; {describe_distance(distance_name)};"
           f" {suite.name} suite, {len(references)} references; {set_sources(suite, [DETECTION])})\n")
     print(to_markdown(summary))
     nulls = tables.get(f"detection-null-{distance_name}")
@@ -62,9 +63,9 @@ def main(args: argparse.Namespace) -> dict:
               f"{len(references)} references\n")
         print(to_markdown(nulls))
     print_verdicts(tables, distance_name)  # where the suite asked for null p-values
-    print("\nPer model: margin = Abar(f) / max_i Abar(g_i) (> 1 means detected), p = rank p-value\n")
-    wide = anomalous.pivot_table(index=["family", "model"], columns="method", values="margin", sort=False)
-    print(to_markdown(wide.reset_index(), float_format="{:.2f}"))
+    print("\nPer model: margin = Abar(f) / max_i Abar(g_i), one column per method (> 1 means "
+          "detected; printed with the digits it takes to show which side of 1 it is on)\n")
+    print(to_markdown(margin_wide(anomalous)))
     intervals = tables[f"detection-intervals-{distance_name}"]
     if (intervals["n_models"] >= 2).any():
         print("\nTable 1 with exact (Clopper-Pearson) 95% intervals, for families of two models "

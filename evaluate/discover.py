@@ -1,5 +1,5 @@
-"""Counter-audit failure-discovery auditors: do error ratios and t-wise search find the planted
-defects? (Tables 3 and 4)
+"""Counter-audit failure-discovery auditors: does each registered auditor find the planted
+defects? (Tables 3 and 4; the auditors are listed at the end of --help)
 
     python evaluate/discover.py                  # the demo suite: every auditor on every model
     python evaluate/discover.py --quick          # the small 'quick' suite (a smoke test)
@@ -23,13 +23,14 @@ if __package__ in (None, ""):
 import argparse
 import time
 
+from counteraudit.evaluate.discovery.auditors import AUDITORS
 from counteraudit.evaluate.discovery.search_study import search_study
 from counteraudit.evaluate.discovery.stage import (discover_seed, discover_suite, load_suite_findings,
                                                    suite_auditors)
 from counteraudit.evaluate.discovery.tables import discovery_tables
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.slurm.executor import add_executor_args
-from counteraudit.train.core.stage import add_common_args, run_cli
+from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli, suite_name
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.train import train_and_check
 from counteraudit.train.worlds import build_world
@@ -37,14 +38,11 @@ from counteraudit.train.worlds import build_world
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser("counteraudit discover", add_help=add_help,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=ScriptHelpFormatter, epilog=auditors_epilog())
     add_common_args(parser)
-    parser.add_argument("--quick", action="store_true",
-                        help="run the small 'quick' suite instead (a smoke test in a few minutes)")
     parser.add_argument("--auditor", action="append", default=None, metavar="NAME",
                         help="only this auditor (repeatable); default: the suite's [discover] "
-                             "auditors, else every registered one (caption_lift, error_ratio, "
-                             "surrogate_search, twise)")
+                             f"auditors, else every registered one ({', '.join(AUDITORS.names())})")
     parser.add_argument("--device", default=None,
                         help="cpu, cuda or cuda:N (default: cuda if available); the demo's "
                              "small models run as fast on 2 CPU cores")
@@ -52,10 +50,18 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
+def auditors_epilog() -> str:
+    """The registered auditors, one line each: the first line of its module's docstring."""
+    lines = []
+    for name in AUDITORS.names():
+        summary = (sys.modules[AUDITORS.get(name).__module__].__doc__ or "").strip().split("\n")[0]
+        lines.append(f"  {name}: {summary}")
+    return ("auditors (every registered one runs, unless --auditor or [discover] auditors "
+            "narrows them):\n" + "\n".join(lines))
+
+
 def main(args: argparse.Namespace) -> dict:
-    if args.quick and args.suite not in ("demo", "quick"):
-        raise ValueError(f"--quick runs the 'quick' suite; drop --suite {args.suite} or --quick")
-    suite = load_suite("quick" if args.quick else args.suite)
+    suite = load_suite(suite_name(args))
     suite_auditors(suite, args.auditor)  # an unknown --auditor fails here, not after training
     train_and_check(suite, suite.models, args)
     started = time.perf_counter()

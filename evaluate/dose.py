@@ -54,11 +54,11 @@ def suite_dose_tables(suite, methods, distance, distance_name, runs_root=None, a
 
 
 def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
-    suite, methods, distance, distance_name, note = prepare(args)
+    suite, methods, distance, distance_name, _ = prepare(args)
     if getattr(args, "dry_run", False):
         return {}
     dose, limits = suite_dose_tables(suite, methods, distance, distance_name, args.runs_dir, args)
-    print(f"\nDose-response ({describe_distance(distance_name, note)}; {suite.name} suite, "
+    print(f"\nDose-response ({describe_distance(distance_name)}; {suite.name} suite, "
           f"{len(suite.references)} references). margin = Abar(f) / max_i Abar(g_i), * = detected "
           "(above every reference); AUROC [95% bootstrap band over images]")
     for sweep in suite.sweeps:

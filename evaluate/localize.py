@@ -24,7 +24,8 @@ from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, p
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.anomalies.image_sets import set_sources
 from counteraudit.evaluate.scoring.stage import localization_scores
-from counteraudit.evaluate.scoring.tables import localization_power_note, localization_tables
+from counteraudit.evaluate.scoring.tables import (chance_band_note, localization_power_note,
+                                                  localization_tables)
 from counteraudit.train.core.stage import run_cli
 
 
@@ -33,7 +34,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict:
-    suite, methods, distance, distance_name, note = prepare(args)
+    suite, methods, distance, distance_name, _ = prepare(args)
     if getattr(args, "dry_run", False):
         return {}
     started = time.perf_counter()
@@ -43,12 +44,10 @@ def main(args: argparse.Namespace) -> dict:
     summary = tables[f"localization-{distance_name}"]
     per_model = tables[f"localization-per-model-{distance_name}"]
     write_tables(suite, tables, args.runs_dir)
-    band = per_model[["chance_low", "chance_high"]].median()
     print(f"\nTable 2 -- localization AUROC, abnormal vs normal inputs "
-          f"({describe_distance(distance_name, note)}; {suite.name} suite; images: {set_sources(suite)})\n")
+          f"({describe_distance(distance_name)}; {suite.name} suite; images: {set_sources(suite)})\n")
     print(to_markdown(summary, float_format="{:.2f}"))
-    print(f"\nAt these set sizes an AUROC inside [{band['chance_low']:.2f}, {band['chance_high']:.2f}] "
-          "cannot be told from chance (95% of label permutations); 0.7 counts as success.")
+    print(f"\n{chance_band_note(per_model)}")
     replicated = tables.get(f"localization-replicates-{distance_name}")
     if replicated is not None:
         print("\nTable 2 over replicates: each configuration's mean AUROC over its seeds, 95% "

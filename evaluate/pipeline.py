@@ -7,13 +7,13 @@ import argparse
 import time
 from typing import Any
 
-from counteraudit.evaluate.scoring.distances import build_distance, resolve_distance_name
+from counteraudit.evaluate.scoring.distances import MissingBackboneWeightsError, build_distance
 from counteraudit.explain.stage import (add_chunk_images_arg, explain_suite, explained_images_line,
                                         suite_methods)
 from counteraudit.slurm.executor import add_executor_args
-from counteraudit.train.core.stage import add_common_args
+from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, suite_name
 from counteraudit.train.core.suite import Suite, load_suite, null_problems
-from counteraudit.train.core.suite_schema import MIN_SCORED_REFERENCES, SuiteFileError
+from counteraudit.train.core.suite_schema import DEFAULT_SUITE_DISTANCE, MIN_SCORED_REFERENCES, SuiteFileError
 from counteraudit.train.train import train_and_check
 
 
@@ -22,7 +22,7 @@ from counteraudit.train.train import train_and_check
 def pipeline_parser(prog: str, add_help: bool = True) -> argparse.ArgumentParser:
     """The options detect.py, localize.py and report.py share: suite, upstream stages, executor."""
     parser = argparse.ArgumentParser(prog, add_help=add_help,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=ScriptHelpFormatter)
     add_common_args(parser)
     add_pipeline_args(parser)
     add_executor_args(parser)
@@ -30,15 +30,7 @@ def pipeline_parser(prog: str, add_help: bool = True) -> argparse.ArgumentParser
 
 
 def add_pipeline_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--quick", action="store_true",
-                        help="run the small 'quick' suite instead (a smoke test in a few minutes)")
-    parser.add_argument("--distance", default=None,
-                        help="lpips-alex (the paper's; default when its backbone weights are "
-                             "available), lpips-vgg, lpips-squeeze; weight-free: l2 (the default "
-                             "offline, said in every table), ssim")
-    parser.add_argument("--weights-dir", default=None,
-                        help="folder holding torchvision's ImageNet backbone weights for LPIPS "
-                             "(e.g. alexnet-owt-7be5be79.pth); also searched: $TORCH_HOME/hub/checkpoints")
+    add_distance_args(parser)
     parser.add_argument("--method", action="append", default=None, metavar="NAME",
                         help="only this explanation method (repeatable)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
@@ -51,17 +43,48 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     return parser
 
 
-def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], Any, str, str | None]:
+def add_distance_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--distance", default=None,
+                        help="the image distance of the anomaly score: l2 or ssim (weight-free), "
+                             "lpips-alex (the paper's), lpips-vgg, lpips-squeeze; default: the "
+                             "suite's [evaluate] distance (the demo's: l2; the paper's: lpips-alex)")
+    parser.add_argument("--download-weights", action="store_true",
+                        help="let an LPIPS distance download torchvision's backbone weights into "
+                             "$TORCH_HOME/hub/checkpoints when they are missing; without it nothing "
+                             "is downloaded, and a missing file stops the run with the fix")
+    parser.add_argument("--weights-dir", default=None,
+                        help="folder holding torchvision's ImageNet backbone weights for LPIPS "
+                             "(e.g. alexnet-owt-7be5be79.pth); also searched: $TORCH_HOME/hub/checkpoints")
+    return parser
+
+
+def scoring_distance(suite: Suite, args: argparse.Namespace) -> tuple[Any, str, str]:
+    """The distance the scores use, built: --distance over the suite's [evaluate] distance.
+    Returns (distance, its name, where it was chosen). An LPIPS distance whose backbone weights
+    are missing fails here, before any work, with the fix (--download-weights downloads them);
+    nothing is downloaded unasked, so a run gives the same tables online and offline."""
+    requested = getattr(args, "distance", None)
+    name = requested or suite.tables.get("evaluate", {}).get("distance", DEFAULT_SUITE_DISTANCE)
+    source = ("--distance" if requested else
+              "the suite's [evaluate] distance" if "distance" in suite.tables.get("evaluate", {})
+              else "the default: the suite sets no [evaluate] distance")
+    try:
+        distance = build_distance(name, weights_dir=getattr(args, "weights_dir", None),
+                                  download=getattr(args, "download_weights", False))
+    except MissingBackboneWeightsError as error:
+        where = "--distance" if requested else f"suite file {suite.path}: [evaluate] distance"
+        raise MissingBackboneWeightsError(f"{where} = {name!r}: {error}") from error
+    return distance, name, source
+
+
+def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], Any, str, str]:
     """Everything upstream of scoring that is missing: world, training, implant checks,
-    image sets, visualizations. Returns (suite, methods, distance, its name, fallback note);
+    image sets, visualizations. Returns (suite, methods, distance, its name, where it was chosen);
     the distance is built first, so missing LPIPS weights fail before any work."""
-    if args.quick and args.suite not in ("demo", "quick"):
-        raise ValueError(f"--quick runs the 'quick' suite; drop --suite {args.suite} or --quick")
-    suite = load_suite("quick" if args.quick else args.suite)
+    suite = load_suite(suite_name(args))
     check_scorable(suite)
     check_null_request(suite, getattr(args, "p_value", None))
-    distance_name, note = resolve_distance_name(args.distance, weights_dir=args.weights_dir)
-    distance = build_distance(distance_name, weights_dir=args.weights_dir)
+    distance, distance_name, source = scoring_distance(suite, args)
     methods = suite_methods(suite, args.method)
     started = time.perf_counter()
     _stage(f"1/3 training {len(suite.models)} models of suite {suite.name!r} (skips trained ones)")
@@ -72,8 +95,8 @@ def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], Any, str, str |
     counts = explain_suite(suite, args, methods=methods)
     print(f"{counts['computed']} visualization set(s) computed, {counts['stored']} already stored, "
           f"in {time.perf_counter() - started:.0f}s; {explained_images_line(counts)}")
-    _stage(f"3/3 scoring with {distance_name}" + (f" ({note})" if note else ""))
-    return suite, methods, distance, distance_name, note
+    _stage(f"3/3 scoring with distance {distance_name} ({source})")
+    return suite, methods, distance, distance_name, source
 
 
 def check_scorable(suite: Suite) -> None:
@@ -100,5 +123,6 @@ def _stage(text: str) -> None:
     print(f"\n== {text}", flush=True)
 
 
-def describe_distance(distance_name: str, note: str | None) -> str:
-    return f"distance: {distance_name}" + (f" -- {note}" if note else "")
+def describe_distance(distance_name: str) -> str:
+    """How a table's caption names its distance (the run said once where it came from)."""
+    return f"distance: {distance_name}"

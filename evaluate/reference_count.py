@@ -34,28 +34,24 @@ import numpy as np
 import pandas as pd
 
 from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_images
-from counteraudit.evaluate.pipeline import check_scorable
+from counteraudit.evaluate.pipeline import add_distance_args, check_scorable, scoring_distance
 from counteraudit.evaluate.reporting.power import power_tables, print_power
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
-from counteraudit.evaluate.scoring.distances import build_distance, resolve_distance_name
 from counteraudit.evaluate.scoring.localization import auroc
 from counteraudit.evaluate.scoring.scores import (ZERO_SPREAD_TOLERANCE, mean_pair_distance,
                                                   reference_distance_matrix, score_frame)
 from counteraudit.evaluate.studies.power import detection_by_reference_count
 from counteraudit.explain.stage import load_image_sets, load_results, suite_methods
-from counteraudit.train.core.stage import add_common_args, run_cli
+from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli, suite_name
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.worlds import build_world
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser("counteraudit reference count", add_help=add_help,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=ScriptHelpFormatter)
     add_common_args(parser)  # --suite, --runs-dir: a suite whose visualizations are stored
-    parser.add_argument("--distance", default=None,
-                        help="as evaluate/localize.py: lpips-alex when its backbone weights are "
-                             "available, else the weight-free l2 (said in the output)")
-    parser.add_argument("--weights-dir", default=None, help="LPIPS backbone weights folder")
+    add_distance_args(parser)
     parser.add_argument("--method", action="append", default=None, metavar="NAME",
                         help="only this method (repeatable; default: the suite's methods; per-layer "
                              "methods such as Caricatures are skipped)")
@@ -116,11 +112,11 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
     if not 0 < args.level <= 1 or not 0 < args.auroc_target <= 1 or args.subsets < 1:
         raise ValueError(f"--level {args.level} and --auroc-target {args.auroc_target} must be in "
                          f"(0, 1] (0.8 each recommended), --subsets {args.subsets} >= 1")
-    suite = load_suite(args.suite)
+    suite = load_suite(suite_name(args))
     check_scorable(suite)
     methods = suite_methods(suite, args.method)
-    distance_name, note = resolve_distance_name(args.distance, weights_dir=args.weights_dir)
-    distance = build_distance(distance_name, weights_dir=args.weights_dir)
+    distance, distance_name, source = scoring_distance(suite, args)
+    print(f"distance: {distance_name} ({source})")
     world = build_world(suite.world, runs_root=args.runs_dir)
     image_sets = load_image_sets(suite, args.runs_dir, world)
     references = [s.name for s in suite.references]
@@ -163,7 +159,7 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
     table = (pd.DataFrame(rows).sort_values("model", key=lambda c: c.map(order), kind="stable")
              .reset_index(drop=True))
     print(f"\nLocalization AUROC with n of the {len(references)} references (distance: "
-          f"{distance_name}{f' -- {note}' if note else ''}; mean over {args.subsets} random subsets "
+          f"{distance_name}; mean over {args.subsets} random subsets "
           "per n; all n: the suite's own Table 2 value)\n")
     print(to_markdown(table, float_format="{:.2f}"))
     tables = power_tables(suite, methods, distance, distance_name, args,

@@ -11,7 +11,7 @@ runs/<suite>/report/report.html): inline CSS, images as PNG data URIs, plots as 
 external resources, so it can be mailed or opened offline. The output depends only on the run's
 artifacts (no date), so the same run gives the same bytes.
 
-Contents: a header (suite, distance and any fallback note, model counts); Table 1 with the
+Contents: a header (suite, the distance and where it was chosen, model counts); Table 1 with the
 per-model and per-layer detection tables; Table 2 with the per-model localization table (AUROC,
 bootstrap interval, chance band); each anomalous model's implant check with its family's figures
 against the references'; example visualizations (for every anomalous model and method: the
@@ -68,7 +68,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> Path | None:
     if args.examples < 1 or args.image_side < 8:
         raise ValueError(f"--examples {args.examples} must be >= 1 and --image-side {args.image_side} >= 8")
-    suite, methods, distance, distance_name, note = prepare(args)
+    suite, methods, distance, distance_name, source = prepare(args)
     if getattr(args, "dry_run", False):
         return None
     detection = detection_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
@@ -84,7 +84,7 @@ def main(args: argparse.Namespace) -> Path | None:
         tables.update({f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits})
     write_tables(suite, tables, args.runs_dir)
     discovery = stored_discovery(suite, args.runs_dir)
-    report = Report(suite=suite, methods=methods, distance_name=distance_name, note=note,
+    report = Report(suite=suite, methods=methods, distance_name=distance_name, source=source,
                     detection=detection, localization=localization, tables=tables,
                     implants=implants,
                     image_sets=load_image_sets(suite, args.runs_dir), runs_root=args.runs_dir,

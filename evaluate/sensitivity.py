@@ -50,14 +50,14 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
-    suite, methods, distance, distance_name, note = prepare(args)
+    suite, methods, distance, distance_name, _ = prepare(args)
     variants, skipped = plan_variants(suite, methods, args.choice, args.runs_dir)
     if getattr(args, "dry_run", False):
         for variant in variants:
             print(f"{variant.choice} = {variant.value}: would explain {', '.join(variant.methods)}")
         return {}
     print(f"\n== sensitivity: {len(variants)} alternative protocol(s) on suite {suite.name!r} "
-          f"({describe_distance(distance_name, note)})")
+          f"({describe_distance(distance_name)})")
     for line in skipped:
         print(f"skipped {line}")
     base = scored_tables(suite, methods, distance, distance_name, args)

@@ -11,9 +11,11 @@ reference on that model's abnormal set. One work item is one (model, method): th
 once and its images go through the method in batches. With --chunk-images N, one work item is
 one (model, method, image set, range of N images), stored as a part; the parts of a set are
 gathered into the same result an unchunked run stores, bit for bit, and a rerun after a partial
-failure submits only the missing parts. Results are stored per (model, method, image set) with
-the parameters that made them, under runs/<suite>/visualizations/; a rerun does no work, and
-adding a method computes only that method.
+failure submits only the missing parts. Each result (model, method, image set) is stored once,
+with the parameters that made them, in the store every suite shares
+(<runs-dir>/store/visualizations/<method>/<key hash>/), and linked from
+<runs-dir>/<suite>/visualizations/<method>/<model>/<image set>; a rerun does no work, adding a
+method computes only that method, and a suite finds what another computed.
 """
 from __future__ import annotations
 
@@ -29,14 +31,14 @@ import time
 
 from counteraudit.explain.stage import add_chunk_images_arg, explain_suite, explained_images_line
 from counteraudit.slurm.executor import add_executor_args
-from counteraudit.train.core.stage import add_common_args, run_cli
+from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli, suite_name
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.train import train_and_check
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser("counteraudit explanations", add_help=add_help,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=ScriptHelpFormatter)
     add_common_args(parser)
     parser.add_argument("--method", action="append", default=None, metavar="NAME",
                         help="only this method (repeatable); default: the suite's [explain] methods")
@@ -50,7 +52,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> None:
-    suite = load_suite(args.suite)
+    suite = load_suite(suite_name(args))
     # This stage needs trained models, and the blurred-faces image set needs the implant checks:
     # whatever is missing runs first, through the same executor, instead of failing (a no-op when
     # everything is there).

@@ -46,8 +46,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from counteraudit.anomalies.image_sets import (DETECTION, IMAGE_SET, ImageSet, abnormal_set_name, build_image_sets,
-                                               localizable, normal_set_name, same_lineage, set_sizes)
+from counteraudit.anomalies.image_sets import (DETECTION, IMAGE_SET, IMPLANT_DETAILS, ImageSet,
+                                               abnormal_recipe, abnormal_set_name, build_image_sets,
+                                               detection_recipe, localizable, normal_set_name,
+                                               same_lineage, set_sizes)
 from counteraudit.explain.base import METHODS, Explanation, ExplanationMethod, build_method
 from counteraudit.explain.store import (ARRAYS_FILE, PARAMS_FILE, VISUALIZATION, concatenate, gather_parts, is_stored,
                                         load_explanation, part_dir, part_key, result_key, row_range,
@@ -57,6 +59,7 @@ from counteraudit.slurm.stage_run import say
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.artifacts import (artifact_lock, find_or_make, link_into_store, lock_beside,
                                                read_json, stable_hash, store_dir)
+from counteraudit.train.core.keyed_store import as_stored
 from counteraudit.train.core.stage import StagePlan, executor_config, longest_first, run_stage, stage_item
 from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
 from counteraudit.train.implant_checks import read_implant
@@ -98,6 +101,11 @@ def sets_for(suite: Suite, spec: ModelSpec) -> list[str]:
     return names
 
 
+def sets_needed(suite: Suite, specs: list[ModelSpec]) -> set[str]:
+    """The image sets the models ``specs`` are explained on."""
+    return {name for spec in specs for name in sets_for(suite, spec)}
+
+
 def result_dir(root: Path, method: str, model: str, image_set: str) -> Path:
     """A result by the suite's names, under the suite's folder ``root`` (a link into the store)."""
     return root / VISUALIZATIONS / method / model / image_set
@@ -119,6 +127,31 @@ def load_image_sets(suite: Suite, runs_root=None, world=None) -> dict[str, Image
         link_into_store(suite.root(runs_root) / IMAGE_SETS / name, store / image_set.id, runs_root,
                         IMAGE_SET.marks(image_set.id))
     return sets
+
+
+class LinkedSet(NamedTuple):
+    """An image set as a dry run sees it: its id and size, read from the store, never made."""
+    id: str
+    count: int
+
+
+def linked_image_sets(suite: Suite, runs_root=None) -> dict[str, LinkedSet]:
+    """The suite's image sets that an earlier run made and linked (``runs/<suite>/image_sets/
+    <name>``), read without writing anything: a dry run plans with them, since it makes nothing.
+    A set is left out when the suite's settings it was drawn with have changed since (its count,
+    seed, world or draw; an abnormal set's model, family or parameters): the real run would draw
+    it anew, so its results count as missing."""
+    drawn_with = {DETECTION: detection_recipe(suite)}
+    for spec in localizable(suite):  # the implant check's details are not known to a dry run
+        recipe = abnormal_recipe(suite, spec, None)
+        drawn_with[abnormal_set_name(spec)] = {k: v for k, v in recipe.items() if k != IMPLANT_DETAILS}
+    found = {}
+    for name, settings in drawn_with.items():
+        index = IMAGE_SET.find(suite.root(runs_root) / IMAGE_SETS / name)
+        recipe = (index or {}).get("recipe", {})
+        if index and all(recipe.get(k) == as_stored(v) for k, v in settings.items()):
+            found[name] = LinkedSet(index["id"], int(index["count"]))
+    return found
 
 
 def add_chunk_images_arg(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -389,10 +422,12 @@ class ExplainPlan(StagePlan[dict[str, Any]]):
 
 def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
                       image_sets: dict[str, ImageSet] | None, chunk: int | None,
-                      base_item: dict[str, Any]) -> ExplainPlan:
+                      base_item: dict[str, Any],
+                      linked_sets: dict[str, LinkedSet] | None = None) -> ExplainPlan:
     """The work items of the missing results and what a chunked run gathers (``ExplainPlan``).
 
-    ``image_sets`` None (a dry run, before the sets exist) plans every result, with the sets'
+    ``image_sets`` None: a dry run, which writes nothing; it reads the results stored for the
+    sets an earlier run made (``linked_sets``) and plans every other result, with the sets'
     nominal sizes ([evaluate] detection_images / localization_images) for the ranges."""
     items, gathers, stored, reused = [], [], 0, 0
     cost: dict[tuple[str, str], float] = {}  # (method, model) -> passes per image
@@ -406,7 +441,7 @@ def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
             cost[(name, spec.name)] = method.passes_per_image(spec.architecture)
             description = method.describe(spec.architecture, batch_size)
             missing, already = _missing_results(suite, name, description, spec, image_sets,
-                                                runs_root)
+                                                runs_root, linked_sets or {})
             item = {**base_item, "model": spec.name, "method": name}
             if not chunk:  # one item for the (model, method); it counts the stored sets itself
                 items += [item] if missing else []
@@ -431,17 +466,25 @@ def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
 
 
 def _missing_results(suite: Suite, method: str, description: dict[str, Any], spec: ModelSpec,
-                     image_sets: dict[str, ImageSet] | None, runs_root
-                     ) -> tuple[list[MissingResult], int]:
+                     image_sets: dict[str, ImageSet] | None, runs_root,
+                     linked_sets: dict[str, LinkedSet]) -> tuple[list[MissingResult], int]:
     """The results of one (model, method) that are not stored, and how many are; each is linked
-    from the suite's folder first (an older layout's result there is moved into the store)."""
+    from the suite's folder first (an older layout's result there is moved into the store). On
+    a dry run (``image_sets`` None) nothing is linked or moved: a result counts as stored when
+    the store holds it for a set in ``linked_sets``."""
     root = suite.root(runs_root)
     m, p = set_sizes(suite)
     missing, already = [], 0
     for set_name in sets_for(suite, spec):
         if image_sets is None:
+            linked = linked_sets.get(set_name)
+            key = None if linked is None else result_key(description, spec.key, linked.id)
+            if key is not None and is_stored(stored_result_dir(runs_root, key), key):
+                already += 1
+                continue
             missing.append(MissingResult(set_name, result_dir(root, method, spec.name, set_name),
-                                         None, m if set_name == DETECTION else p))
+                                         None, linked.count if linked else
+                                         m if set_name == DETECTION else p))
             continue
         image_set = image_sets[set_name]
         key = result_key(description, spec.key, image_set.id)
@@ -489,16 +532,25 @@ def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | N
     specs = [suite.model(m) for m in models] if models else suite.models
     config = executor_config(suite, args, "explain")
     chunk = chunk_images(suite, args)
-    # Made once, here, so work items only read them; a dry run plans without them.
+    # Made once, here, so work items only read them; a dry run makes none, and reads the
+    # results stored for the sets an earlier run made.
     image_sets = None if config.dry_run else load_image_sets(suite, args.runs_dir)
+    linked = linked_image_sets(suite, args.runs_dir) if config.dry_run else None
     base_item = stage_item(suite, args.runs_dir, device=getattr(args, "device", None))
-    plan = plan_explanations(suite, methods, specs, image_sets, chunk, base_item)
+    plan = plan_explanations(suite, methods, specs, image_sets, chunk, base_item, linked)
+
+    def describe(missing: list[dict[str, Any]]) -> str:  # a dry run's first line
+        unmade = (f"; {len(sets_needed(suite, specs)) - len(linked)} image set(s) not made yet "
+                  "(a dry run makes none), so every result on them counts as missing"
+                  if linked is not None and len(linked) < len(sets_needed(suite, specs)) else "")
+        return (f"[dry-run] stage 'explain': {plan.stored} visualization set(s) already stored "
+                f"(not computed again), {len(missing)} work item(s) to compute the rest{unmade}")
 
     def needed(unfinished: list[dict[str, Any]]) -> int | None:
         return space_needed(suite, image_sets, base_item["runs_dir"], unfinished)
     if not chunk:
         outcome = run_stage("explain", explain_one, plan, config, item_name=_pair_name,
-                            space_needed=needed)
+                            space_needed=needed, describe=describe)
         return {"computed": outcome.total("computed"),
                 "stored": plan.stored + outcome.total("stored"), "parts": 0,
                 "explained_images": outcome.total("explained_images"),
@@ -513,13 +565,14 @@ def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | N
 
     try:
         outcome = run_stage("explain", explain_part, plan, config, item_name=_part_name,
-                            space_needed=needed)
+                            space_needed=needed, describe=describe)
     except ItemsFailedError as error:
         if not isinstance(error, OutOfSpaceError):  # no space to gather: the parts wait for a rerun
             gather()  # keep what is complete; a rerun submits only the failed parts
         raise
     if outcome.dry_run:
-        return {"computed": 0, "stored": 0, "parts": 0, "explained_images": 0, "reused_images": 0}
+        return {"computed": 0, "stored": plan.stored, "parts": 0, "explained_images": 0,
+                "reused_images": 0}
     return {"computed": gather(), "stored": plan.stored, "parts": outcome.total("computed"),
             "explained_images": outcome.total("explained_images"),
             "reused_images": plan.reused_images}

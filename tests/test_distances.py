@@ -10,7 +10,7 @@ from scipy.ndimage import gaussian_filter
 
 import counteraudit.evaluate.scoring.distances.l2 as l2_module
 from counteraudit.evaluate.scoring.distances import (DISTANCES, MissingBackboneWeightsError, available,
-                                                     build_distance, resolve_distance_name)
+                                                     build_distance)
 from counteraudit.train.core.registry import UnknownNameError
 
 # lpips builds torchvision backbones with the deprecated pretrained= argument
@@ -95,15 +95,25 @@ def test_missing_weights_error_names_file_place_and_fetch_command(net, tmp_path)
     assert str(tmp_path / WEIGHT_FILES[net]) in message  # where to put it
     builder = {"alex": "alexnet", "vgg": "vgg16", "squeeze": "squeezenet1_1"}[net]
     assert f"python -c \"import torchvision; torchvision.models.{builder}(weights='IMAGENET1K_V1')\"" in message
-    assert "'l2'" in message and "'ssim'" in message
+    assert "--download-weights" in message and "--distance l2 or ssim" in message
 
 
-def test_default_distance_falls_back_only_when_not_requested():
-    name, note = resolve_distance_name(None, download=False)  # empty TORCH_HOME: no weights
-    assert name == "l2" and "lpips-alex" in note
-    assert resolve_distance_name("lpips-alex", download=False) == ("lpips-alex", None)
-    with pytest.raises(MissingBackboneWeightsError):
-        build_distance("lpips-alex", download=False)
+def test_lpips_downloads_its_weights_only_when_asked(monkeypatch):
+    """Offline or not, nothing reaches for the network unasked: a missing backbone is an error
+    with the fix; download=True (--download-weights) is what tries the download."""
+    tried = []
+
+    def no_network(url, *args, **kwargs):
+        tried.append(url)
+        raise OSError("no network in this test")
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", no_network)
+    assert not available("lpips-alex")  # empty TORCH_HOME: no weights
+    with pytest.raises(MissingBackboneWeightsError, match="--download-weights"):
+        build_distance("lpips-alex")
+    assert tried == []
+    with pytest.raises(MissingBackboneWeightsError, match="download failed: OSError"):
+        build_distance("lpips-alex", download=True)
+    assert tried == [DISTANCES.get("lpips-alex").torchvision_backbone.url]
 
 
 def test_registry_lists_distances_and_rejects_unknown_names():

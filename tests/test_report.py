@@ -64,10 +64,12 @@ def test_report_is_one_self_contained_file_with_every_section(report, finished_r
     assert again.read_bytes() == path.read_bytes()
 
 
-def test_report_header_says_when_the_distance_fell_back(finished_run, tmp_path):
-    """No --distance and no LPIPS weights reachable: scores fall back to l2, and the header says so."""
+def test_report_header_says_the_distance_and_an_offline_run_downloads_nothing(finished_run,
+                                                                              tmp_path):
+    """No --distance, offline, no LPIPS weights: the suite's distance (here the default, l2) is
+    used as it would be online, the header says where it was chosen, and no download is tried."""
     suite, runs, _ = finished_run
-    output = tmp_path / "fallback.html"
+    output = tmp_path / "offline.html"
     env = {**os.environ, "TORCH_HOME": str(tmp_path / "empty-hub"), "NO_PROXY": "", "no_proxy": "",
            "HTTPS_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}  # offline for sure
     result = subprocess.run([sys.executable, str(REPO / "evaluate/report.py"),
@@ -75,8 +77,10 @@ def test_report_header_says_when_the_distance_fell_back(finished_run, tmp_path):
                             capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     header = output.read_text().split("</header>")[0]
-    assert "Distance:</b> l2" in header
-    assert "backbone weights for lpips-alex are missing" in header
+    assert ("Distance:</b> l2 (chosen by the default: the suite sets no [evaluate] distance)"
+            in header)
+    assert "Download" not in result.stdout + result.stderr
+    assert not (tmp_path / "empty-hub").exists()  # nothing fetched into the hub cache either
 
 
 # ---------------------------------------------------------------- in a real browser

@@ -39,7 +39,8 @@ def test_every_shipped_suites_method_tables_build(name):
 def test_demo_full_is_the_demo_at_the_papers_counts():
     demo, full = load_suite("demo"), load_suite("demo-full")
     assert full.name == "demo-full" and len(full.references) == 12
-    assert full.tables["evaluate"] == {"detection_images": 50, "localization_images": 40}
+    assert full.tables["evaluate"] == {"detection_images": 50, "localization_images": 40,
+                                       "distance": "l2"}  # the demo's distance, inherited
     # Everything else is the demo's: the same models (same artifact keys) and method settings.
     assert [s.key for s in full.models[:5]] == [s.key for s in demo.references]
     assert [s.key for s in full.anomalies] == [s.key for s in demo.anomalies]

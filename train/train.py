@@ -21,7 +21,8 @@ import time
 
 from counteraudit.slurm.executor import add_executor_args
 from counteraudit.train.checkpoint import is_trained, model_dir
-from counteraudit.train.core.stage import add_common_args, executor_config, run_cli, select_models
+from counteraudit.train.core.stage import (ScriptHelpFormatter, add_common_args, executor_config,
+                                            run_cli, select_models)
 from counteraudit.train.implant_checks import format_implant_report, verify_implants
 from counteraudit.train.stage import train_models
 from counteraudit.train.trainer import summarize_references
@@ -29,7 +30,7 @@ from counteraudit.train.trainer import summarize_references
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser("counteraudit training", add_help=add_help,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=ScriptHelpFormatter)
     add_common_args(parser)
     parser.add_argument("--model", action="append", default=None, metavar="NAME",
                         help="train only this model (repeatable); default: every model of the suite")

@@ -6,6 +6,7 @@ from html import escape
 
 from counteraudit.anomalies.image_sets import DETECTION
 from counteraudit.evaluate.reporting.html import fmt, html_table, is_detected, median_image
+from counteraudit.evaluate.scoring.detection import margin_wide
 from counteraudit.evaluate.reporting.svg import (ANOMALOUS_COLOR, MISSED_COLOR, REFERENCE_COLOR, StripRow,
                                                  strip_plot)
 
@@ -38,20 +39,16 @@ def detection_section(report) -> str:
             f"({where})")))
     anomalous = per_model[per_model["role"] != "reference"]
     if not anomalous.empty:
-        wide = anomalous.pivot_table(index=["family", "model"], columns="method", values="margin",
-                                     sort=False).reset_index()
-        wide.columns.name = None
-        parts.append(html_table(wide, float_format="{:.2f}", caption=f"Margin per anomalous model ({where})"))
+        parts.append(html_table(margin_wide(anomalous), caption=(
+            f"Margin per anomalous model, Abar(f) / max_i Abar(g_i): above 1 means detected, "
+            f"printed with the digits it takes to show which side of 1 it is on ({where})")))
     parts.append("<details><summary>Per-model detection table (every model, every method)</summary>"
                  + html_table(per_model, caption=f"Per-model detection ({where})") + "</details>")
     for method in dict.fromkeys(per_layer["method"]):
         rows = per_layer[(per_layer["method"] == method) & (per_layer["role"] != "reference")]
         if rows.empty:
             continue
-        wide = rows.pivot_table(index=["family", "model"], columns="layer", values="margin",
-                                sort=False).reset_index()
-        wide.columns.name = None
-        parts.append(html_table(wide, float_format="{:.2f}",
+        parts.append(html_table(margin_wide(rows, columns="layer"),
                                 caption=f"{method}: margin per layer ({where})"))
         parts.append(f"<details><summary>{escape(method)}: per-layer detection table</summary>"
                      + html_table(per_layer[per_layer["method"] == method],

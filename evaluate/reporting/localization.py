@@ -11,7 +11,7 @@ from sklearn.metrics import roc_curve
 from counteraudit.anomalies.image_sets import abnormal_set_name, normal_set_name
 from counteraudit.evaluate.reporting.html import fmt, html_table
 from counteraudit.evaluate.reporting.svg import ANOMALOUS_COLOR, MISSED_COLOR, StripRow, roc_plot, strip_plot
-from counteraudit.evaluate.scoring.tables import localization_power_note
+from counteraudit.evaluate.scoring.tables import chance_band_note, localization_power_note
 
 
 def localization_section(report) -> str:
@@ -19,7 +19,6 @@ def localization_section(report) -> str:
         return ""
     summary, per_model = report.table("localization"), report.table("localization-per-model")
     per_layer = report.table("localization-per-layer")
-    band = per_model[["chance_low", "chance_high"]].median()
     detail = pd.DataFrame({
         "method": per_model["method"], "model": per_model["model"], "AUROC": per_model["auroc"],
         "95% CI": [f"[{fmt(a)}, {fmt(b)}]" for a, b in zip(per_model["ci_low"], per_model["ci_high"])],
@@ -30,9 +29,8 @@ def localization_section(report) -> str:
              html_table(summary, float_format="{:.2f}",
                         caption=f"Table 2: AUROC of the anomaly score, abnormal vs normal inputs "
                                 f"({report.distance_name})"),
-             f'<p class="note">At these set sizes an AUROC inside [{fmt(band["chance_low"])}, '
-             f'{fmt(band["chance_high"])}] cannot be told from chance (95% of label permutations); '
-             "0.7 counts as success. CI: seeded bootstrap, abnormal and normal images resampled "
+             f'<p class="note">{escape(chance_band_note(per_model))} '
+             "CI: seeded bootstrap, abnormal and normal images resampled "
              f"separately. {escape(localization_power_note(report.suite) or '')}</p>",
              html_table(detail, caption=f"Per-model localization ({report.distance_name})")]
     replicated = report.tables.get(f"localization-replicates-{report.distance_name}")

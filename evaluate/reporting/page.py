@@ -32,12 +32,12 @@ DEFAULT_IMAGE_SIDE = 128  # embedded images are downscaled to at most this many 
 
 
 class Report:
-    def __init__(self, *, suite, methods: list[str], distance_name: str, note: str | None,
+    def __init__(self, *, suite, methods: list[str], distance_name: str, source: str,
                  detection: pd.DataFrame, localization: pd.DataFrame | None,
                  tables: dict[str, pd.DataFrame], implants: dict[str, dict | None], image_sets: dict,
                  runs_root=None, examples: int = DEFAULT_EXAMPLES, image_side: int = DEFAULT_IMAGE_SIDE,
                  discovery=None, sensitivity: dict[str, pd.DataFrame] | None = None):
-        self.suite, self.methods, self.distance_name, self.note = suite, methods, distance_name, note
+        self.suite, self.methods, self.distance_name, self.source = suite, methods, distance_name, source
         self.detection = with_layer_column(detection)
         self.localization = with_layer_column(localization) if localization is not None else None
         self.tables, self.implants, self.image_sets = tables, implants, image_sets
@@ -117,7 +117,7 @@ class Report:
         unchecked = [name for name, r in self.implants.items() if r is None]
         lines = [f"<h1>{escape(f'counteraudit report: suite {self.suite.name}')}</h1>",
                  '<p id="distance"><b>Distance:</b> ' + escape(self.distance_name)
-                 + (f' <span class="warn">({escape(self.note)})</span>' if self.note else "") + "</p>",
+                 + f" (chosen by {escape(self.source)})</p>",
                  f"<p><b>Models:</b> {len(self.suite.models)} ({len(self.references)} references, "
                  f"{len(self.anomalies)} anomalous, {len(self.localizable)} of them localizable). "
                  f"<b>Methods:</b> {escape(', '.join(self.methods))}. <b>Images:</b> m = {m} detection, "

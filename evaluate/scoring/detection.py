@@ -77,6 +77,36 @@ def detection_rule(abar: float, reference_abars: Sequence[float]) -> dict:
     }
 
 
+# Digits a margin prints with: two, or as many more as it takes (up to the last) for the printed
+# value to sit on the same side of 1 as the margin and agree with the verdict.
+MARGIN_DIGITS = (2, 8)
+
+
+def margin_text(margin: float, detected: bool) -> str:
+    """A margin as a table prints it, never contradicting its verdict: 1.0004 and not "1.00" for
+    a detected model, 0.9996 for a missed one; where no digits can show it (a margin that is 1.0
+    as a float while Abar is above by less), the verdict is written beside it."""
+    if not np.isfinite(margin):
+        return "n/a"
+    low, high = MARGIN_DIGITS
+    for digits in range(low, high + 1):
+        text = f"{margin:.{digits}f}"
+        if np.sign(float(text) - 1) == np.sign(margin - 1) and (float(text) > 1) == bool(detected):
+            return text
+    return f"{margin:.{low}f} ({'detected' if detected else 'not detected'})"
+
+
+def margin_wide(rows: pd.DataFrame, columns: str = "method") -> pd.DataFrame:
+    """Anomalous models' margins as text (``margin_text``), a row per (family, model) and a column
+    per ``columns`` value."""
+    texts = rows.assign(margin_text=[margin_text(m, d) for m, d in
+                                     zip(rows["margin"].astype(float), rows["detected"])])
+    wide = texts.pivot_table(index=["family", "model"], columns=columns, values="margin_text",
+                             aggfunc="first", sort=False).reset_index()
+    wide.columns.name = None
+    return wide
+
+
 def detection_table(scores: pd.DataFrame, references: Sequence[str], *,
                     families: Mapping[str, str] | None = None, by: Sequence[str] = ("method",),
                     per_layer: bool = False, null_models: Sequence[str] = ()) -> pd.DataFrame:

@@ -108,6 +108,23 @@ def localization_tables(scores: pd.DataFrame, distance_name: str,
     return tables
 
 
+# The paper's mark of a localization success (SPEC.md), true where the chance band lies below it.
+PAPER_SUCCESS_AUROC = 0.7
+
+
+def chance_band_note(per_model: pd.DataFrame) -> str:
+    """What the per-model chance bands (their median, over the models) say an AUROC must exceed:
+    the paper's 0.7 only where the band lies below it (with p = 40 it is about [0.37, 0.63]; with
+    p = 10, [0.24, 0.76])."""
+    low, high = per_model[["chance_low", "chance_high"]].median()
+    said = (f"At these set sizes an AUROC inside [{low:.2f}, {high:.2f}] cannot be told from "
+            f"chance (95% of label permutations), so a method localizes only above {high:.2f}")
+    if high < PAPER_SUCCESS_AUROC:
+        return f"{said}; the paper's mark of success, {PAPER_SUCCESS_AUROC}, lies above the band."
+    return (f"{said}: the paper's mark of success, {PAPER_SUCCESS_AUROC}, lies inside the band "
+            "at these set sizes (more images narrow it).")
+
+
 def localization_power_note(suite: Suite) -> str | None:
     """Why a suite with fewer references or images than the paper localizes less sharply, or None."""
     references, (_, p) = len(suite.references), set_sizes(suite)

@@ -26,16 +26,30 @@ from counteraudit.train.core.artifacts import runs_dir
 from counteraudit.train.core.suite import ModelSpec, Suite, available_suites, load_suite
 
 
-class ScriptHelpFormatter(argparse.RawDescriptionHelpFormatter,
-                          argparse.ArgumentDefaultsHelpFormatter):
+class ScriptHelpFormatter(argparse.RawDescriptionHelpFormatter):
     """A script's --help: its docstring as written (usage lines included), and each option's
-    default."""
+    default, said once: appended as "(default: X)" unless the help text speaks of its default
+    itself (many say where it comes from: the suite, the machine) or there is none to say (None,
+    a flag's False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        nothing_to_say = any(action.default is value for value in (None, False, argparse.SUPPRESS))
+        if "default" in text.lower() or nothing_to_say or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+QUICK_SUITE = "quick"
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--suite", default="demo",
                         help=f"suite name ({', '.join(available_suites())}) or path to a .toml "
                              "file; 'demo' is the synthetic world and runs on a laptop CPU")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"the small {QUICK_SUITE!r} suite instead of the demo (a smoke test "
+                             "in a few minutes); same as --suite quick")
     parser.add_argument("--runs-dir", default=None,
                         help="root of all artifacts (default: $COUNTERAUDIT_RUNS or ./runs); "
                              "each suite writes under <runs-dir>/<suite>/")
@@ -55,6 +69,8 @@ def run_cli(main, parser: argparse.ArgumentParser, args: argparse.Namespace | No
     args = parser.parse_args() if args is None else args
     try:
         runs_dir(getattr(args, "runs_dir", None))  # a runs folder that is a file fails first
+        if hasattr(args, "suite"):
+            args.suite = suite_name(args)  # --quick: every later step reads the quick suite
         return main(args)
     except USER_ERRORS as error:
         message = error.args[0] if isinstance(error, LookupError) and error.args else error
@@ -75,8 +91,19 @@ def run_cli(main, parser: argparse.ArgumentParser, args: argparse.Namespace | No
                          "(finished work is stored)\n")
 
 
+def suite_name(args: argparse.Namespace) -> str:
+    """The suite the command line asks for: --suite, or the quick suite with --quick (which
+    conflicts with any other --suite than the default)."""
+    if not getattr(args, "quick", False):
+        return args.suite
+    if args.suite not in ("demo", QUICK_SUITE):
+        raise ValueError(f"--quick runs the {QUICK_SUITE!r} suite; drop --suite {args.suite} or "
+                         "--quick")
+    return QUICK_SUITE
+
+
 def select_models(args: argparse.Namespace) -> tuple[Suite, list[ModelSpec]]:
-    suite = load_suite(args.suite)
+    suite = load_suite(suite_name(args))
     names = getattr(args, "model", None)
     specs = [suite.model(n) for n in names] if names else suite.models
     return suite, specs
@@ -144,10 +171,12 @@ def run_stage(name: str, work: Callable[[Any], Any], plan: StagePlan, config, *,
     the candidates themselves), through the stage's executor ``config``; ``work`` and the items
     must be picklable (a Slurm job unpickles them). ``item_name`` names an item in progress lines
     and failures; ``space_needed(unfinished items)`` estimates the bytes they would store, for a
-    full disk's message; on a dry run ``describe(missing candidates)`` is printed before the
-    executor's plan."""
-    if config.dry_run and describe is not None:
-        print(describe(plan.missing), flush=True)
+    full disk's message; on a dry run ``describe(missing candidates)`` (default: how many are
+    stored, how many missing) is printed before the executor's plan."""
+    if config.dry_run:
+        print(describe(plan.missing) if describe is not None else
+              f"[dry-run] stage '{name}': {plan.stored} already stored (not run again), "
+              f"{len(plan.missing)} missing", flush=True)
     items = to_items(plan.missing)
     results = run_items(work, items, config, name, item_name=item_name, space_needed=space_needed)
     return StageOutcome(items, results, plan.stored, config.dry_run)

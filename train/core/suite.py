@@ -24,7 +24,7 @@ from counteraudit.slurm.errors import ExecutorConfigError
 from counteraudit.slurm.executor_config import executor_config_from
 from counteraudit.train.core.artifacts import (atomic_write_text, derive_seed, inside_runs, runs_dir,
                                                stable_hash)
-from counteraudit.train.core.registries import (ARCHITECTURES, AUDITORS, FAMILIES, METHODS,
+from counteraudit.train.core.registries import (ARCHITECTURES, AUDITORS, DISTANCES, FAMILIES, METHODS,
                                                 NULL_TESTS, WORLDS, strength_families)
 from counteraudit.train.core.image_folders import DETECTION, ImageFolder, abnormal_name, normal_name
 from counteraudit.train.core.registry import UnknownNameError, nearest
@@ -550,6 +550,8 @@ def _plugin_problems(tables: dict[str, Any]) -> list[str]:
     problems += _named_problems(discover.get("auditors") or [], AUDITORS, "[discover] auditors")
     problems += _named_problems(discover.get("budget", {}), AUDITORS, "[discover] budget")
     problems += _built_problems(tables.get("auditors", {}), AUDITORS, "auditors")
+    distance = tables.get("evaluate", {}).get("distance")
+    problems += _named_problems([distance] if distance else [], DISTANCES, "[evaluate] distance")
     slurm = tables.get("slurm", {})
     if "log_dir" in slurm or any(isinstance(v, dict) and "log_dir" in v for v in slurm.values()):
         problems.append("[slurm] log_dir: a suite file cannot choose where logs are written (they "

@@ -69,12 +69,21 @@ MIN_SCORED_REFERENCES = 3
 MIN_NULL_MODELS = 2
 
 
+# A suite that names no distance scores with one every machine has, offline too.
+DEFAULT_SUITE_DISTANCE = "l2"
+
+
 class EvaluateTable(_Table):
     detection_images: int = Field(50, ge=2, description="m, images explained per model for "
                                                         "detection (the paper: 50)")
     localization_images: int = Field(40, ge=2, description="p, abnormal images per localizable "
                                                            "model (the paper: 40)")
     seed: int = Field(0, ge=0, description="seed of the image sets' draw")
+    distance: str = Field(DEFAULT_SUITE_DISTANCE, description=(
+        "the image distance d(z, z') of the anomaly score, a registered distance: l2 (weight-free, "
+        "the same on every machine: the demo's), ssim, lpips-alex (the paper's), lpips-vgg, "
+        "lpips-squeeze (LPIPS needs torchvision's backbone weights: --download-weights fetches "
+        "them once); the command line's --distance overrides it"))
     p_value: str | None = Field(None, description=(
         "the test that turns a model's Abar into a p-value against the null population of "
         "held-out references: student_t (recommended: a Student-t prediction on log Abar) or "

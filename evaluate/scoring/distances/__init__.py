@@ -4,7 +4,7 @@ Adding a distance takes one new file in this folder that subclasses ``Distance``
 with ``@DISTANCES.register``; ``DISTANCES`` imports every module here on first lookup, so nothing
 else changes.
 
-    distance = build_distance("lpips-alex", weights_dir="~/weights")
+    distance = build_distance("lpips-alex", weights_dir="~/weights")  # or download=True
     feats = {model: distance.features(images[model]) for model in images}   # one pass per image
     d = distance.paired(feats["g1"], feats["g2"])                            # (N,) from the cache
 """
@@ -13,40 +13,22 @@ from __future__ import annotations
 from counteraudit.evaluate.scoring.distances.backbone_weights import MissingBackboneWeightsError
 from counteraudit.evaluate.scoring.distances.base import DISTANCES, Distance, Features
 
-DEFAULT_DISTANCE = "lpips-alex"  # the paper's main-text distance
-WEIGHT_FREE_FALLBACK = "l2"
+PAPER_DISTANCE = "lpips-alex"  # the paper's main-text distance
 
 
-def build_distance(name: str = DEFAULT_DISTANCE, **options) -> Distance:
+def build_distance(name: str = PAPER_DISTANCE, **options) -> Distance:
     """An instance of the registered distance ``name``; options go to its constructor
-    (LPIPS: weights_dir, download, random_backbone, seed, device, batch_size)."""
+    (LPIPS: weights_dir, download, random_backbone, seed, device, batch_size). LPIPS downloads
+    its backbone weights only with ``download=True``; without them it raises
+    ``MissingBackboneWeightsError`` with the fix."""
     return DISTANCES.get(name)(**options)
 
 
-def available(name: str, weights_dir: str | None = None, download: bool = True) -> bool:
-    """Whether ``name`` can be built on this machine (LPIPS: its backbone weights can be found or
-    downloaded). Drivers use it to fall back to ``WEIGHT_FREE_FALLBACK`` only when the user did not
-    ask for LPIPS explicitly; an explicit request should call ``build_distance`` and let it raise."""
+def available(name: str, weights_dir: str | None = None, download: bool = False) -> bool:
+    """Whether ``name`` can be built on this machine (LPIPS: its backbone weights are here, or,
+    with ``download``, can be downloaded)."""
     return DISTANCES.get(name).available(weights_dir=weights_dir, download=download)
 
 
-def resolve_distance_name(requested: str | None, weights_dir: str | None = None,
-                          download: bool = True) -> tuple[str, str | None]:
-    """The distance to use and, when it differs from the default, why.
-
-    ``requested`` None means the user did not choose: the default if available, else the weight-free
-    fallback with a note to print. An explicit request is returned as is (building it raises
-    ``MissingBackboneWeightsError`` with the fix when weights are missing): never a silent swap.
-    """
-    if requested is not None:
-        DISTANCES.get(requested)  # unknown names fail here, listing the valid ones
-        return requested, None
-    if available(DEFAULT_DISTANCE, weights_dir, download):
-        return DEFAULT_DISTANCE, None
-    return WEIGHT_FREE_FALLBACK, (f"backbone weights for {DEFAULT_DISTANCE} are missing, so scores use "
-                                  f"{WEIGHT_FREE_FALLBACK!r}; request --distance {DEFAULT_DISTANCE} to "
-                                  f"see how to install them")
-
-
-__all__ = ["DISTANCES", "DEFAULT_DISTANCE", "WEIGHT_FREE_FALLBACK", "Distance", "Features",
-           "MissingBackboneWeightsError", "available", "build_distance", "resolve_distance_name"]
+__all__ = ["DISTANCES", "PAPER_DISTANCE", "Distance", "Features", "MissingBackboneWeightsError",
+           "available", "build_distance"]

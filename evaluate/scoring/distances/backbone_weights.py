@@ -1,9 +1,10 @@
 """Finding torchvision's ImageNet backbone weights for LPIPS on machines that may be offline.
 
 The ``lpips`` wheel ships only its small linear layers; the AlexNet/VGG/SqueezeNet backbones are
-torchvision's ImageNet weights, normally downloaded on first use. Looked for, in order: the
-``weights_dir`` the user gave, then torch's hub cache ($TORCH_HOME/hub/checkpoints), then a download
-into that cache. When all three fail, one error names the file, where to put it, and how to fetch it.
+torchvision's ImageNet weights. Looked for, in order: the ``weights_dir`` the user gave, then
+torch's hub cache ($TORCH_HOME/hub/checkpoints), then, only when asked (``download=True``, the
+commands' --download-weights), a download into that cache: nothing reaches for the network
+unasked. When they fail, one error names the file, where to put it, and how to fetch it.
 """
 from __future__ import annotations
 
@@ -54,15 +55,15 @@ def candidate_paths(backbone: Backbone, weights_dir: str | os.PathLike | None) -
 
 
 def find_weights_file(backbone: Backbone, weights_dir: str | os.PathLike | None = None,
-                      download: bool = True) -> Path:
-    """Path of the backbone's weights file, downloading it into the hub cache if allowed and possible."""
+                      download: bool = False) -> Path:
+    """Path of the backbone's weights file, downloading it into the hub cache if asked and possible."""
     if weights_dir is not None and not Path(weights_dir).expanduser().is_dir():
         raise NotADirectoryError(f"weights_dir {str(weights_dir)!r} is not a folder; give the folder "
                                  f"that holds {backbone.file_name}")
     for path in candidate_paths(backbone, weights_dir):
         if path.is_file():
             return path
-    download_error = "downloads disabled (download=False)"
+    download_error = "not downloaded: a download happens only when asked (--download-weights)"
     if download:
         try:
             torch.hub.load_state_dict_from_url(backbone.url, model_dir=str(hub_checkpoints_dir()),
@@ -83,16 +84,17 @@ def missing_weights_message(backbone: Backbone, weights_dir, reason: str) -> str
     return (
         f"LPIPS-{backbone.lpips_net} needs torchvision's ImageNet backbone weights file "
         f"{backbone.file_name!r}, which is not here (looked for {searched}; {reason}).\n"
-        f"Fix: on a machine with internet run\n"
+        f"Fix: where there is internet, add --download-weights to the command (download=True), "
+        f"which saves it in {hub_checkpoints_dir()}; or, on a machine with internet, run\n"
         f"    {backbone.fetch_command}\n"
-        f"which saves ~/.cache/torch/hub/checkpoints/{backbone.file_name} (or get {backbone.url}); "
-        f"copy that file to {target / backbone.file_name} (or into a folder passed as weights_dir, "
-        f"or into $TORCH_HOME/hub/checkpoints).\n"
-        f"Or use a weight-free distance ('l2' or 'ssim') instead of LPIPS."
+        f"which saves ~/.cache/torch/hub/checkpoints/{backbone.file_name} (or get {backbone.url}), "
+        f"and copy that file to {target / backbone.file_name} (or into a folder passed as "
+        f"--weights-dir / weights_dir, or into $TORCH_HOME/hub/checkpoints).\n"
+        f"Or use a weight-free distance (--distance l2 or ssim) instead of LPIPS."
     )
 
 
-def load_backbone_features(backbone: Backbone, weights_dir=None, download: bool = True,
+def load_backbone_features(backbone: Backbone, weights_dir=None, download: bool = False,
                            random_backbone: bool = False, seed: int = 0) -> torch.nn.Sequential:
     """The backbone's convolutional ``features`` stack, with ImageNet weights or (tests only) random ones.
 

@@ -72,7 +72,7 @@ class Distance(ABC):
     needs_weights: ClassVar[bool] = False  # True when the distance needs downloadable backbone weights
 
     @classmethod
-    def available(cls, weights_dir: str | None = None, download: bool = True) -> bool:
+    def available(cls, weights_dir: str | None = None, download: bool = False) -> bool:
         """Whether this distance can be built here (weight-free distances always can)."""
         return True
 

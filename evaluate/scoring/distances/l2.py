@@ -1,4 +1,4 @@
-"""Root-mean-square pixel difference: the weight-free distance used when LPIPS's backbone is missing.
+"""Root-mean-square pixel difference: the weight-free distance, the demo's (the same on every machine).
 
     d(a, b) = sqrt(mean over pixels and RGB channels of (a - b)^2) / 255,   in [0, 1]
 
@@ -6,7 +6,7 @@ The L2 baseline of the LPIPS paper (Zhang et al. 2018), on the rendered visualis
 squared uint8 differences are exact integers, so the distance is bit-identical however images are
 batched or chunked.
 
-Why it, and not SSIM, stands in for LPIPS offline: a visualisation says *how much* each region
+Why it, and not SSIM, is the demo's stand-in for LPIPS: a visualisation says *how much* each region
 matters, and SSIM's contrast and structure terms are normalised by the local standard deviations,
 so a map that keeps the references' layout at a lower gain reads as nearly the same map. That is
 exactly what a backdoored model's saliency map looks like on a triggered image: the saturated

@@ -54,7 +54,7 @@ class LPIPSDistance(Distance):
     layer_ends: ClassVar[tuple[int, ...]]
     needs_weights: ClassVar[bool] = True
 
-    def __init__(self, weights_dir: str | None = None, *, download: bool = True,
+    def __init__(self, weights_dir: str | None = None, *, download: bool = False,
                  random_backbone: bool = False, seed: int = 0, device: str | torch.device = "cpu",
                  batch_size: int = 16, feature_dtype: str = "float32"):
         """``weights_dir``: a folder holding torchvision's weights file (see backbone_weights.py).
@@ -78,7 +78,7 @@ class LPIPSDistance(Distance):
         self.input_scale = torch.tensor(LPIPS_SCALE, device=self.device).view(1, 3, 1, 1)
 
     @classmethod
-    def available(cls, weights_dir: str | None = None, download: bool = True) -> bool:
+    def available(cls, weights_dir: str | None = None, download: bool = False) -> bool:
         try:
             find_weights_file(cls.torchvision_backbone, weights_dir, download)
         except (MissingBackboneWeightsError, NotADirectoryError):
