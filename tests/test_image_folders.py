@@ -56,7 +56,7 @@ def test_a_folder_replaces_the_detection_set_pixel_for_pixel(tmp_path, runs):
     index = json.loads((runs / "folders" / "image_sets" / DETECTION / "index.json").read_text())
     assert index["folder"] == str(tmp_path / "detection") and index["recipe"]["source"] == "folder"
     assert index["files"] == [f"{i}.png" for i in range(8)]
-    report = Report(suite=suite, methods=[], distance_name="lpips", note=None,
+    report = Report(suite=suite, methods=[], distance_name="l2", source="the suite's [evaluate] distance",
                     detection=pd.DataFrame(columns=["model", "method", "image", "score"]),
                     localization=None, tables={}, implants={}, image_sets={DETECTION: image_set})
     assert f"detection: folder {tmp_path / 'detection'}." in report.header()
