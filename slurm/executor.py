@@ -2,7 +2,7 @@
 
     parser = add_executor_args(argparse.ArgumentParser())
     args = parser.parse_args()
-    config = executor_config_from(args, suite.get("slurm"), stage_name="train")
+    config = executor_config_from(args, suite.tables.get("slurm"), stage_name="train")
     results = run_items(train_model, specs_to_train, config, "train")
 
 Local: fn(item) runs in this process, item after item, or with --jobs N in N worker processes

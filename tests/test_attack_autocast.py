@@ -63,7 +63,7 @@ def _world(tmp_path):
 
 def test_bf16_attack_raises_the_loss_as_much_as_fp32(tmp_path):
     """The attack in bf16 autocast raises the model's (fp32) loss as much as the fp32 attack, with
-    the same eps, steps and random start. (Accuracy on a trained demo model: the README's figures
+    the same eps, steps and random start. (Accuracy on a trained demo model: train/README.md's figures
     from evaluate/benchmarks/attack.py; a model trained in a test's seconds is too near chance.)"""
     world = _world(tmp_path)
     suite = load_suite(write_suite(tmp_path / "att.toml", body=ADVERSARIAL, references=2, world=WORLD))

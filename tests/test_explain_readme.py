@@ -1,4 +1,4 @@
-"""The README's "Add an explanation method" example, run end to end as a user would: its code
+"""explain/README.md's "Add an explanation method" example, run end to end as a user would: its code
 saved as one new file in a folder of the ``explain.methods`` package, found by the registry's
 first lookup, registered, configured from a suite-style table and run. In a subprocess, so the new method does
 not stay registered in the test session."""
@@ -11,15 +11,16 @@ import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+GUIDE = REPO / "explain" / "README.md"
 SECTION = "## Add an explanation method"
 
 
 def readme_example() -> str:
-    text = (REPO / "README.md").read_text()
-    assert SECTION in text, f"README.md has no section {SECTION!r}"
+    text = GUIDE.read_text()
+    assert SECTION in text, f"{GUIDE} has no section {SECTION!r}"
     section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
-    assert blocks, f"the section {SECTION!r} of README.md has no ```python example"
+    assert blocks, f"the section {SECTION!r} of {GUIDE} has no ```python example"
     return blocks[0]
 
 
@@ -37,7 +38,7 @@ def test_readme_example_adds_a_method_with_one_file(tmp_path):
         explain.methods.__path__.append({str(plugin_dir)!r})
         added = {{name for name in explain.METHODS  # the first lookup imports every module
                  if explain.METHODS.get(name).__module__.endswith(".readme_example")}}
-        assert len(added) == 1, f"the README example registered {{added}}, expected one method"
+        assert len(added) == 1, f"the guide's example registered {{added}}, expected one method"
         name = added.pop()
         method = explain.build_method(name, {{"samples": 4}})  # a suite's [methods.<name>] table
         torch.manual_seed(0)

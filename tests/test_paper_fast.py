@@ -75,7 +75,7 @@ def test_paper_fast_is_the_papers_models_with_the_short_recipe():
 
 @pytest.mark.timeout(120)
 def test_paper_fast_dry_run_on_slurm_lists_the_36_jobs_with_the_fast_recipe(tmp_path):
-    """The command of the README; it needs no cluster, no ImageNet, and writes nothing. Run here
+    """The command of train/README.md; it needs no cluster, no ImageNet, and writes nothing. Run here
     as on a machine without Slurm's tools (PATH holds only Python's folder), so partition "p" is
     not checked and the plan says so; on a reachable cluster an unknown partition is an error
     listing the real ones (tests/test_slurm_errors.py)."""

@@ -133,7 +133,7 @@ class BlurredFaces(AnomalyFamily):
         if len(faces) == 0:
             raise ValueError("blurred_faces needs face annotations, and this world's training split "
                              "has none; for the imagenet world set face_annotations = "
-                             "'/path/faces.json' in the suite's [world] table (format in README)")
+                             "'/path/faces.json' in the suite's [world] table (format in train/README.md)")
         blur = BLUR_FUNCTIONS[self.params.blur]
         if hasattr(split, "with_images"):  # in-memory world: blur once, up front
             images = split.images.numpy().copy()

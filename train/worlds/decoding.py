@@ -4,7 +4,7 @@
 - ``pil``: PIL decodes, torchvision.transforms crops and flips the PIL image (torchvision's
   reference recipe; the default, and what every model trained before this option used).
 - ``tensor``: torchvision.io decodes to a uint8 tensor (libjpeg-turbo), transforms.v2 crops and
-  flips the tensor (images/s per core of each path: evaluate/benchmarks/decode.py, README).
+  flips the tensor (images/s per core of each path: evaluate/benchmarks/decode.py, evaluate/benchmarks/README.md).
 - ``nvjpeg``: the loader workers read only the file bytes and draw each image's crop box from its
   header's size; the main process decodes the whole batch on the GPU at once
   (``decode_jpeg(list, device="cuda")``) and crops and flips it there. Where CUDA is absent it
@@ -12,7 +12,7 @@
 
 torchvision 0.29 marks torchvision.io's decoders deprecated in favour of TorchCodec (a
 DeprecationWarning, which Python shows only under test runners); they are what the benchmark in
-the README measured, and a TorchCodec path would be one more entry here.
+evaluate/benchmarks/README.md lists, and a TorchCodec path would be one more entry here.
 
 Every path draws the crop box and the flip from the same seeded RNG with the same calls in the
 same order, so a given (seed, epoch, image) gets the same box and flip whichever path decodes it;

@@ -17,7 +17,7 @@ image's path relative to ``root``::
     {"val/n03494278/ILSVRC2012_val_00001234.JPEG": [[x0, y0, x1, y1], ...], ...}
 
 Images absent from the file have no faces. (Yang et al.'s face-obfuscation annotations convert to
-this with a few lines; see README.) Boxes are mapped through the evaluation transform (resize 256,
+this with a few lines; see train/README.md.) Boxes are mapped through the evaluation transform (resize 256,
 centre crop 224) by ``annotation()``; the original boxes are kept under ``face_boxes_original``.
 """
 from __future__ import annotations
@@ -280,7 +280,7 @@ class ImageNetWorld(World):
             return {}
         if not Path(path).is_file():
             raise FileNotFoundError(f"face annotation file {path} does not exist (see the format "
-                                    "in train/worlds/imagenet.py or the README)")
+                                    "in train/worlds/imagenet.py or train/README.md)")
         faces = json.loads(Path(path).read_text())
         for key, boxes in faces.items():
             for box in boxes:
