@@ -9,7 +9,8 @@ import pandas as pd
 from sklearn.metrics import roc_curve
 
 from counteraudit.anomalies.image_sets import abnormal_set_name, normal_set_name
-from counteraudit.evaluate.reporting.html import fmt, html_table
+from counteraudit.evaluate.reporting.html import auroc_class, fmt, html_table, legend, versus_class
+from counteraudit.evaluate.reporting.summary import LOCALIZED_AUROC
 from counteraudit.evaluate.reporting.svg import ANOMALOUS_COLOR, MISSED_COLOR, StripRow, roc_plot, strip_plot
 from counteraudit.evaluate.scoring.tables import localization_power_note
 
@@ -28,11 +29,17 @@ def localization_section(report) -> str:
         "n flagged": per_model["n_flagged"], "flag": per_model["flag"]})
     parts = ['<section id="localization"><h2>Localization (Table 2)</h2>',
              html_table(summary, float_format="{:.2f}",
+                        cell_class=auroc_class(LOCALIZED_AUROC, float(band["chance_high"])),
+                        class_columns=[c for c in summary.columns if c != "method"],
                         caption=f"Table 2: AUROC of the anomaly score, abnormal vs normal inputs "
                                 f"({report.distance_name})"),
+             legend(("v-localized", f"localized (AUROC \u2265 {LOCALIZED_AUROC:g})"),
+                    ("v-above-chance", "above chance only"),
+                    ("v-not-localized", "not localized")),
              f'<p class="note">At these set sizes an AUROC inside [{fmt(band["chance_low"])}, '
-             f'{fmt(band["chance_high"])}] cannot be told from chance (95% of label permutations); '
-             "0.7 counts as success. CI: seeded bootstrap, abnormal and normal images resampled "
+             f'{fmt(band["chance_high"])}] cannot be told from chance (95% of label permutations; '
+             "the median band over the models colours the table); "
+             f"{LOCALIZED_AUROC:g} counts as success. CI: seeded bootstrap, abnormal and normal images resampled "
              f"separately. {escape(localization_power_note(report.suite) or '')}</p>",
              html_table(detail, caption=f"Per-model localization ({report.distance_name})")]
     replicated = report.tables.get(f"localization-replicates-{report.distance_name}")
@@ -42,7 +49,7 @@ def localization_section(report) -> str:
             f"interval resampling models, then each drawn model's images ({report.distance_name})")))
     versus = report.tables.get(f"localization-vs-outputs-{report.distance_name}")
     if versus is not None:
-        parts.append(html_table(versus, caption=(
+        parts.append(html_table(versus, cell_class=versus_class, caption=(
             f"Against the outputs-only control: AUROC(method) - AUROC(outputs_only) on the "
             f"same images, paired bootstrap 95% interval; adds = the explanation localizes "
             f"better than the model's outputs alone, same = no better, less = worse "
@@ -88,8 +95,8 @@ def localization_examples(report) -> str:
             label = escape(method) + (f"<br><small>layer {escape(layer)}</small>" if layer else "")
             rows.append(f"<tr><th>{label}</th>{''.join(cells)}</tr>")
         parts.append(f"<h3>{escape(spec.name)} ({escape(spec.family)})</h3>"
-                     f'<table class="examples"><thead><tr><th>method</th>{head}</tr></thead>'
-                     f"<tbody>{''.join(rows)}</tbody></table>")
+                     f'<div class="table-wrap"><table class="examples"><thead><tr><th>method</th>{head}'
+                     f"</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
     return "\n".join(parts) + "</section>"
 
 
