@@ -43,7 +43,7 @@ def test_summary_sentences_are_read_off_the_tables():
             "the outputs-only control detects 0/2.",
             "blurred_faces (1 model): detected by guided_gradcam only; missed by gradcam; "
             "the outputs-only control misses it.",
-            "randomized_smoothing (1 model): detected by all 2 explanation methods; "
+            "randomized_smoothing (1 model): detected by both explanation methods; "
             "the outputs-only control detects it too."],
         "Localization (Table 2)": [
             "backdoor-a: localized by 1 of 2 methods (AUROC \u2265 0.7): gradcam 0.91; "

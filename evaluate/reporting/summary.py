@@ -52,7 +52,8 @@ def detection_sentences(table1: pd.DataFrame) -> list[str]:
         some = [m for m, k in counts.items() if 0 < k < n]
         parts = []
         if len(every) == len(counts) and counts:
-            parts.append(f"detected by all {len(counts)} explanation methods")
+            parts.append("detected by " + (every[0] if len(every) == 1 else "both explanation methods"
+                                           if len(every) == 2 else f"all {len(every)} explanation methods"))
         else:
             if every:
                 parts.append(f"detected by {_join(every)}"
@@ -157,8 +158,10 @@ def summary_sentences(table1: pd.DataFrame, localization: pd.DataFrame | None = 
 
 
 def summary_section(report) -> str:
-    """The report's summary, from the tables the report shows."""
+    """The report's summary, from the tables the report shows ("" without a Table 1)."""
     name = report.distance_name
+    if f"detection-{name}" not in report.tables:
+        return ""
     localization = versus = None
     if report.localizable:
         localization = report.table("localization-per-model")
