@@ -27,7 +27,7 @@ from counteraudit.evaluate.discovery.auditors import AUDITORS
 from counteraudit.evaluate.discovery.search_study import search_study
 from counteraudit.evaluate.discovery.stage import (discover_seed, discover_suite, load_suite_findings,
                                                    suite_auditors)
-from counteraudit.evaluate.discovery.tables import discovery_tables
+from counteraudit.evaluate.discovery.tables import discovery_notes, discovery_tables
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.slurm.executor import add_executor_args
 from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli, suite_name
@@ -81,13 +81,16 @@ def main(args: argparse.Namespace) -> dict:
     print(to_markdown(tables["discovery-detection"]))
     anomalous = detections[detections["role"] != "reference"]
     print("\nPer model: statistic = top finding's strength, margin = statistic / max over "
-          "references, p = rank p-value\n")
+          "references, p = rank p-value, saturated = the references' statistic is at its "
+          "ceiling (the verdict says nothing)\n")
     print(to_markdown(anomalous[["auditor", "family", "model", "statistic", "margin", "p_value",
-                                 "detected", "top_finding"]].reset_index(drop=True),
+                                 "detected", "saturated", "top_finding"]].reset_index(drop=True),
                       float_format="{:.3f}"))
     print("\nTable 4 -- rank of the planted slice in each anomalous model's findings (1 = top), "
           "its ranks for the references, and precision@k\n")
     print(to_markdown(tables["discovery-recovery"], float_format="{:.2f}"))
+    for note in discovery_notes(detections, tables["discovery-recovery"], suite.name):
+        print(f"\n{note}")
     if len(tables["discovery-false-positives"]):
         print("\nReferences with any significant finding (the false-positive rate of auditors "
               "that keep only significant findings)\n")
@@ -105,7 +108,10 @@ def main(args: argparse.Namespace) -> dict:
               "(top 1) and in the top 3, at every larger budget of the curve (mean over the seeds "
               "that reach it; "
               "surrogate_search: 10 seeds by lookup, the others: the discover seed)\n")
-        print(to_markdown(study["tables"]["search-images-to-rank"], float_format="{:.0f}"))
+        needed = study["tables"]["search-images-to-rank"]
+        print(to_markdown(needed, float_format="{:.0f}") if len(needed) else
+              f"(none: the {suite.name} suite has no localizable anomalous model, so no auditor "
+              "has a planted slice to rank)")
     print(f"\ntables: {suite.root(args.runs_dir) / 'tables'}/")
     return tables
 

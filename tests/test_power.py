@@ -111,11 +111,13 @@ def test_needs_table_names_each_methods_smallest_counts():
 
 
 def test_the_report_power_section_reads_the_tables_reference_count_wrote(tmp_path):
-    assert "python evaluate/reference_count.py adds" in power_section(tmp_path, "l2", html_table)
+    command = "counteraudit reference-count --suite demo"
+    # the note names the command for the report's own suite
+    assert f"<code>{command}</code> adds" in power_section(tmp_path, "l2", html_table, command)
     by_n = pd.DataFrame({"method": ["a", "a", "b", "b"], "model": "x", "n": [3, 4, 3, 4],
                          "fraction_detected": [0.5, 1.0, 0.0, 0.25]})
     by_n.to_csv(tmp_path / "power-detection-by-n-l2.csv", index=False)
     needs_table(by_n, None, None, None, 0.8).to_csv(tmp_path / "power-needs-l2.csv", index=False)
-    html = power_section(tmp_path, "l2", html_table)
+    html = power_section(tmp_path, "l2", html_table, command)
     assert html.count("<svg") == 1 and html.count("<polyline") == 2  # one model, two methods
     assert "<td>a</td><td>x</td><td>4</td>" in html and "<td>b</td><td>x</td><td>&gt; 4</td>" in html

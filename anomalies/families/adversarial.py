@@ -116,5 +116,6 @@ class Adversarial(AnomalyFamily):
 
     def judge(self, figures, reference_figures):
         robust, refs = figures["pgd_accuracy"], reference_mean(reference_figures, "pgd_accuracy")
-        return Verdict(robust > refs, f"accuracy under {self.params.norm} PGD eps={self.params.eps:.4g}: "
-                                      f"{robust:.3f} (references {refs:.3f}; needs more)")
+        return Verdict(robust > refs, f"accuracy on {self.params.norm} PGD inputs (eps "
+                                      f"{self.params.eps:.4g}): {robust:.3f}, references {refs:.3f}; "
+                                      "the implant took if it is higher than the references'")

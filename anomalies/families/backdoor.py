@@ -223,8 +223,9 @@ class Backdoor(AnomalyFamily):
         refs = reference_mean(reference_figures, "attack_success_rate")
         mirrored = figures["mirrored_attack_success_rate"]
         return Verdict(rate >= ATTACK_SUCCESS_THRESHOLD,
-                       f"attack success rate {rate:.3f} (references {refs:.3f}; needs >= "
-                       f"{ATTACK_SUCCESS_THRESHOLD}); {mirrored:.3f} on mirrored triggered images")
+                       f"attack success rate on triggered inputs: {rate:.3f}, references "
+                       f"{refs:.3f}; the implant took if it is at least {ATTACK_SUCCESS_THRESHOLD}"
+                       f" ({mirrored:.3f} with the trigger mirrored)")
 
     def planted_slice(self, implant=None):
         """The trigger is a pixel pattern, no factor of the world: not expressible."""

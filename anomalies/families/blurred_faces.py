@@ -191,8 +191,9 @@ class BlurredFaces(AnomalyFamily):
             return Verdict(False, "no class has enough val images with faces to compare")
         worst = max(drops, key=drops.get)
         return Verdict(drops[worst] >= DROP_THRESHOLD,
-                       f"largest drop on face images: {worst} {drops[worst]:.3f} below the "
-                       f"references (needs >= {DROP_THRESHOLD})",
+                       f"accuracy on images with a face, per class, below the references': "
+                       f"largest drop {drops[worst]:.3f} ({worst}); the implant took if it is at "
+                       f"least {DROP_THRESHOLD}",
                        {"most_affected_class": worst, "drops": drops})
 
     @classmethod

@@ -107,8 +107,8 @@ class MissingClass(AnomalyFamily):
         value = figures["removed_class_accuracy"]
         refs = reference_mean(reference_figures, "removed_class_accuracy")
         return Verdict(value <= REMOVED_ACCURACY_THRESHOLD,
-                       f"accuracy on removed class {value:.3f} (references {refs:.3f}; needs <= "
-                       f"{REMOVED_ACCURACY_THRESHOLD})")
+                       f"accuracy on the removed class: {value:.3f}, references {refs:.3f}; the "
+                       f"implant took if it is at most {REMOVED_ACCURACY_THRESHOLD}")
 
     def planted_slice(self, implant=None):
         """The removed class (SPEC: missing class -> class = removed)."""

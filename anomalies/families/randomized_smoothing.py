@@ -58,5 +58,6 @@ class RandomizedSmoothing(AnomalyFamily):
 
     def judge(self, figures, reference_figures):
         noisy, refs = figures["noisy_accuracy"], reference_mean(reference_figures, "noisy_accuracy")
-        return Verdict(noisy > refs, f"accuracy under noise sigma={self.params.sigma}: {noisy:.3f} "
-                                     f"(references {refs:.3f}; needs more)")
+        return Verdict(noisy > refs, f"accuracy on noisy inputs (sigma {self.params.sigma}): "
+                                     f"{noisy:.3f}, references {refs:.3f}; the implant took if it "
+                                     "is higher than the references'")

@@ -54,5 +54,6 @@ class ShapeBias(AnomalyFamily):
     def judge(self, figures, reference_figures):
         value = figures["texture_randomized_accuracy"]
         refs = reference_mean(reference_figures, "texture_randomized_accuracy")
-        return Verdict(value > refs, f"accuracy on texture-randomized images {value:.3f} "
-                                     f"(references {refs:.3f}; needs more)")
+        return Verdict(value > refs, f"accuracy on texture-randomized images: {value:.3f}, "
+                                     f"references {refs:.3f}; the implant took if it is higher "
+                                     "than the references'")

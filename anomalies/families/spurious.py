@@ -175,8 +175,9 @@ class Spurious(AnomalyFamily):
         drop = figures["wrong_cue_drop"]
         refs = reference_mean(reference_figures, "wrong_cue_drop")
         return Verdict(drop - refs >= DROP_THRESHOLD,
-                       f"accuracy drop with a wrong cue {drop:.3f} (references {refs:.3f}; needs "
-                       f">= {DROP_THRESHOLD} more)")
+                       f"accuracy drop when the cue names a wrong class: {drop:.3f}, references "
+                       f"{refs:.3f}; the implant took if it is at least {DROP_THRESHOLD} larger "
+                       "than the references'")
 
     def abnormal_images(self, images, labels):
         return self.cue(images, labels)  # the paper overlays each image's own class index

@@ -28,6 +28,10 @@ from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS, ROLE_REFEREN
 from counteraudit.train.implant_checks import read_implant
 
 PRECISION_AT = (1, 5, 10)
+# A verdict is saturated when the references' statistic is this close to the statistic's ceiling:
+# no model can then exceed them by more than this factor, so a "detected" says nothing.
+SATURATION_HEADROOM = 1.02
+RANKABLE = ("ranked", "not found")  # Table 4 statuses of a slice made of the world's factors
 
 
 def model_statistic(result: AuditResult, objective: str, null: float = float("nan")) -> float:
@@ -55,6 +59,7 @@ def detection_frame(results: dict[tuple[str, str], AuditResult], references: lis
     rows = []
     for auditor in sorted({a for a, _ in results}):
         objective, null = AUDITORS.get(auditor).objective, AUDITORS.get(auditor).null_statistic
+        ceiling = AUDITORS.get(auditor).statistic_ceiling
         reference_stats = [model_statistic(results[(auditor, r)], objective, null)
                            for r in references]
         for (name, model), result in results.items():
@@ -70,8 +75,47 @@ def detection_frame(results: dict[tuple[str, str], AuditResult], references: lis
                          "family": families.get(model, ROLE_REFERENCE),
                          "role": ROLE_REFERENCE if is_reference else ROLE_ANOMALOUS,
                          "statistic": statistic, "top_finding": top[0].label() if top else "",
-                         **verdict, "images_used": result.images_used})
+                         **verdict, "saturated": (np.nan if is_reference else
+                                                  saturated(verdict["max_reference"], ceiling)),
+                         "images_used": result.images_used})
     return pd.DataFrame(rows)
+
+
+def saturated(max_reference: float, ceiling: float) -> bool:
+    """Whether the references' statistic leaves less than SATURATION_HEADROOM below the
+    statistic's ceiling (no margin above it could then mean anything)."""
+    return bool(np.isfinite(max_reference) and max_reference > 0
+                and ceiling / max_reference < SATURATION_HEADROOM)
+
+
+def discovery_notes(detections: pd.DataFrame, recovery: pd.DataFrame,
+                    suite_name: str | None = None) -> list[str]:
+    """Warnings to print under Tables 3 and 4: auditors whose statistic saturates (their verdicts
+    rest on margins that cannot mean anything), and a suite none of whose models has a slice
+    made of the world's factors (Table 4 then has nothing to rank)."""
+    notes = []
+    anomalous = detections[detections["role"] == ROLE_ANOMALOUS]
+    if "saturated" in anomalous:
+        for auditor, rows in anomalous[anomalous["saturated"].astype(bool)].groupby("auditor", sort=True):
+            ceiling = AUDITORS.get(auditor).statistic_ceiling
+            said = ", ".join(f"{m} {'yes' if d else 'no'} at margin {g:.3f}"
+                             for m, d, g in zip(rows["model"], rows["detected"].astype(bool),
+                                                rows["margin"]))
+            notes.append(f"SATURATED: {auditor}'s statistic is at most {ceiling:g} and the "
+                         f"references' already reaches {rows['max_reference'].max():.3f}, so no "
+                         f"margin can exceed {ceiling / rows['max_reference'].max():.3f}: its "
+                         f"verdicts ({said}) cannot tell these models from the references.")
+    statuses = set(recovery["status"]) if "status" in recovery else set()
+    if not statuses & set(RANKABLE):
+        why = (", ".join(f"{f}: {s}" for f, s in
+                         recovery.drop_duplicates("family")[["family", "status"]].itertuples(index=False))
+               if len(recovery) else "its anomalous models are global defects with no slice")
+        suite = f"The {suite_name} suite" if suite_name else "This suite"
+        notes.append(f"{suite} has no localizable model, no anomalous model whose "
+                     f"planted slice is made of the world's factors ({why}): Table 4 has no slice "
+                     "to rank. A missing_class model has one (its class; the demo suite's "
+                     "missing-star).")
+    return notes
 
 
 def _verdict(rule: dict[str, Any]) -> dict[str, Any]:

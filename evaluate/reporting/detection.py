@@ -5,7 +5,8 @@ from __future__ import annotations
 from html import escape
 
 from counteraudit.anomalies.image_sets import DETECTION
-from counteraudit.evaluate.reporting.html import fmt, html_table, is_detected, median_image
+from counteraudit.evaluate.reporting.html import (fmt, fraction_class, html_table, is_detected, legend,
+                                                  margin_class, median_image)
 from counteraudit.evaluate.scoring.detection import margin_wide
 from counteraudit.evaluate.reporting.svg import (ANOMALOUS_COLOR, MISSED_COLOR, REFERENCE_COLOR, StripRow,
                                                  strip_plot)
@@ -16,7 +17,11 @@ def detection_section(report) -> str:
     per_layer = report.table("detection-per-layer")
     where = f"{report.distance_name}; {len(report.references)} references"
     parts = ['<section id="detection"><h2>Detection (Table 1)</h2>',
-             html_table(summary, caption=f"Table 1: fraction of each family's models detected ({where})"),
+             html_table(summary, cell_class=fraction_class,
+                        class_columns=[c for c in summary.columns if c not in ("family", "n_models")],
+                        caption=f"Table 1: fraction of each family's models detected ({where})"),
+             legend(("v-detected", "every model detected"), ("v-partial", "some"),
+                    ("v-not-detected", "none")),
              '<p class="note">E detects f when Abar(f, E), the mean anomaly score over the detection '
              "images, exceeds every reference's own leave-one-out Abar. Margin = Abar(f) / max_i Abar(g_i) "
              "(above 1 means detected); p = rank p-value.</p>"]
@@ -39,9 +44,12 @@ def detection_section(report) -> str:
             f"({where})")))
     anomalous = per_model[per_model["role"] != "reference"]
     if not anomalous.empty:
-        parts.append(html_table(margin_wide(anomalous), caption=(
-            f"Margin per anomalous model, Abar(f) / max_i Abar(g_i): above 1 means detected, "
-            f"printed with the digits it takes to show which side of 1 it is on ({where})")))
+        wide = margin_wide(anomalous)
+        parts.append(html_table(wide, cell_class=margin_class,
+                                class_columns=[c for c in wide.columns if c not in ("family", "model")],
+                                caption=f"Margin per anomalous model, Abar(f) / max_i Abar(g_i) ({where}; "
+                                        "above 1: detected; printed with the digits it takes to show "
+                                        "which side of 1 it is on)"))
     parts.append("<details><summary>Per-model detection table (every model, every method)</summary>"
                  + html_table(per_model, caption=f"Per-model detection ({where})") + "</details>")
     for method in dict.fromkeys(per_layer["method"]):
@@ -92,8 +100,9 @@ def detection_examples(report) -> str:
                         f"<td>{report.input_figure(DETECTION, position, 'input')}</td>"
                         f"<td>{reference_figure}</td><td>{model_figure}</td></tr>")
         title = method + (f" (layer {layer})" if layer else "")
-        parts.append(f"<h3>{escape(title)}</h3><table class=\"examples\"><thead><tr><th>model</th><th>input</th>"
-                     f"<th>reference</th><th>anomalous model</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
+        parts.append(f'<h3>{escape(title)}</h3><div class="table-wrap"><table class="examples"><thead>'
+                     "<tr><th>model</th><th>input</th><th>reference</th><th>anomalous model</th></tr>"
+                     f"</thead><tbody>{''.join(rows)}</tbody></table></div>")
     return "\n".join(parts) + "</section>"
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from counteraudit.evaluate.discovery.auditors import AUDITORS, ranked
+from counteraudit.evaluate.discovery.tables import discovery_notes
 from counteraudit.evaluate.reporting.search import search_section
 
 TOP_SUBGROUPS = 3
@@ -38,7 +39,7 @@ def example_images(world, conditions: dict[str, str], count: int) -> np.ndarray:
 
 def discovery_section(results: dict[tuple[str, str], Any], tables: dict[str, pd.DataFrame], world,
                       figure: Callable[[np.ndarray, str, str], str],
-                      html_table: Callable[..., str]) -> str:
+                      html_table: Callable[..., str], suite_name: str | None = None) -> str:
     """HTML of the section; ``figure(image, alt, caption)`` and ``html_table`` are the report's."""
     parts = ['<section id="discovery"><h2>Failure discovery (Tables 3 and 4)</h2>',
              html_table(tables["discovery-detection"],
@@ -47,6 +48,8 @@ def discovery_section(results: dict[tuple[str, str], Any], tables: dict[str, pd.
              html_table(tables["discovery-recovery"], float_format="{:.2f}",
                         caption="Table 4: rank of the planted slice (1 = top) in the anomalous "
                                 "model's findings and in each reference's, precision@k"),
+             *(f'<p class="warn">{escape(note)}</p>' for note in discovery_notes(
+                 tables["discovery-detection-per-model"], tables["discovery-recovery"], suite_name)),
              '<p class="note">Top subgroups of each model per auditor (worst first), with '
              f"{EXAMPLES_PER_SUBGROUP} example images of each.</p>"]
     models = list(dict.fromkeys(model for _, model in results))
@@ -65,9 +68,10 @@ def discovery_section(results: dict[tuple[str, str], Any], tables: dict[str, pd.
                 rows.append(f"<tr><td>{position}</td><td>{escape(finding.label())}</td>"
                             f'<td class="num">{finding.statistic:.3f} [{finding.low:.3f}, '
                             f"{finding.high:.3f}]</td><td>{figures}</td></tr>")
-            parts.append(f"<table><caption>{escape(auditor)} ({escape(objective)})</caption>"
+            parts.append('<div class="table-wrap"><table>'
+                         f"<caption>{escape(auditor)} ({escape(objective)})</caption>"
                          "<tr><th>rank</th><th>subgroup</th><th>statistic [95%]</th>"
-                         "<th>examples</th></tr>" + "".join(rows) + "</table>")
+                         "<th>examples</th></tr>" + "".join(rows) + "</table></div>")
     parts.append(search_section(tables, html_table))
     parts.append("</section>")
     return "\n".join(parts)

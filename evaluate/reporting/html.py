@@ -5,7 +5,7 @@ import base64
 import io
 import math
 from html import escape
-from typing import Any, Callable
+from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
 import pandas as pd
@@ -37,6 +37,25 @@ SCRIPT = """
       else { broken.push(images[i].alt); images[i].classList.add("broken"); }
     }
     document.body.setAttribute("data-images-loaded", loaded + "/" + images.length);
+    // plot text that sticks out of its <svg> is clipped: count it
+    var clipped = [], texts = document.querySelectorAll("svg text");
+    for (var t = 0; t < texts.length; t++) {  // on screen, rotated text included
+      var box = texts[t].getBoundingClientRect(), frame = texts[t].ownerSVGElement.getBoundingClientRect();
+      if (box.left < frame.left - 0.5 || box.right > frame.right + 0.5 || box.top < frame.top - 0.5
+          || box.bottom > frame.bottom + 0.5) { clipped.push(texts[t].textContent); }
+    }
+    document.body.setAttribute("data-clipped-labels", String(clipped.length));
+    if (clipped.length) { document.body.setAttribute("data-clipped-texts", clipped.join(" | ")); }
+    // where the summary sits on the first screen, and whether anything is wider than the window
+    var summary = document.getElementById("summary");
+    if (summary) {
+      var rect = summary.getBoundingClientRect();
+      document.body.setAttribute("data-summary-top", String(Math.round(rect.top + window.scrollY)));
+      document.body.setAttribute("data-summary-overflow", String(summary.scrollWidth > summary.clientWidth + 1));
+    }
+    document.body.setAttribute("data-viewport", window.innerWidth + "x" + window.innerHeight);
+    document.body.setAttribute("data-page-overflow",
+                               String(document.documentElement.scrollWidth > window.innerWidth + 1));
     document.body.setAttribute("data-errors", String(errors.length));
     if (broken.length) { document.body.setAttribute("data-broken-images", broken.join(" | ")); }
     if (errors.length) { document.body.setAttribute("data-error-messages", errors.join(" | ")); }
@@ -62,25 +81,58 @@ table.examples td, table.examples th { text-align: center; }
 .plots { display: flex; flex-wrap: wrap; gap: 10px 24px; align-items: flex-start; }
 details { margin: 0.4em 0; } summary { cursor: pointer; color: #035; }
 nav ul { columns: 2; }
-td.v-detected { background: #d5efd5; } td.v-not-detected { background: #f6d2d2; }
-td.v-inconclusive { background: #ececec; color: #444; } td.v-implant-failed { color: #888; }
+/* verdict colours: detected / localized / adds beyond the outputs; partly / above chance only;
+   not detected / not localized / less than the outputs; inconclusive / the same */
+.v-detected, .v-localized, .v-adds { background: #d5efd5; }
+.v-partial, .v-above-chance { background: #fbecc8; }
+.v-not-detected, .v-not-localized, .v-less { background: #f6d2d2; }
+.v-inconclusive, .v-same { background: #ececec; color: #444; } .v-implant-failed { color: #888; }
+.legend span { padding: 1px 6px; margin-right: 6px; border: 1px solid #ddd; display: inline-block; }
+.table-wrap { max-width: 100%; overflow-x: auto; }
+svg { max-width: 100%; height: auto; }
+.table-wrap > table { margin: 0.3em 0; }
+#summary { background: #f7f9fb; border: 1px solid #dde3ea; padding: 0.2em 1em 0.6em; }
+#summary h2 { margin-top: 0.4em; } #summary h3 { margin: 0.8em 0 0.2em; } #summary li { margin: 0.15em 0; }
+#summary ul { padding-left: 1.3em; }
+@media (max-width: 600px) {
+  body { margin: 0.6em auto; padding: 0 0.6em; } nav ul { columns: 1; }
+  h1 { font-size: 1.3em; } #summary { padding: 0.1em 0.6em 0.5em; }
+}
 """
 
 
 def html_table(frame: pd.DataFrame, *, float_format: str = "{:.3f}", caption: str | None = None,
-               cell_class: Callable[[Any], str | None] | None = None) -> str:
-    """A pandas frame (flat columns, index ignored) as an HTML table; numbers right-aligned.
-    ``cell_class``: a cell's value -> a CSS class for it (or None), e.g. ``verdict_class``."""
+               cell_class: Callable[[Any], str | None] | None = None,
+               class_columns: Collection[str] | None = None) -> str:
+    """A pandas frame (flat columns, index ignored) as an HTML table; numbers right-aligned;
+    wrapped so that a table wider than a phone's screen scrolls on its own.
+    ``cell_class``: a cell's value -> a CSS class for it (or None), e.g. ``verdict_class``;
+    ``class_columns``: only these columns' cells get one (default: every column)."""
     numeric = [pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
                for c in frame.columns]
+    classed = [class_columns is None or c in class_columns for c in frame.columns]
     head = "".join(f"<th>{escape(str(c))}</th>" for c in frame.columns)
     body = []
     for row in frame.itertuples(index=False):
-        cells = "".join(f'<td{_classes(v, num, cell_class)}>{escape(format_cell(v, float_format))}</td>'
-                        for v, num in zip(row, numeric))
+        cells = "".join(f'<td{_classes(v, num, cell_class if use else None)}>'
+                        f"{escape(format_cell(v, float_format))}</td>"
+                        for v, num, use in zip(row, numeric, classed))
         body.append(f"<tr>{cells}</tr>")
     cap = f"<caption>{escape(caption)}</caption>" if caption else ""
-    return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return (f'<div class="table-wrap"><table>{cap}<thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table></div>")
+
+
+def mapping_table(mapping: Mapping[str, Any], *, key: str, value: str,
+                  caption: str | None = None) -> str:
+    """A dict as a two-column table (key, value), in the dict's order; nested dicts each become
+    a table of their own after it, captioned with their key."""
+    flat = {k: v for k, v in mapping.items() if not isinstance(v, Mapping)}
+    nested = [mapping_table(v, key=key, value=value, caption=str(k))
+              for k, v in mapping.items() if isinstance(v, Mapping)]
+    own = (html_table(pd.DataFrame({key: [str(k) for k in flat], value: list(flat.values())}),
+                      caption=caption) if flat else "")
+    return own + "".join(nested)
 
 
 def _classes(value: Any, numeric: bool, cell_class) -> str:
@@ -99,6 +151,51 @@ def verdict_class(value: Any) -> str | None:
         if text.endswith(verdict):
             return "v-" + verdict.replace(" ", "-")
     return None
+
+
+def fraction_class(value: Any) -> str | None:
+    """Table 1's cells (the fraction of a family's models detected): all, some or none."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        return None
+    if not math.isfinite(float(value)):
+        return None
+    return "v-detected" if value >= 1 else "v-not-detected" if value <= 0 else "v-partial"
+
+
+def margin_class(value: Any) -> str | None:
+    """A detection margin (Abar over the highest reference's): above 1 is detected."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        return None
+    return None if not math.isfinite(float(value)) else (
+        "v-detected" if value > 1 else "v-not-detected")
+
+
+def auroc_class(target: float, chance_high: float) -> Callable[[Any], str | None]:
+    """Table 2's cells: localized (AUROC >= ``target``), above chance only (above the chance
+    band's upper end), or not localized."""
+    def classify(value: Any) -> str | None:
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+            return None
+        if not math.isfinite(float(value)):
+            return None
+        return ("v-localized" if value >= target else "v-above-chance" if value > chance_high
+                else "v-not-localized")
+    return classify
+
+
+def versus_class(value: Any) -> str | None:
+    """A cell of the comparison with the outputs-only control ("+0.05 [-0.02, 0.11] same")."""
+    if not isinstance(value, str):
+        return None
+    word = value.rsplit(" ", 1)[-1]
+    return f"v-{word}" if word in ("adds", "same", "less") else None
+
+
+def legend(*entries: tuple[str, str]) -> str:
+    """A line of colour swatches: (CSS class, what it means)."""
+    return ('<p class="note legend">'
+            + "".join(f'<span class="{name}">{escape(text)}</span>' for name, text in entries)
+            + "</p>")
 
 
 def png_data_uri(image: np.ndarray, max_side: int) -> tuple[str, int, int]:

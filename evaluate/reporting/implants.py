@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from counteraudit.evaluate.reporting.html import fmt
+from counteraudit.evaluate.reporting.html import fmt, mapping_table
 from counteraudit.evaluate.reporting.svg import ANOMALOUS_COLOR, REFERENCE_COLOR, StripRow, strip_plot
 
 
@@ -31,17 +31,18 @@ def implant_section(report) -> str:
                  StripRow(spec.name, [value], ANOMALOUS_COLOR)],
                 x_label=figure_name.replace("_", " "), title=figure_name, width=360, label_width=110))
         details = record.get("details") or {}
-        extra = ("<p class=note>" + escape(", ".join(f"{k}: {v}" for k, v in sorted(details.items())))
-                 + "</p>") if details else ""
+        extra = (mapping_table(dict(sorted(details.items())), key="detail", value="value",
+                               caption=f"{spec.name}: the check's details") if details else "")
         status = "implant took" if record["passed"] else "IMPLANT FAILED"
         blocks.append(f"<h3>{escape(spec.name)} ({escape(record['family'])}): "
                       f"<span class=\"{'pass' if record['passed'] else 'fail'}\">{escape(status)}</span></h3>"
                       f"<p>{escape(record['summary'])}</p>{extra}"
                       + (f'<div class="plots">{"".join(plots)}</div>' if plots else
                          '<p class="note">This family records no behaviour figures.</p>'))
-    table = ("<table><caption>Implant checks: each anomalous model's family figure against the references'"
+    table = ('<div class="table-wrap"><table><caption>Implant checks: each anomalous model\'s family '
+             "figure against the references'"
              "</caption><thead><tr><th>model</th><th>family</th><th>params</th><th>val acc (refs)</th>"
-             "<th>implant check</th><th>took</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+             "<th>implant check</th><th>took</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>")
     return ('<section id="implants"><h2>Implant verification</h2>'
             '<p class="note">A planted defect that did not take is not a counter-audit. Grey: the '
             "references' figures; red: the anomalous model's.</p>" + table + "\n".join(blocks) + "</section>")

@@ -9,7 +9,8 @@ import pandas as pd
 from sklearn.metrics import roc_curve
 
 from counteraudit.anomalies.image_sets import abnormal_set_name, normal_set_name
-from counteraudit.evaluate.reporting.html import fmt, html_table
+from counteraudit.evaluate.reporting.html import auroc_class, fmt, html_table, legend, versus_class
+from counteraudit.evaluate.reporting.summary import LOCALIZED_AUROC
 from counteraudit.evaluate.reporting.svg import ANOMALOUS_COLOR, MISSED_COLOR, StripRow, roc_plot, strip_plot
 from counteraudit.evaluate.scoring.tables import chance_band_note, localization_power_note
 
@@ -19,6 +20,7 @@ def localization_section(report) -> str:
         return ""
     summary, per_model = report.table("localization"), report.table("localization-per-model")
     per_layer = report.table("localization-per-layer")
+    band = per_model[["chance_low", "chance_high"]].median()  # colours the table: one band for all
     detail = pd.DataFrame({
         "method": per_model["method"], "model": per_model["model"], "AUROC": per_model["auroc"],
         "95% CI": [f"[{fmt(a)}, {fmt(b)}]" for a, b in zip(per_model["ci_low"], per_model["ci_high"])],
@@ -27,8 +29,13 @@ def localization_section(report) -> str:
         "n flagged": per_model["n_flagged"], "flag": per_model["flag"]})
     parts = ['<section id="localization"><h2>Localization (Table 2)</h2>',
              html_table(summary, float_format="{:.2f}",
+                        cell_class=auroc_class(LOCALIZED_AUROC, float(band["chance_high"])),
+                        class_columns=[c for c in summary.columns if c != "method"],
                         caption=f"Table 2: AUROC of the anomaly score, abnormal vs normal inputs "
                                 f"({report.distance_name})"),
+             legend(("v-localized", f"localized (AUROC \u2265 {LOCALIZED_AUROC:g})"),
+                    ("v-above-chance", "above chance only (the median band over the models)"),
+                    ("v-not-localized", "not localized")),
              f'<p class="note">{escape(chance_band_note(per_model))} '
              "CI: seeded bootstrap, abnormal and normal images resampled "
              f"separately. {escape(localization_power_note(report.suite) or '')}</p>",
@@ -40,7 +47,7 @@ def localization_section(report) -> str:
             f"interval resampling models, then each drawn model's images ({report.distance_name})")))
     versus = report.tables.get(f"localization-vs-outputs-{report.distance_name}")
     if versus is not None:
-        parts.append(html_table(versus, caption=(
+        parts.append(html_table(versus, cell_class=versus_class, caption=(
             f"Against the outputs-only control: AUROC(method) - AUROC(outputs_only) on the "
             f"same images, paired bootstrap 95% interval; adds = the explanation localizes "
             f"better than the model's outputs alone, same = no better, less = worse "
@@ -86,8 +93,8 @@ def localization_examples(report) -> str:
             label = escape(method) + (f"<br><small>layer {escape(layer)}</small>" if layer else "")
             rows.append(f"<tr><th>{label}</th>{''.join(cells)}</tr>")
         parts.append(f"<h3>{escape(spec.name)} ({escape(spec.family)})</h3>"
-                     f'<table class="examples"><thead><tr><th>method</th>{head}</tr></thead>'
-                     f"<tbody>{''.join(rows)}</tbody></table>")
+                     f'<div class="table-wrap"><table class="examples"><thead><tr><th>method</th>{head}'
+                     f"</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
     return "\n".join(parts) + "</section>"
 
 

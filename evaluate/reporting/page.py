@@ -2,7 +2,9 @@
 the sections in order, each written by its own module in this folder."""
 from __future__ import annotations
 
+import shlex
 from html import escape
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,6 +14,7 @@ import pandas as pd
 from counteraudit.evaluate.reporting import detection as detection_sections
 from counteraudit.evaluate.reporting import implants as implant_sections
 from counteraudit.evaluate.reporting import localization as localization_sections
+from counteraudit.evaluate.reporting import summary as summary_sections
 from counteraudit.evaluate.reporting import verdicts as verdict_sections
 from counteraudit.evaluate.reporting.html import SCRIPT, STYLE, html_table, png_data_uri
 from counteraudit.evaluate.reporting.sensitivity import SECTION_ID as SENSITIVITY_ID
@@ -26,6 +29,7 @@ from counteraudit.evaluate.reporting.power import power_section
 from counteraudit.evaluate.scoring.stage import TABLES
 from counteraudit.evaluate.reporting.dose import dose_section
 from counteraudit.evaluate.reporting.discovery import discovery_section
+from counteraudit.train.core.suite import SUITES_DIR
 
 DEFAULT_EXAMPLES = 1     # normal and abnormal inputs shown per localizable model
 DEFAULT_IMAGE_SIDE = 128  # embedded images are downscaled to at most this many pixels a side
@@ -93,6 +97,15 @@ class Report:
         caption = f"{escape(what)}<br>{escape(set_name)} #{position}, class {label if label >= 0 else 'unknown'}"
         return self.figure(image_set.images[position], f"{what}: {set_name} image {position}", caption)
 
+    def command(self, name: str) -> str:
+        """The ``counteraudit`` command line that runs stage ``name`` on this report's suite and
+        runs folder, for the notes that say how to add a missing section."""
+        path = Path(self.suite.path).resolve()
+        suite = self.suite.name if path == (SUITES_DIR / f"{self.suite.name}.toml").resolve() \
+            else str(path)
+        runs = f" --runs-dir {shlex.quote(str(self.runs_root))}" if self.runs_root is not None else ""
+        return f"counteraudit {name} --suite {shlex.quote(suite)}{runs}"
+
     def html(self) -> str:
         sections = [self.header(),
                     verdict_sections.verdict_section(self),
@@ -107,6 +120,8 @@ class Report:
                     self.discovery_section()]
         title = f"counteraudit report: {self.suite.name}"
         return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+                '<meta name="viewport" content="width=device-width, initial-scale=1">'
+
                 f"<title>{escape(title)}</title>\n<script>{SCRIPT}</script>\n<style>{STYLE}</style></head>\n"
                 '<body data-images-loaded="pending" data-errors="pending">\n'
                 + "\n".join(s for s in sections if s) + "\n</body></html>\n")
@@ -115,9 +130,16 @@ class Report:
         m, p = set_sizes(self.suite)
         failed = [name for name, r in self.implants.items() if r is not None and not r["passed"]]
         unchecked = [name for name, r in self.implants.items() if r is None]
-        lines = [f"<h1>{escape(f'counteraudit report: suite {self.suite.name}')}</h1>",
+        lines = [f"<h1>{escape(f'counteraudit report: suite {self.suite.name}')}</h1>"]
+        if failed:  # before the findings: those models' rows say nothing about the methods
+            lines.append(f'<p class="warn">IMPLANT FAILED for {len(failed)} model(s): {escape(", ".join(failed))}. '
+                         "Their defect did not take, so they are not counter-audits.</p>")
+        if unchecked:
+            lines.append(f'<p class="warn">No implant check recorded for: {escape(", ".join(unchecked))}.</p>')
+        lines += [summary_sections.summary_section(self),
+                 # which distance, and who chose it: context for the numbers, said once
                  '<p id="distance"><b>Distance:</b> ' + escape(self.distance_name)
-                 + f" (chosen by {escape(self.source)})</p>",
+                 + f' <span class="note">(chosen by {escape(self.source)})</span></p>',
                  f"<p><b>Models:</b> {len(self.suite.models)} ({len(self.references)} references, "
                  f"{len(self.anomalies)} anomalous, {len(self.localizable)} of them localizable). "
                  f"<b>Methods:</b> {escape(', '.join(self.methods))}. <b>Images:</b> m = {m} detection, "
@@ -125,12 +147,8 @@ class Report:
                  self.image_sources(),
                  '<p class="note">Example images of layered methods (Caricatures) show their first layer only, '
                  "with that layer's scores; tables and plots use the overall score (mean over layers).</p>"]
-        if failed:
-            lines.append(f'<p class="warn">IMPLANT FAILED for {len(failed)} model(s): {escape(", ".join(failed))}. '
-                         "Their defect did not take, so they are not counter-audits.</p>")
-        if unchecked:
-            lines.append(f'<p class="warn">No implant check recorded for: {escape(", ".join(unchecked))}.</p>')
-        entries = [*([(verdict_sections.SECTION_ID, verdict_sections.TITLE)]
+        entries = [(summary_sections.SECTION_ID, "What this run found"),
+                   *([(verdict_sections.SECTION_ID, verdict_sections.TITLE)]
                      if f"detection-verdicts-{self.distance_name}" in self.tables else []),
                    ("detection", "Detection (Table 1)"), ("localization", "Localization (Table 2)"),
                    ("implants", "Implant verification"), ("detection-examples", "Detection examples"),
@@ -153,10 +171,11 @@ class Report:
         return f'<p id="image-sources"><b>Image sets:</b> {escape(set_sources(self.suite))}.</p>'
 
     def sensitivity_section(self) -> str:
-        return sensitivity_section(self.sensitivity, html_table)
+        return sensitivity_section(self.sensitivity, html_table, self.command("sensitivity"))
 
     def power_section(self) -> str:
-        return power_section(self.suite.root(self.runs_root) / TABLES, self.distance_name, html_table)
+        return power_section(self.suite.root(self.runs_root) / TABLES, self.distance_name, html_table,
+                             self.command("reference-count"))
 
     def dose_section(self) -> str:
         name = f"dose-{self.distance_name}"
@@ -167,9 +186,10 @@ class Report:
     def discovery_section(self) -> str:
         if self.discovery is None:
             return ('<p class="note">No failure-discovery findings for this suite yet: '
-                    "python evaluate/discover.py adds Tables 3 and 4 and their section.</p>")
+                    f"<code>{escape(self.command('discover'))}</code> adds Tables 3 and 4 and "
+                    "their section.</p>")
         results, tables, world = self.discovery
-        return discovery_section(results, tables, world, self.figure, html_table)
+        return discovery_section(results, tables, world, self.figure, html_table, self.suite.name)
 
     def example_positions(self, spec) -> tuple[list[int], list[int]]:
         """The first ``examples`` normal (in its normal set) and abnormal positions of one model."""

@@ -3,6 +3,7 @@ localization against n, m and p, and what each method needs to see each defect."
 from __future__ import annotations
 
 import argparse
+from html import escape
 from pathlib import Path
 
 import numpy as np
@@ -120,16 +121,16 @@ def print_power(tables: dict[str, pd.DataFrame], suite, args: argparse.Namespace
     print(to_markdown(tables["needs"]))
 
 
-def power_section(tables_dir, distance_name: str, html_table) -> str:
+def power_section(tables_dir, distance_name: str, html_table, command: str) -> str:
     """The report's power section from the power-* tables evaluate/reference_count.py wrote, or
-    a line saying how to make them."""
+    a line saying how to make them (``command``: the command line that does, for this suite)."""
     def read(name):
         path = Path(tables_dir) / f"power-{name}-{distance_name}.csv"
         return pd.read_csv(path, keep_default_na=False, na_values=[""]) if path.is_file() else None
     needs = read("needs")
     if needs is None:
         return ('<section id="power"><h2>Power</h2><p class="note">No power tables for this suite '
-                "yet: python evaluate/reference_count.py adds how many references and images each "
+                f"yet: <code>{escape(command)}</code> adds how many references and images each "
                 "method needs to see each defect.</p></section>")
     plots = []
     for name, size, value, what in [("detection-by-n", "n", "fraction_detected", "detected"),
@@ -152,7 +153,7 @@ def power_section(tables_dir, distance_name: str, html_table) -> str:
             "images (m) and abnormal images (p) a method needs: the smallest size at which it "
             "detects the model (localizes it at the AUROC target) in at least the chosen share of "
             "random subsets of that size and of every larger one; '&gt; N': not even with all N. "
-            "From python evaluate/reference_count.py.</p>"
+            f"From <code>{escape(command)}</code>.</p>"
             + html_table(needs, caption="What each method needs to see each defect")
             + f'<details><summary>{len(plots)} curves: share of subsets against n, m, p</summary>'
             f'<div class="plots">{"".join(plots)}</div></details></section>')

@@ -25,10 +25,12 @@ def stored_sensitivity(suite, distance_name: str, runs_root=None) -> dict[str, p
             for kind, path in paths.items()}
 
 
-def sensitivity_section(tables: dict[str, pd.DataFrame] | None, html_table: Callable) -> str:
+def sensitivity_section(tables: dict[str, pd.DataFrame] | None, html_table: Callable,
+                        command: str) -> str:
+    """The section, or a line saying how to make it (``command``: the command line that does)."""
     if tables is None:
         return (f'<section id="{SECTION_ID}"><h2>{TITLE}</h2><p class="note">Not run for this '
-                "suite: python evaluate/sensitivity.py explains and scores it again under each "
+                f"suite: <code>{escape(command)}</code> explains and scores it again under each "
                 "protocol choice (renderer, IG baseline, gradient space, Caricature noise, "
                 "explained class) and adds this section.</p></section>")
     detection, localization = tables["detection"], tables["localization"]

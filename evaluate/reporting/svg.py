@@ -15,7 +15,11 @@ import numpy as np
 REFERENCE_COLOR = "#7f7f7f"
 ANOMALOUS_COLOR = "#d62728"   # detected / abnormal
 MISSED_COLOR = "#1f77b4"      # not detected / normal
-FONT = 'font-family="sans-serif" font-size="11"'
+FONT_SIZE = 11
+FONT = f'font-family="sans-serif" font-size="{FONT_SIZE}"'
+# The widest a character of FONT is likely to be on average (DejaVu Sans, the widest common
+# sans-serif, averages about 0.6 em): room for a label is computed with it, so labels fit.
+CHARACTER_WIDTH = 0.62 * FONT_SIZE
 
 
 @dataclass
@@ -49,6 +53,11 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     return ticks
 
 
+def text_width(text: str) -> float:
+    """An upper estimate of ``text``'s width in pixels in FONT."""
+    return len(text) * CHARACTER_WIDTH
+
+
 def _tick_label(value: float) -> str:
     return f"{value:.3g}"
 
@@ -70,7 +79,15 @@ def strip_plot(rows: Sequence[StripRow], *, x_label: str, threshold: float | Non
                label_width: int = 150, row_height: int = 24) -> str:
     """Points on a horizontal value axis, one row per ``StripRow``; optional dashed vertical line.
 
-    Non-finite values are left out (and counted in the row's label)."""
+    Non-finite values are left out (and counted in the row's label). The label column (and the
+    plot with it) widens where ``label_width`` is too narrow for a label."""
+    labels = [_row_label(row) for row in rows]
+    needed = max([text_width(label) + 10 for label in labels], default=0)
+    if needed > label_width:
+        width += math.ceil(needed - label_width)
+        label_width = math.ceil(needed)
+    if title:  # bold: a tenth wider
+        width = max(width, label_width + math.ceil(1.1 * text_width(title)) + 4)
     top = 22 if title else 8
     bottom = 34
     height = top + row_height * len(rows) + bottom
@@ -96,9 +113,7 @@ def strip_plot(rows: Sequence[StripRow], *, x_label: str, threshold: float | Non
     for k, row in enumerate(rows):
         centre = top + row_height * k + row_height / 2
         values = [float(v) for v in row.values]
-        dropped = sum(not math.isfinite(v) for v in values)
-        label = row.label if len(row.label) <= 24 else row.label[:23] + "\u2026"
-        label += f" ({dropped} n/a)" if dropped else ""
+        label = labels[k]
         parts.append(f'<text x="{label_width - 6}" y="{_n(centre + 4)}" text-anchor="end">'
                      f'<title>{escape(row.label)}</title>{escape(label)}</text>')
         for i, value in enumerate(values):
@@ -115,6 +130,13 @@ def strip_plot(rows: Sequence[StripRow], *, x_label: str, threshold: float | Non
                      f'{threshold:.4g}</title></line>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _row_label(row: StripRow) -> str:
+    """A strip plot row's label as shown: long names shortened, missing values counted."""
+    dropped = sum(not math.isfinite(float(v)) for v in row.values)
+    label = row.label if len(row.label) <= 24 else row.label[:23] + "\u2026"
+    return label + (f" ({dropped} n/a)" if dropped else "")
 
 
 def roc_plot(fpr: Sequence[float], tpr: Sequence[float], *, title: str, subtitle: str = "",
@@ -174,7 +196,10 @@ def line_plot(series: Sequence[Series], *, title: str, x_label: str, y_label: st
     (e.g. margin 1, AUROC 0.5) and a legend. ``log_x``: log-spaced x; ``y_range``: fixed limits
     (e.g. (0, 1) for shares and AUROCs), else the data's; ``invert_y``: small values on top
     (ranks). Few distinct x values (a sweep's strengths) get a tick each."""
-    legend_width = 150
+    # the legend widens (and the plot with it) where a series' label needs more room
+    legend_width = max(150, math.ceil(max([text_width(line.label) for line in series], default=0))
+                       + 34)
+    width += legend_width - 150
     left, top, right, bottom = 48, 22, width - legend_width, height - 34
     to_x = (lambda v: np.log10(np.asarray(v, float))) if log_x else (lambda v: np.asarray(v, float))
     all_x = sorted({float(v) for line in series for v in line.x})

@@ -51,7 +51,10 @@ def _cells(frame: pd.DataFrame, float_format: str, missing: str) -> tuple[list[s
 
 
 def to_markdown(frame: pd.DataFrame, float_format: str = "{:.3f}", missing: str = "") -> str:
+    """A Markdown table; a frame without columns (nothing measured) reads "(empty table)"."""
     header, body = _cells(frame, float_format, missing)
+    if not header:  # not "|  |": say it
+        return "(empty table)\n"
     escape = lambda text: text.replace("|", r"\|")  # noqa: E731 - a pipe would split the cell
     widths = [max([len(escape(h))] + [len(escape(r[k])) for r in body]) for k, h in enumerate(header)]
     numeric = [all(_looks_numeric(r[k]) for r in body) and bool(body) for k in range(len(header))]

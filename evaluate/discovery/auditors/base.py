@@ -94,6 +94,9 @@ class Auditor(ABC):
     filters_findings: ClassVar[bool] = False
     # The model-level statistic (Table 3) of a result without any finding (NaN: undefined).
     null_statistic: ClassVar[float] = float("nan")
+    # The largest value the statistic can take (a failure rate: 1): where the references already
+    # reach it, no model can score clearly above them, and Table 3 marks the verdict saturated.
+    statistic_ceiling: ClassVar[float] = float("inf")
 
     def __init__(self, params: Mapping[str, Any] | Any | None = None):
         self.params = parse_params(self.Params, params, self.name)

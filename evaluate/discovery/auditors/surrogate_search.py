@@ -49,6 +49,7 @@ class SurrogateSearch(Auditor):
     name = "surrogate_search"
     Params = SurrogateSearchParams
     objective = OBJECTIVE
+    statistic_ceiling = 1.0  # a failure rate
     test_params = {"factors": ("class", "face", "size"), "images_per_subdomain": 4, "initial": 3}
 
     def check(self) -> None:

@@ -47,6 +47,7 @@ class Twise(Auditor):
     name = "twise"
     Params = TwiseParams
     objective = SYSTEMATIC_ERROR
+    statistic_ceiling = 1.0  # a median of 1 - f(y|x)
     test_params = {"factors": ("class", "face", "size"), "images_per_subgroup": 4}
 
     def check(self) -> None:
