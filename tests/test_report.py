@@ -82,7 +82,7 @@ def test_report_header_says_the_distance_and_an_offline_run_downloads_nothing(fi
                             capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     header = output.read_text().split("</header>")[0]
-    assert ("Distance:</b> l2 (chosen by the default: the suite sets no [evaluate] distance)"
+    assert ('Distance:</b> l2 <span class="note">(chosen by the default: the suite sets no [evaluate] distance)'
             in header)
     assert "Download" not in result.stdout + result.stderr
     assert not (tmp_path / "empty-hub").exists()  # nothing fetched into the hub cache either
