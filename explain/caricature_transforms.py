@@ -32,13 +32,19 @@ d * W / (W - 1)) is not reproduced: shifts are whole pixels, as intended.
 from __future__ import annotations
 
 import math
+import warnings
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lucent.optvis import transform as lucent_transform
+
+with warnings.catch_warnings():
+    # lucent's transforms import kornia, which calls torch.jit.script at import; torch 2.x answers
+    # with a FutureWarning on the stderr of every command. Nothing here uses kornia's JIT.
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.jit")
+    from lucent.optvis import transform as lucent_transform
 
 # lucent.optvis.transform.standard_transforms, parameter for parameter.
 PAD = 12
