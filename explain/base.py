@@ -312,6 +312,11 @@ class AttributionMethod(ExplanationMethod):
 
     Params: ClassVar[type] = SaliencyParams
     renders: ClassVar[str] = ATTRIBUTIONS
+    # True for methods that draw random numbers inside captum (noise, samples, permutations) and
+    # would draw them for the whole batch at once: ``attribute`` then gets one image at a time,
+    # under torch's and numpy's RNGs seeded from the method's ``seed`` and the image's position in
+    # the image set, so an image's result does not depend on its batch (``batch_invariant``).
+    seeded_per_image: ClassVar[bool] = False
 
     def __init__(self, params: Mapping[str, Any] | Any | None = None):
         super().__init__(params)
@@ -348,7 +353,15 @@ class AttributionMethod(ExplanationMethod):
 
     def explain_batch(self, model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
                       context: BatchContext) -> BatchOutput:
-        raw = self.attribute(model, images, targets)
+        if self.seeded_per_image:
+            seed = getattr(self.params, "seed", 0)
+            rows = []
+            for row, position in enumerate(context.positions):
+                with seeded_rng(derive_seed(seed, position)):
+                    rows.append(self.attribute(model, images[row:row + 1], targets[row:row + 1]))
+            raw = torch.cat(rows)
+        else:
+            raw = self.attribute(model, images, targets)
         raw = np.asarray(raw.detach().cpu() if isinstance(raw, torch.Tensor) else raw, np.float32)
         return BatchOutput(images=self.render(raw, images.detach().cpu().numpy()), raw=raw)
 

@@ -46,3 +46,18 @@ def on_normalized_input(model: nn.Module, images: torch.Tensor,
     mean, std = normalization(model, method)
     function = model.backbone if model.output_classes is None else _BackboneInClassIndices(model)
     return function, (images - mean) / std
+
+
+BASELINES = ("normalized_zero", "black")
+
+
+def baseline_image(model: nn.Module, inputs: torch.Tensor, baseline: str, normalized_space: bool,
+                   method: str) -> torch.Tensor:
+    """The reference image named ``baseline`` for ``inputs`` in the space they are in:
+    "normalized_zero" (zero normalised input, the mean colour in pixels: the paper's integrated
+    gradients) or "black" (zero pixels)."""
+    if baseline == ("normalized_zero" if normalized_space else "black"):
+        return torch.zeros_like(inputs)  # zero in the space the method works in
+    mean, std = normalization(model, method)  # the other space's zero, mapped into this one
+    zero = -mean / std if normalized_space else mean
+    return zero.to(inputs).expand_as(inputs).contiguous()

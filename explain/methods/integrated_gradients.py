@@ -16,10 +16,8 @@ from captum.attr import IntegratedGradients as CaptumIntegratedGradients
 from torch import nn
 
 from counteraudit.explain.base import METHODS, AttributionMethod, SaliencyParams
-from counteraudit.explain.input_space import normalization, on_normalized_input
+from counteraudit.explain.input_space import BASELINES, baseline_image, on_normalized_input
 from counteraudit.explain.params import added, execution_only
-
-BASELINES = ("normalized_zero", "black")
 
 
 @METHODS.register
@@ -48,12 +46,7 @@ class IntegratedGradients(AttributionMethod):
         classifier, inputs = model, images
         if normalized_space:
             model, inputs = on_normalized_input(classifier, images, self.name)
-        if params.baseline == ("normalized_zero" if normalized_space else "black"):
-            baseline = torch.zeros_like(inputs)  # zero in the space the method works in
-        else:  # the other space's zero, mapped into this one
-            mean, std = normalization(classifier, self.name)
-            zero = -mean / std if normalized_space else mean
-            baseline = zero.expand_as(inputs).contiguous()
+        baseline = baseline_image(classifier, inputs, params.baseline, normalized_space, self.name)
         return CaptumIntegratedGradients(model).attribute(
             inputs, baselines=baseline, target=targets, n_steps=params.n_steps,
             method=params.method, internal_batch_size=params.internal_batch_size)

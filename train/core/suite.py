@@ -704,8 +704,8 @@ def _overridden(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, An
     for key, value in overrides.items():
         if value is None:
             out.pop(key, None)
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _overridden(out[key], value)
+        elif isinstance(value, dict):  # a new table too: its None values are removed keys
+            out[key] = _overridden(out[key] if isinstance(out.get(key), dict) else {}, value)
         else:
             out[key] = value
     return out
