@@ -300,9 +300,9 @@ def test_a_cam_method_missing_from_the_installed_library_names_the_version(monke
 
 
 @pytest.mark.parametrize("name, params, message", [
-    ("scorecam", {}, r"'scorecam' needs its budget 'batch_size'"),
+    ("scorecam", {"batch_size": None}, r"'scorecam' needs its budget 'batch_size'"),
     ("scorecam", {"batch_size": 0}, r"batch_size = 0 must be >= 1"),
-    ("ablationcam", {"batch_size": 8}, r"needs its budget 'ratio_channels_to_ablate'"),
+    ("ablationcam", {"ratio_channels_to_ablate": None}, r"needs its budget 'ratio_channels_to_ablate'"),
     ("ablationcam", {"batch_size": 8, "ratio_channels_to_ablate": 1.5},
      r"ratio_channels_to_ablate = 1.5 must be in \(0, 1\]"),
 ])

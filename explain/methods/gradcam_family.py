@@ -7,8 +7,8 @@ Each entry names the pytorch-grad-cam class and the grad-cam release that first 
 parameters as used here); an older installed grad-cam gives one error naming that version.
 
 The two perturbation methods cost one masked forward pass per channel of the layer (256 on the
-small ResNet's layer4.0.conv3, 2048 on ResNet-50's layer4.2.conv3) per view, so their budget is
-required (no default: a suite must choose it): ``batch_size``, how many masked copies one forward
+small ResNet's layer4.0.conv3, 2048 on ResNet-50's layer4.2.conv3) per view, so their budget is a
+parameter (checked when the suite is read): ``batch_size``, how many masked copies one forward
 pass takes (memory; the result is the same up to float rounding, so it is not recorded), and for
 Ablation-CAM ``ratio_channels_to_ablate``, the fraction of channels ablated (recorded: it changes
 the map; the others keep the unablated score).
@@ -125,16 +125,16 @@ class FullGrad(LibraryCam):
 # ---------------------------------------------------------------- perturbation
 @dataclass(frozen=True)
 class ScoreCamParams(CamParams):
-    # Masked copies per forward pass (pytorch-grad-cam's ScoreCAM.batch_size); required.
-    batch_size: int | None = execution_only(None)
+    # Masked copies per forward pass (pytorch-grad-cam's ScoreCAM.batch_size).
+    batch_size: int | None = execution_only(32)
 
 
 @dataclass(frozen=True)
 class AblationCamParams(CamParams):
-    # Ablated copies per forward pass (pytorch-grad-cam's AblationCAM batch_size); required.
-    batch_size: int | None = execution_only(None)
-    # Fraction of the layer's channels ablated, in (0, 1]; required (1.0: all, the paper's method).
-    ratio_channels_to_ablate: float | None = None
+    # Ablated copies per forward pass (pytorch-grad-cam's AblationCAM batch_size).
+    batch_size: int | None = execution_only(32)
+    # Fraction of the layer's channels ablated, in (0, 1] (1.0: all, the method as published).
+    ratio_channels_to_ablate: float | None = 1.0
 
 
 class PerturbationCam(LibraryCam):
