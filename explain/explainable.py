@@ -30,10 +30,13 @@ class SplitReluBottleneck(Bottleneck):
     """torchvision's Bottleneck with one ReLU module per use (relu1, relu2, relu3)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x if self.downsample is None else self.downsample(x)
         out = self.relu1(self.bn1(self.conv1(x)))
         out = self.relu2(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
+        # The shortcut after the main path, as torchvision: modules then run (and their gradients
+        # arrive) in the order they are registered, which pytorch-grad-cam's FullGrad relies on
+        # to pair each bias with its gradient.
+        identity = x if self.downsample is None else self.downsample(x)
         return self.relu3(out + identity)
 
 
@@ -41,9 +44,9 @@ class SplitReluBasicBlock(BasicBlock):
     """torchvision's BasicBlock with one ReLU module per use (relu1, relu2)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x if self.downsample is None else self.downsample(x)
         out = self.relu1(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
+        identity = x if self.downsample is None else self.downsample(x)  # torchvision's order
         return self.relu2(out + identity)
 
 

@@ -8,7 +8,8 @@ import torch
 from captum.attr import (FeatureAblation, GuidedBackprop, GuidedGradCam, IntegratedGradients,
                          NoiseTunnel, Saliency)
 from lucent.optvis import transform as lucent_transform
-from pytorch_grad_cam import GradCAM
+import pytorch_grad_cam
+from pytorch_grad_cam import FullGrad, GradCAM, GradCAMPlusPlus
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 
 from counteraudit.explain import METHODS, build_method
@@ -25,15 +26,30 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 NUM_IMAGES, SIZE = 3, 64
 # Parameters that keep the slow methods fast in tests; every other method runs with its defaults.
 SMALL_GRID = {"grid_cells": 4}
-FAST_PARAMS = {"caricature": {"steps": 6},
-               "deep_lift_shap": {"baseline_samples": 2},
-               "gradient_shap": {"baseline_samples": 2, "n_samples": 4},
-               "smooth_grad": {"n_samples": 3}, "smooth_grad_squared": {"n_samples": 3},
-               "var_grad": {"n_samples": 3},
-               "occlusion": {"window_fraction": 0.25, "stride_fraction": 0.25},
-               "feature_ablation": SMALL_GRID, "lime": {**SMALL_GRID, "n_samples": 24},
-               "kernel_shap": {**SMALL_GRID, "n_samples": 24},
-               "shapley_value_sampling": {**SMALL_GRID, "n_samples": 1}}
+FAST_PARAMS = {
+    "caricature": {"steps": 6},
+    # captum's sampling and perturbation methods (explain/methods/captum_*.py): tiny budgets
+    "deep_lift_shap": {"baseline_samples": 2},
+    "gradient_shap": {"baseline_samples": 2, "n_samples": 4},
+    "smooth_grad": {"n_samples": 3}, "smooth_grad_squared": {"n_samples": 3},
+    "var_grad": {"n_samples": 3},
+    "occlusion": {"window_fraction": 0.25, "stride_fraction": 0.25},
+    "feature_ablation": SMALL_GRID, "lime": {**SMALL_GRID, "n_samples": 24},
+    "kernel_shap": {**SMALL_GRID, "n_samples": 24},
+    "shapley_value_sampling": {**SMALL_GRID, "n_samples": 1},
+    # pytorch-grad-cam's CAMs (explain/methods/gradcam_family.py): one view instead of six, and
+    # the perturbation methods on an 8-channel layer (8 masked forwards per image, not 256).
+    **{name: {"aug_smooth": False} for name in (
+        "gradcam_plusplus", "hirescam", "gradcam_elementwise", "layercam", "eigencam",
+        "eigengradcam", "fullgrad")},
+    # XGrad-CAM divides by each channel's activation sum: on the pre-BatchNorm conv3 of a random
+    # model some sums are near 0 and batching's rounding is amplified past the tolerance; after
+    # the block's ReLU (its derivation's assumption) the sums are positive.
+    "xgradcam": {"layer": "layer4.0", "aug_smooth": False},
+    "scorecam": {"aug_smooth": False, "layer": "layer1.0.conv1", "batch_size": 8},
+    "ablationcam": {"aug_smooth": False, "layer": "layer1.0.conv1", "batch_size": 8,
+                    "ratio_channels_to_ablate": 1.0},
+}
 
 
 def method_params(name: str) -> dict:
@@ -193,6 +209,50 @@ def test_a_budget_that_is_not_positive_is_one_error_naming_it(name, params, key)
         build_method(name, params)
 
 
+def test_gradcam_plusplus_equals_pytorch_grad_cam(model, images, targets, explanations):
+    layer = resolve_layer(model, ARCHITECTURES.get("small_resnet").gradcam_layer)
+    cam = GradCAMPlusPlus(model, [layer])
+    try:
+        expected = cam(images.clone(), targets=[ClassifierOutputTarget(int(t)) for t in targets])
+    finally:
+        cam.activations_and_grads.release()
+    np.testing.assert_allclose(explanations["gradcam_plusplus"].raw, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_fullgrad_pairs_every_bias_with_its_own_gradient(model, images):
+    """pytorch-grad-cam's FullGrad pairs bias layers (module order) with gradients (arrival
+    order): the explainable copy must run its modules in registration order."""
+    cam = FullGrad(make_explainable_copy(model), [])
+    by_module = {}
+
+    def record_gradient(module, _inputs, output):
+        output.register_hook(lambda gradient: by_module.__setitem__(module, gradient))
+
+    handles = [layer.register_forward_hook(record_gradient) for layer in cam.target_layers]
+    try:
+        cam.activations_and_grads(images[:1].clone().requires_grad_(True))[0, 0].backward()
+        gradients = list(cam.activations_and_grads.gradients)  # release() empties the list
+    finally:
+        cam.activations_and_grads.release()
+        for handle in handles:
+            handle.remove()
+    assert len(gradients) == len(cam.target_layers) > 20
+    assert all(torch.equal(by_module[layer], gradient)
+               for layer, gradient in zip(cam.target_layers, gradients))
+
+
+def test_random_map_depends_on_the_image_and_seed_never_the_model(model, images, explanations):
+    torch.manual_seed(5)
+    other_model = build_model("small_resnet", num_classes=10, mean=(0.4,) * 3, std=(0.3,) * 3).eval()
+    reference = explanations["random_map"]
+    other = build_method("random_map").run(other_model, images, batch_size=3)
+    np.testing.assert_array_equal(other.raw, reference.raw)
+    np.testing.assert_array_equal(other.images, reference.images)
+    assert not np.allclose(reference.raw[0], reference.raw[1], atol=0.05)  # another image
+    other_seed = build_method("random_map", {"seed": 1}).run(model, images[:1])
+    assert not np.allclose(other_seed.raw[0], reference.raw[0], atol=0.05)
+
+
 def test_outputs_only_raw_is_softmax(model, images, explanations):
     with torch.no_grad():
         expected = torch.softmax(model(images), dim=1).numpy()
@@ -284,6 +344,24 @@ def test_wrongly_typed_parameter_is_an_error():
 def test_images_outside_unit_range_are_refused(model):
     with pytest.raises(ValueError, match=r"in \[0, 1\]"):
         build_method("guided_backprop").run(model, torch.randn(1, 3, SIZE, SIZE) * 3)
+
+
+def test_a_cam_method_missing_from_the_installed_library_names_the_version(monkeypatch):
+    monkeypatch.delattr(pytorch_grad_cam, "HiResCAM")
+    with pytest.raises(ImportError, match=r"'hirescam' needs grad-cam >= 1\.4\.2 \(installed: "):
+        build_method("hirescam")
+
+
+@pytest.mark.parametrize("name, params, message", [
+    ("scorecam", {"batch_size": None}, r"'scorecam' needs its budget 'batch_size'"),
+    ("scorecam", {"batch_size": 0}, r"batch_size = 0 must be >= 1"),
+    ("ablationcam", {"ratio_channels_to_ablate": None}, r"needs its budget 'ratio_channels_to_ablate'"),
+    ("ablationcam", {"batch_size": 8, "ratio_channels_to_ablate": 1.5},
+     r"ratio_channels_to_ablate = 1.5 must be in \(0, 1\]"),
+])
+def test_perturbation_cams_need_a_valid_budget(name, params, message):
+    with pytest.raises(ValueError, match=message):
+        build_method(name, params)
 
 
 def test_registering_a_name_twice_is_an_error():

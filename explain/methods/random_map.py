@@ -1,0 +1,73 @@
+"""A random-map control: a smooth random CAM drawn from the image's pixels and a seed, never from
+the model.
+
+Its Table 1 row estimates the rule's false-positive rate for a method that sees nothing: an
+anomalous model's maps are then exchangeable with its n references' maps, so the rule calls it
+anomalous about 1/(n + 1) of the time (chance of ranking first among n + 1). A method whose row
+is not clearly better than this one's detects nothing the rule could not flag by chance.
+
+Why not pytorch-grad-cam's ``RandomCAM``: it weights the layer's activation channels with random
+weights, so its map is a random mix of what the model computes and changes with the model.
+Here, the map is a ``grid`` x ``grid`` field of standard normal values, upsampled bilinearly to
+the image and scaled to [0, 1] like a CAM (smooth at the scale of a layer-4 CAM: 7 x 7 is
+ResNet-50's at 224 px), drawn from numpy's generator seeded by ``seed`` and a hash of the image's
+float32 pixels: the same image gives the same map for every model, another image another map,
+and a batch changes nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from counteraudit.explain.base import DEFAULT_RENDERERS, METHODS, AttributionMethod
+from counteraudit.explain.renderers import CAMS
+
+
+def image_words(image: torch.Tensor) -> list[int]:
+    """Four 32-bit words hashed from the image's float32 pixels (seed material)."""
+    pixels = image.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+    digest = hashlib.blake2b(pixels, digest_size=16).digest()
+    return [int.from_bytes(digest[i:i + 4], "little") for i in range(0, 16, 4)]
+
+
+def random_field(seed: int, image: torch.Tensor, grid: int) -> np.ndarray:
+    """A (H, W) map in [0, 1]: a seeded grid x grid normal field, upsampled and min-max scaled."""
+    rng = np.random.default_rng([seed, *image_words(image)])
+    coarse = torch.from_numpy(rng.standard_normal((1, 1, grid, grid)).astype(np.float32))
+    field = F.interpolate(coarse, size=tuple(image.shape[-2:]), mode="bilinear",
+                          align_corners=False)[0, 0].numpy()
+    field = field - field.min()
+    return field / max(float(field.max()), 1e-12)
+
+
+@METHODS.register
+class RandomMap(AttributionMethod):
+    """Control: a smooth random CAM from the image and the seed, never the model (module
+    docstring); its Table 1 row estimates the rule's false-positive rate, about 1/(n + 1) with n
+    references."""
+    name = "random_map"
+    default_batch_size = 64
+    renders = CAMS
+
+    @dataclass(frozen=True)
+    class Params:
+        seed: int = 0
+        grid: int = 7  # cells per side of the random field before upsampling
+        renderer: str = DEFAULT_RENDERERS[CAMS]
+        renderer_options: dict[str, Any] | None = None
+
+        def __post_init__(self) -> None:
+            if self.grid < 1:
+                raise ValueError(f"method 'random_map': grid = {self.grid} must be >= 1 (cells "
+                                 "per side of the random field)")
+
+    def attribute(self, model: nn.Module, images: torch.Tensor,
+                  targets: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.stack([random_field(self.params.seed, image, self.params.grid)
+                                          for image in images]))
