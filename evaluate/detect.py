@@ -25,7 +25,7 @@ from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, p
 from counteraudit.anomalies.image_sets import DETECTION, set_sources
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.evaluate.scoring.detection import margin_wide
-from counteraudit.evaluate.scoring.stage import detection_scores
+from counteraudit.evaluate.scoring.stage import detection_scores, tables_dir
 from counteraudit.evaluate.scoring.tables import detection_tables
 from counteraudit.evaluate.scoring.verdicts import findings
 from counteraudit.train.core.stage import run_cli
@@ -48,7 +48,7 @@ def main(args: argparse.Namespace) -> dict:
     tables = detection_tables(suite, scores, distance_name, implants=implants,
                               test=args.p_value)
     summary, per_model = tables[f"detection-{distance_name}"], tables[f"detection-per-model-{distance_name}"]
-    write_tables(suite, tables, args.runs_dir)
+    write_tables(suite, tables, args.runs_dir, only_methods=args.method)
     anomalous = per_model[per_model["role"] == "anomalous"]
     print(f"\nTable 1 -- fraction of each family's models detected by the paper's rule (Abar above every "
           f"reference's; {describe_distance(distance_name)};"
@@ -76,7 +76,7 @@ def main(args: argparse.Namespace) -> dict:
         print("\nAgainst the outputs-only control: margin(method) / margin(outputs_only) (> 1: the "
               "explanation sets the model further from the references than the outputs do)\n")
         print(to_markdown(ratios, float_format="{:.2f}"))
-    print(f"\ntables: {suite.root(args.runs_dir) / 'tables'}/")
+    print(f"\ntables: {tables_dir(suite, args.runs_dir, args.method)}/")
     return tables
 
 

@@ -28,7 +28,7 @@ import pandas as pd
 from counteraudit.anomalies.image_sets import localizable
 from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, prepare
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
-from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores
+from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores, tables_dir
 from counteraudit.evaluate.studies.dose_response import suite_dose, sweep_table, threshold_text
 from counteraudit.train.core.stage import run_cli
 from counteraudit.train.implant_checks import read_implant
@@ -85,8 +85,8 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
         print("\nlocalization\n")
         print(to_markdown(wide.rename_axis(None, axis=1).reset_index()))
     tables = {f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits}
-    write_tables(suite, tables, args.runs_dir)
-    print(f"\ntables: {suite.root(args.runs_dir) / 'tables'}/")
+    write_tables(suite, tables, args.runs_dir, only_methods=args.method)
+    print(f"\ntables: {tables_dir(suite, args.runs_dir, args.method)}/")
     return tables
 
 

@@ -23,7 +23,7 @@ import time
 from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, prepare
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.anomalies.image_sets import set_sources
-from counteraudit.evaluate.scoring.stage import localization_scores
+from counteraudit.evaluate.scoring.stage import localization_scores, tables_dir
 from counteraudit.evaluate.scoring.tables import (chance_band_note, localization_power_note,
                                                   localization_tables)
 from counteraudit.train.core.stage import run_cli
@@ -43,7 +43,7 @@ def main(args: argparse.Namespace) -> dict:
     tables = localization_tables(scores, distance_name, suite)
     summary = tables[f"localization-{distance_name}"]
     per_model = tables[f"localization-per-model-{distance_name}"]
-    write_tables(suite, tables, args.runs_dir)
+    write_tables(suite, tables, args.runs_dir, only_methods=args.method)
     print(f"\nTable 2 -- localization AUROC, abnormal vs normal inputs "
           f"({describe_distance(distance_name)}; {suite.name} suite; images: {set_sources(suite)})\n")
     print(to_markdown(summary, float_format="{:.2f}"))
@@ -62,7 +62,7 @@ def main(args: argparse.Namespace) -> dict:
     power = localization_power_note(suite)
     if power:
         print(power)
-    print(f"tables: {suite.root(args.runs_dir) / 'tables'}/")
+    print(f"tables: {tables_dir(suite, args.runs_dir, args.method)}/")
     return tables
 
 

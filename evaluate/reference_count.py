@@ -38,6 +38,7 @@ from counteraudit.evaluate.pipeline import add_distance_args, check_scorable, sc
 from counteraudit.evaluate.reporting.power import power_tables, print_power
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.evaluate.scoring.localization import auroc
+from counteraudit.evaluate.scoring.stage import tables_dir
 from counteraudit.evaluate.scoring.scores import (ZERO_SPREAD_TOLERANCE, mean_pair_distance,
                                                   reference_distance_matrix, score_frame)
 from counteraudit.evaluate.studies.power import detection_by_reference_count
@@ -169,8 +170,8 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
     tables = {"localization-by-n": table, **tables}
     # runs/<suite>/tables/power-*: the report's power section reads them
     write_tables(suite, {f"power-{name}-{distance_name}": frame for name, frame in tables.items()},
-                 args.runs_dir)
-    print(f"\ntables: {suite.root(args.runs_dir) / 'tables'}/power-*")
+                 args.runs_dir, only_methods=args.method)
+    print(f"\ntables: {tables_dir(suite, args.runs_dir, args.method)}/power-*")
     return tables
 
 

@@ -43,7 +43,7 @@ from counteraudit.evaluate.pipeline import pipeline_parser, prepare
 from counteraudit.evaluate.reporting.page import DEFAULT_EXAMPLES, DEFAULT_IMAGE_SIDE, Report
 from counteraudit.evaluate.reporting.sensitivity import stored_sensitivity
 from counteraudit.evaluate.reporting.tables import write_tables
-from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores
+from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores, only_methods_label
 from counteraudit.evaluate.scoring.tables import detection_tables, localization_tables
 from counteraudit.evaluate.studies.dose_response import suite_dose
 from counteraudit.explain.stage import load_image_sets
@@ -57,7 +57,8 @@ from counteraudit.train.worlds import build_world
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = pipeline_parser("counteraudit report", add_help)
     parser.add_argument("--output", default=None, metavar="PATH",
-                        help="the HTML file to write (default: runs/<suite>/report/report.html)")
+                        help="the HTML file to write (default: runs/<suite>/report/report.html; "
+                             "with --method, report-method-<names>.html beside it)")
     parser.add_argument("--examples", type=int, default=DEFAULT_EXAMPLES,
                         help="normal and abnormal example inputs per localizable model")
     parser.add_argument("--image-side", type=int, default=DEFAULT_IMAGE_SIDE,
@@ -82,7 +83,7 @@ def main(args: argparse.Namespace) -> Path | None:
     if suite.sweeps:  # dose-response: one panel per sweep
         dose, limits = suite_dose(suite, detection, localization, implants)
         tables.update({f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits})
-    write_tables(suite, tables, args.runs_dir)
+    write_tables(suite, tables, args.runs_dir, only_methods=args.method)
     discovery = stored_discovery(suite, args.runs_dir)
     report = Report(suite=suite, methods=methods, distance_name=distance_name, source=source,
                     detection=detection, localization=localization, tables=tables,
@@ -90,7 +91,10 @@ def main(args: argparse.Namespace) -> Path | None:
                     image_sets=load_image_sets(suite, args.runs_dir), runs_root=args.runs_dir,
                     examples=args.examples, image_side=args.image_side, discovery=discovery,
                     sensitivity=stored_sensitivity(suite, distance_name, args.runs_dir))
-    output = Path(args.output) if args.output else suite.root(args.runs_dir) / "report" / "report.html"
+    # A --method run's report goes beside the suite's (report-method-<names>.html), as its tables do
+    label = only_methods_label(args.method)
+    default = suite.root(args.runs_dir) / "report" / (f"report-{label}.html" if label else "report.html")
+    output = Path(args.output) if args.output else default
     text = report.html()
     atomic_write_text(output, text)
     print(f"\nreport ({len(text.encode()) / 1e6:.2f} MB, {report.image_count} images): {output}")

@@ -83,11 +83,25 @@ def targets(model, images) -> torch.Tensor:
         return model(images).argmax(dim=1)
 
 
+class RunOnce(dict):
+    """Each method run once (batch of 2, so two batches) when a test first asks for it: a run
+    of some of the tests (``-k <method>``, as tests/test_explain_readme.py does for its example)
+    pays only for the methods it checks."""
+
+    def __init__(self, model: torch.nn.Module, images: torch.Tensor):
+        super().__init__()
+        self.model, self.images = model, images
+
+    def __missing__(self, name: str):
+        self[name] = build_method(name, method_params(name)).run(self.model, self.images,
+                                                                 batch_size=2)
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def explanations(model, images) -> dict:
-    """Each method run once (batch of 2, so two batches), shared by the tests below."""
-    return {name: build_method(name, method_params(name)).run(model, images, batch_size=2)
-            for name in METHODS.names()}
+    """Each method's explanation of ``images``, shared by the tests below."""
+    return RunOnce(model, images)
 
 
 # ---------------------------------------------------------------- every registered method

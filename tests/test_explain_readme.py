@@ -1,9 +1,12 @@
 """explain/README.md's "Add an explanation method" example, run end to end as a user would: its code
-saved as one new file in a folder of the ``explain.methods`` package, found by the registry's
-first lookup, registered, configured from a suite-style table and run. In a subprocess, so the new method does
-not stay registered in the test session."""
+saved as written into one new file in a folder of the ``explain.methods`` package, found by the
+registry's first lookup, registered, configured from a suite-style table, and put through the very
+checks tests/test_explain_methods.py runs on every shipped method (shapes, same seed same bits,
+batched equal to one at a time if it claims batch invariance, the caller's model unchanged). In a
+subprocess, so the new method does not stay registered in the test session."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -13,6 +16,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 GUIDE = REPO / "explain" / "README.md"
 SECTION = "## Add an explanation method"
+METHOD_CHECKS = REPO / "tests" / "test_explain_methods.py"
+# The checks every registered method gets, as named in METHOD_CHECKS (parametrized by method).
+EVERY_METHODS_CHECKS = {"test_output_shape_dtype_and_record", "test_same_seed_same_bits",
+                        "test_does_not_change_the_callers_model"}
+BATCH_INVARIANT_CHECK = "test_batched_equals_one_at_a_time"
 
 
 def readme_example() -> str:
@@ -24,15 +32,14 @@ def readme_example() -> str:
     return blocks[0]
 
 
-def test_readme_example_adds_a_method_with_one_file(tmp_path):
+def test_readme_example_adds_a_method_with_one_file_that_passes_every_methods_checks(tmp_path):
     plugin_dir = tmp_path / "more_methods"
     plugin_dir.mkdir()
     (plugin_dir / "readme_example.py").write_text(readme_example())
     script = textwrap.dedent(f"""
-        import torch
-        torch.set_num_threads(1)
+        import json
+        import pytest
         import counteraudit.explain as explain, counteraudit.explain.methods
-        from counteraudit.train.architectures import build_model
 
         # A folder of the methods package, as explain/methods/ itself is; nothing else changes.
         explain.methods.__path__.append({str(plugin_dir)!r})
@@ -40,18 +47,29 @@ def test_readme_example_adds_a_method_with_one_file(tmp_path):
                  if explain.METHODS.get(name).__module__.endswith(".readme_example")}}
         assert len(added) == 1, f"the guide's example registered {{added}}, expected one method"
         name = added.pop()
-        method = explain.build_method(name, {{"samples": 4}})  # a suite's [methods.<name>] table
-        torch.manual_seed(0)
-        model = build_model("small_resnet", 10, (0.5,) * 3, (0.25,) * 3)
-        images = torch.rand(3, 3, 64, 64)
-        first = method.run(model, images, batch_size=2)
-        again = method.run(model, images, batch_size=2)
-        assert first.images.shape == (3, 64, 64, 3) and first.images.dtype.name == "uint8"
-        assert (first.images == again.images).all(), "not deterministic"
-        assert first.params["method_params"]["samples"] == 4
-        print("OK", name)
+        configured = explain.build_method(name, {{"samples": 4}})  # a suite's [methods.<name>]
+        assert configured.params.samples == 4
+
+        class Outcomes:
+            "Each selected test's outcome, by its name and parameter."
+            def __init__(self):
+                self.by_test = {{}}
+            def pytest_runtest_logreport(self, report):
+                if report.when == "call" or report.outcome != "passed":
+                    self.by_test[report.nodeid.split("::")[-1]] = report.outcome
+
+        outcomes = Outcomes()
+        status = pytest.main([{str(METHOD_CHECKS)!r}, "-q", "-p", "no:cacheprovider",
+                              "-k", f"[{{name}}]"], plugins=[outcomes])
+        print("RESULT " + json.dumps({{"name": name, "status": int(status),
+                                      "batch_invariant": explain.METHODS.get(name).batch_invariant,
+                                      "outcomes": outcomes.by_test}}))
     """)
     result = subprocess.run([sys.executable, "-W", "ignore", "-c", script], cwd=REPO,
                             capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.startswith("OK ")
+    assert result.returncode == 0 and "RESULT " in result.stdout, result.stdout + result.stderr
+    found = json.loads(result.stdout.split("RESULT ", 1)[1])
+    name, outcomes = found["name"], found["outcomes"]
+    expected = EVERY_METHODS_CHECKS | ({BATCH_INVARIANT_CHECK} if found["batch_invariant"] else set())
+    assert outcomes == {f"{check}[{name}]": "passed" for check in expected}, result.stdout[-3000:]
+    assert found["status"] == 0, result.stdout[-3000:]

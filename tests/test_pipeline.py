@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from sklearn.metrics import roc_auc_score
 
+from counteraudit.evaluate import detect
 from tests.conftest import REPO, run_script  # the finished_run fixture is in conftest.py
 from tests.conftest import write_suite
 
@@ -56,6 +57,25 @@ def test_rerun_does_no_work_and_localize_gives_table2(finished_run):
         labels = [1] * len(abnormal) + [0] * len(normal)
         assert row["auroc"] == pytest.approx(roc_auc_score(labels, [*abnormal, *normal]))
     assert (table["n_abnormal"] == 4).all() and (table["n_normal"] == 4).all()
+
+
+def test_a_method_run_writes_its_tables_beside_the_suites(finished_run, capsys):
+    """detect --method X (e.g. a newly added method) scores X alone: its one-column tables go to
+    tables/method-X/, and every table of the suite's own run stays byte for byte as it was."""
+    suite, runs, _ = finished_run
+    tables = runs / "e2e" / "tables"
+    before = {path: path.read_bytes() for path in tables.rglob("*") if path.is_file()}
+    assert tables / "detection-l2.csv" in before
+    args = detect.get_args_parser().parse_args(["--suite", str(suite), "--runs-dir", str(runs),
+                                                "--distance", "l2", "--no-progress",
+                                                "--method", "outputs_only"])
+    detect.main(args)
+    assert f"tables: {tables / 'method-outputs_only'}/" in capsys.readouterr().out
+    after = {path: path.read_bytes() for path in tables.rglob("*") if path.is_file()}
+    assert {path: after[path] for path in before} == before
+    table1 = pd.read_csv(tables / "method-outputs_only" / "detection-l2.csv")
+    assert "outputs_only" in table1.columns and "guided_backprop" not in table1.columns
+    assert "guided_backprop" in pd.read_csv(tables / "detection-l2.csv").columns
 
 
 def test_reference_count_recomputes_table2_at_the_full_reference_set(finished_run):

@@ -113,7 +113,8 @@ def test_sensitivity_on_a_finished_run_agrees_with_the_main_job_on_the_derived_s
     run_script("evaluate/detect.py", "--suite", derived, "--runs-dir", runs, "--distance", "l2",
                "--no-progress", "--method", "guided_backprop")
     direct = pd.read_csv(runs / "e2e-sensitivity-explained_class-label" / "tables" /
-                         "detection-per-model-l2.csv").set_index(["method", "model"])
+                         "method-guided_backprop" / "detection-per-model-l2.csv"
+                         ).set_index(["method", "model"])
     for _, row in det.iterrows():
         assert row["margin"] == pytest.approx(direct.loc[(row["method"], row["model"]), "margin"])
     # explaining for the label rather than the top class changes the explained targets, so the

@@ -204,13 +204,17 @@ def _detect_in_process(capsys, *args) -> tuple[int, str, str]:
     ({"recipe": {"epochs": "3"}}, "epochs = \"3\" must be a whole number"),
     ({"world": {"num_train": -5}}, "num_train = -5 must be >= 1"),
     ({"world": {"image_size": -3}}, "image_size = -3 must be >= 32"),
+    # a table the suite would silently ignore, since its [explain] methods list leaves it out
+    ({"methods": {"gradcam": {"aug_smooth": False}}},
+     '[methods.gradcam] sets parameters of a method the suite does not run: add "gradcam" to '
+     '[explain] methods = ["guided_backprop", "outputs_only"]'),
 ], ids=["too-few-references", "count-not-a-number", "epochs-a-string", "negative-images",
-        "negative-size"])
+        "negative-size", "table-of-a-method-not-run"])
 def test_bad_input_fails_in_one_message_before_any_work(tmp_path, capsys, change, expected):
     table = copy.deepcopy(VALID)
     table["anomalies"], table["sweeps"] = [], []
     for section, values in change.items():
-        table[section] = {**table[section], **values}
+        table[section] = {**table.get(section, {}), **values}
     suite = _write(tmp_path / "bad.toml", table)
     status, out, err = _detect_in_process(capsys, "--suite", suite, "--runs-dir", tmp_path / "runs",
                                           "--distance", "l2", "--no-progress")

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from counteraudit.evaluate.scoring.stage import TABLES
+from counteraudit.evaluate.scoring.stage import tables_dir
 from counteraudit.train.core.artifacts import atomic_write_text
 
 FORMATS = ("md", "csv", "tex")
@@ -113,9 +113,12 @@ def write_table(frame: pd.DataFrame, path_stem: str | Path, formats: Sequence[st
     return [atomic_write_text(stem.with_name(f"{stem.name}.{fmt}"), renderers[fmt]()) for fmt in formats]
 
 
-def write_tables(suite, tables: dict[str, pd.DataFrame], runs_root=None) -> list[Path]:
-    """Every table of a stage under <runs>/<suite>/tables/<name>.{md,csv,tex}."""
+def write_tables(suite, tables: dict[str, pd.DataFrame], runs_root=None,
+                 only_methods: list[str] | None = None) -> list[Path]:
+    """Every table of a stage under <runs>/<suite>/tables/<name>.{md,csv,tex}; with
+    ``only_methods`` (a run's --method) under tables/method-<names>/ (``tables_dir``), never over
+    the suite's own."""
     written = []
     for name, frame in tables.items():
-        written += write_table(frame, suite.root(runs_root) / TABLES / name)
+        written += write_table(frame, tables_dir(suite, runs_root, only_methods) / name)
     return written

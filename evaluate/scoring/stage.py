@@ -32,6 +32,23 @@ SCORES = "scores"
 TABLES = "tables"
 
 
+def only_methods_label(only_methods: list[str] | None) -> str | None:
+    """How the outputs of a run restricted with ``--method`` are named: "method-<a>+<b>" (the
+    methods sorted), or None for a run of the suite's own methods."""
+    return f"method-{'+'.join(sorted(set(only_methods)))}" if only_methods else None
+
+
+def tables_dir(suite: Suite, runs_root=None, only_methods: list[str] | None = None) -> Path:
+    """Where a stage's tables go: <runs>/<suite>/tables/, and for a run restricted with
+    ``--method`` its own folder in it, tables/method-<a>+<b>/: its tables hold only those methods'
+    columns, so written over the suite's (which the report and the other scripts read) they would
+    replace the whole suite's results, and leave its older tables (the outputs-only comparisons)
+    beside tables they no longer match."""
+    root = suite.root(runs_root) / TABLES
+    label = only_methods_label(only_methods)
+    return root / label if label else root
+
+
 def score_table_key(suite: Suite, distance_name: str, method: str, image_set: str,
                     models: list[str], runs_root=None) -> tuple[Path, dict[str, Any]]:
     """Where one score table goes and the key its ``.json`` must hold; FileNotFoundError when a

@@ -538,6 +538,18 @@ def _built_problems(tables: dict[str, dict[str, Any]], registry, header: str) ->
     return problems
 
 
+def _unrun_method_problems(run: list[str] | None, tables: dict[str, Any]) -> list[str]:
+    """A ``[methods.<name>]`` table for a method the ``[explain] methods`` list leaves out would be
+    silently ignored (a user who adds a method's table expects it to run): an error naming the list
+    to add it to. Without a list the suite runs every registered method, so every table is used."""
+    if run is None:
+        return []
+    listed = ", ".join(f'"{name}"' for name in run)
+    return [f"[methods.{name}] sets parameters of a method the suite does not run: add \"{name}\" "
+            f"to [explain] methods = [{listed}] (or remove the table)"
+            for name in tables if name not in run]
+
+
 def _plugin_problems(tables: dict[str, Any]) -> list[str]:
     """The tables of plug-ins (explanation methods, auditors, the executor) checked against their
     registries and built, so a typo fails before training rather than after it."""
@@ -547,6 +559,7 @@ def _plugin_problems(tables: dict[str, Any]) -> list[str]:
     problems = _named_problems(explain.get("methods") or [], METHODS, "[explain] methods")
     problems += _named_problems(explain.get("batch_sizes", {}), METHODS, "[explain] batch_sizes")
     problems += _built_problems(tables.get("methods", {}), METHODS, "methods")
+    problems += _unrun_method_problems(explain.get("methods"), tables.get("methods", {}))
     problems += _named_problems(discover.get("auditors") or [], AUDITORS, "[discover] auditors")
     problems += _named_problems(discover.get("budget", {}), AUDITORS, "[discover] budget")
     problems += _built_problems(tables.get("auditors", {}), AUDITORS, "auditors")
