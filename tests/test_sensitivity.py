@@ -30,8 +30,10 @@ def test_each_option_sets_its_parameter_on_its_methods_and_nothing_else(choice_n
     applicable = choice.applicable(ALL_METHODS, base)
     assert applicable, f"{choice_name}: no registered method has the parameter {choice.parameter!r}"
     for value in choice.options:
-        derived = write_derived_suite(base, f"demo-{choice_name}-{value}",
-                                      choice.patch(base, ALL_METHODS, value), tmp_path / f"{value}.toml")
+        # every registered method run, so the suite may set any method's parameters
+        patch = {**choice.patch(base, ALL_METHODS, value), "explain": {"methods": ALL_METHODS}}
+        derived = write_derived_suite(base, f"demo-{choice_name}-{value}", patch,
+                                      tmp_path / f"{value}.toml")
         along = choice.along(value, base) if choice.along else {}
         assert derived.models == base.models  # the same trained models, shared by key
         for method in ALL_METHODS:
