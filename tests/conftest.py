@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,17 @@ def tiny_suite(tmp_path) -> Path:
 
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def guide_example(guide: Path, section: str) -> str:
+    """The first ```python block of ``section`` (a "## ..." heading) of ``guide``, as written: the
+    example a guide asks a user to save as a file, which its test then runs."""
+    text = guide.read_text()
+    assert section in text, f"{guide} has no section {section!r}"
+    body = text.split(section, 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", body, flags=re.DOTALL)
+    assert blocks, f"the section {section!r} of {guide} has no ```python example"
+    return blocks[0]
 # The end-to-end suite: two anomalies (one localizable), two methods, 8 detection images.
 E2E_BODY = """
 [[anomalies]]

@@ -5,11 +5,12 @@ lookup, accepted in a suite file, then run on a small generated world with an un
 subprocess, so the new auditor does not stay registered in the test session."""
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from tests.conftest import guide_example as _guide_example
 
 REPO = Path(__file__).resolve().parents[1]
 GUIDE = REPO / "evaluate" / "discovery" / "README.md"
@@ -17,12 +18,7 @@ SECTION = "## Add a failure-discovery auditor"
 
 
 def guide_example() -> str:
-    text = GUIDE.read_text()
-    assert SECTION in text, f"{GUIDE} has no section {SECTION!r}"
-    section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
-    assert blocks, f"the section {SECTION!r} of {GUIDE} has no ```python example"
-    return blocks[0]
+    return _guide_example(GUIDE, SECTION)
 
 
 def test_guide_example_adds_an_auditor_with_one_file(tmp_path):

@@ -7,11 +7,12 @@ subprocess, so the new method does not stay registered in the test session."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from tests.conftest import guide_example
 
 REPO = Path(__file__).resolve().parents[1]
 GUIDE = REPO / "explain" / "README.md"
@@ -24,12 +25,7 @@ BATCH_INVARIANT_CHECK = "test_batched_equals_one_at_a_time"
 
 
 def readme_example() -> str:
-    text = GUIDE.read_text()
-    assert SECTION in text, f"{GUIDE} has no section {SECTION!r}"
-    section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
-    assert blocks, f"the section {SECTION!r} of {GUIDE} has no ```python example"
-    return blocks[0]
+    return guide_example(GUIDE, SECTION)
 
 
 def test_readme_example_adds_a_method_with_one_file_that_passes_every_methods_checks(tmp_path):
