@@ -42,9 +42,10 @@ from counteraudit.evaluate.discovery.tables import discovery_tables
 from counteraudit.evaluate.pipeline import pipeline_parser, prepare
 from counteraudit.evaluate.reporting.page import DEFAULT_EXAMPLES, DEFAULT_IMAGE_SIDE, Report
 from counteraudit.evaluate.reporting.sensitivity import stored_sensitivity
-from counteraudit.evaluate.reporting.tables import write_tables
+from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores, only_methods_label
-from counteraudit.evaluate.scoring.tables import detection_tables, localization_tables
+from counteraudit.evaluate.scoring.tables import detection_tables, localization_tables, zoo_summary_tables
+from counteraudit.evaluate.scoring.zoo import summary_caption
 from counteraudit.evaluate.studies.dose_response import suite_dose
 from counteraudit.explain.stage import load_image_sets
 from counteraudit.train.core.artifacts import atomic_write_text, store_dir
@@ -80,10 +81,14 @@ def main(args: argparse.Namespace) -> Path | None:
     if localizable(suite):
         localization = localization_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
         tables.update(localization_tables(localization, distance_name, suite))
+        tables.update(zoo_summary_tables(tables, distance_name, len(suite.references)))
     if suite.sweeps:  # dose-response: one panel per sweep
         dose, limits = suite_dose(suite, detection, localization, implants)
         tables.update({f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits})
     write_tables(suite, tables, args.runs_dir, only_methods=args.method)
+    summary = tables.get(f"zoo-summary-{distance_name}")
+    if summary is not None:
+        print(f"\n{summary_caption(distance_name)}\n\n{to_markdown(summary, float_format='{:.2f}')}")
     discovery = stored_discovery(suite, args.runs_dir)
     report = Report(suite=suite, methods=methods, distance_name=distance_name, source=source,
                     detection=detection, localization=localization, tables=tables,

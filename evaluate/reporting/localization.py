@@ -13,6 +13,7 @@ from counteraudit.evaluate.reporting.html import auroc_class, fmt, html_table, l
 from counteraudit.evaluate.reporting.summary import LOCALIZED_AUROC
 from counteraudit.evaluate.reporting.svg import ANOMALOUS_COLOR, MISSED_COLOR, StripRow, roc_plot, strip_plot
 from counteraudit.evaluate.scoring.tables import chance_band_note, localization_power_note
+from counteraudit.evaluate.scoring.zoo import summary_caption
 
 
 def localization_section(report) -> str:
@@ -52,6 +53,10 @@ def localization_section(report) -> str:
             f"same images, paired bootstrap 95% interval; adds = the explanation localizes "
             f"better than the model's outputs alone, same = no better, less = worse "
             f"({report.distance_name})")))
+    summary = report.tables.get(f"zoo-summary-{report.distance_name}")
+    if summary is not None:
+        parts.append(html_table(summary, float_format="{:.2f}",
+                                caption=summary_caption(report.distance_name)))
     if not per_layer.empty:
         parts.append("<details><summary>Per-layer localization table</summary>"
                      + html_table(per_layer, caption=f"Localization per layer ({report.distance_name})")

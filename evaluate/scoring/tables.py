@@ -11,6 +11,7 @@ from counteraudit.evaluate.scoring.baseline import (BASELINE, delta_table, detec
 from counteraudit.evaluate.scoring.detection import NO_LAYER, NULL_FAMILY, detection_table, null_rates, table1
 from counteraudit.evaluate.scoring.localization import (localization_table, paper_layout,
                                                         replicate_localization_table, table2)
+from counteraudit.evaluate.scoring.zoo import zoo_summary
 from counteraudit.evaluate.scoring.verdicts import (calibration, family_verdicts, method_power,
                                                     model_verdicts, null_plan, verdict_table)
 from counteraudit.train.core.suite import PAPER_REFERENCES, Suite
@@ -136,3 +137,15 @@ def localization_power_note(suite: Suite) -> str | None:
             f"{references * (references - 1) // 2} pairs: with fewer references that estimate is "
             "noisier, which pulls AUROCs towards 0.5, and with fewer images each AUROC varies more "
             "from one draw of images to the next.")
+
+
+def zoo_summary_tables(tables: dict[str, pd.DataFrame], distance_name: str,
+                       n_references: int) -> dict[str, pd.DataFrame]:
+    """``zoo-summary-<distance>`` (``zoo.zoo_summary``: methods ranked by the defects they detect
+    and localize beyond outputs-only) where ``tables`` holds both Table 1's per-model rows and the
+    localization comparison with outputs-only, else nothing."""
+    per_model = tables.get(f"detection-per-model-{distance_name}")
+    versus = tables.get(f"localization-vs-outputs-per-model-{distance_name}")
+    if per_model is None or versus is None or BASELINE not in set(per_model["method"]):
+        return {}
+    return {f"zoo-summary-{distance_name}": zoo_summary(per_model, versus, n_references)}

@@ -1,0 +1,80 @@
+"""One table ranking methods by the defects they find beyond the outputs-only control (issue 32's
+zoo suite): per method, from Table 1's per-model rows and the paired comparison with outputs-only.
+
+- ``detected``: anomalous models the paper's rule detects with the method;
+- ``detected_beyond_outputs``: of those, the ones outputs-only does not detect (the same model);
+- ``localized_adds`` / ``_same`` / ``_less``: localizable models where the method's AUROC is above,
+  level with or below outputs-only's (the paired interval's verdict, ``baseline.verdict``);
+- ``beyond_outputs`` = detected_beyond_outputs + localized_adds, what the ranking sorts by (ties:
+  more detected first), ``rank`` shared by ties.
+
+The controls (outputs-only, random maps) are listed last, unranked, with their detection rate
+beside the null rate 1/(n+1): the chance that a model exchangeable with the n references scores
+above all of them, what a method that sees nothing should detect.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from counteraudit.evaluate.scoring.baseline import ADDS, BASELINE, LESS, SAME
+from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS, check_columns
+
+RANDOM_MAP = "random_map"
+CONTROLS = (BASELINE, RANDOM_MAP)
+COLUMNS = ["method", "rank", "beyond_outputs", "detected", "detected_beyond_outputs",
+           "localized_adds", "localized_same", "localized_less", "n_models", "detection_rate",
+           "null_rate"]
+
+
+def zoo_summary(per_model: pd.DataFrame, localization_versus: pd.DataFrame | None,
+                n_references: int, *, baseline: str = BASELINE,
+                controls: Sequence[str] = CONTROLS) -> pd.DataFrame:
+    """One row per method (``COLUMNS``), ranked; controls last with ``null_rate`` = 1/(n+1).
+    ``per_model``: the detection-per-model table (method, model, role, detected);
+    ``localization_versus``: localization-vs-outputs-per-model (method, model, verdict), or None
+    for a suite with no localizable model."""
+    check_columns(per_model, ["method", "model", "role", "detected"], "detection table")
+    anomalous = per_model[per_model["role"] == ROLE_ANOMALOUS]
+    detected = anomalous.assign(detected=anomalous["detected"].astype(bool))
+    if baseline not in set(detected["method"]):
+        raise ValueError(f"the zoo summary needs the {baseline!r} control's detections; the table "
+                         f"holds {sorted(set(detected['method']))}: add {baseline!r} to the "
+                         "suite's [explain] methods")
+    outputs_detected = set(detected[(detected["method"] == baseline) & detected["detected"]]["model"])
+    verdicts = (localization_versus if localization_versus is not None
+                else pd.DataFrame(columns=["method", "model", "verdict"]))
+    rows = []
+    for method, group in detected.groupby("method", sort=False):
+        found = group[group["detected"]]
+        said = verdicts[verdicts["method"] == method]["verdict"].value_counts()
+        rows.append({"method": method, "detected": len(found),
+                     "detected_beyond_outputs": int((~found["model"].isin(outputs_detected)).sum()),
+                     "localized_adds": int(said.get(ADDS, 0)),
+                     "localized_same": int(said.get(SAME, 0)),
+                     "localized_less": int(said.get(LESS, 0)),
+                     "n_models": group["model"].nunique()})
+    table = pd.DataFrame(rows)
+    table["beyond_outputs"] = table["detected_beyond_outputs"] + table["localized_adds"]
+    table["detection_rate"] = table["detected"] / table["n_models"]
+    is_control = table["method"].isin(list(controls))
+    ranked = table[~is_control].sort_values(["beyond_outputs", "detected", "method"],
+                                            ascending=[False, False, True], kind="stable")
+    # ties share the better rank: 1 + the methods strictly ahead on (beyond_outputs, detected)
+    keys = list(zip(ranked["beyond_outputs"], ranked["detected"]))
+    ranked = ranked.assign(rank=[1 + sum(other > key for other in keys) for key in keys],
+                           null_rate=np.nan)
+    control_rows = table[is_control].assign(rank=pd.NA, null_rate=1 / (n_references + 1))
+    return pd.concat([ranked, control_rows], ignore_index=True)[COLUMNS]
+
+
+def summary_caption(distance_name: str) -> str:
+    """What the summary table says, for the terminal and the report."""
+    return ("Methods ranked by the defects they find beyond the outputs-only control: "
+            "beyond_outputs = anomalous models detected where outputs-only was not "
+            "(detected_beyond_outputs) + localizable models where the paired AUROC interval lies "
+            "above outputs-only's (localized_adds); ties share a rank. Controls last, their "
+            "detection_rate beside null_rate = 1/(n+1), what a method that sees nothing detects "
+            f"({distance_name})")

@@ -1,0 +1,79 @@
+"""The zoo suite runs every registered method, and its summary table ranks them by the defects
+they find beyond the outputs-only control (evaluate/scoring/zoo.py)."""
+import pandas as pd
+import pytest
+
+from counteraudit.evaluate.scoring.tables import zoo_summary_tables
+from counteraudit.evaluate.scoring.zoo import zoo_summary
+from counteraudit.train.core.registries import METHODS
+from counteraudit.train.core.suite import load_suite
+
+
+def test_zoo_suite_runs_every_registered_method_on_the_demos_models():
+    zoo, demo = load_suite("zoo"), load_suite("demo")
+    methods = zoo.tables["explain"]["methods"]
+    assert sorted(methods) == sorted(METHODS.names()), "add a new method to zoo.toml's list"
+    assert len(methods) == len(set(methods))
+    assert [s.key for s in zoo.models] == [s.key for s in demo.models]
+    for name, table in demo.tables["methods"].items():  # the demo's visualizations, same keys
+        assert zoo.tables["methods"][name] == table
+
+
+def _detections(rows):
+    """Table 1's per-model rows: (method, model, detected) of anomalous models, plus a reference
+    row (no verdict) that must not count."""
+    frame = pd.DataFrame([{"method": m, "model": f, "family": "x", "role": "anomalous",
+                           "detected": d, "margin": 1.1 if d else 0.9} for m, f, d in rows])
+    refs = pd.DataFrame([{"method": m, "model": "reference-00", "family": "reference",
+                          "role": "reference", "detected": float("nan"), "margin": float("nan")}
+                         for m in dict.fromkeys(frame["method"])])
+    return pd.concat([frame, refs], ignore_index=True)
+
+
+# Three anomalous models a, b, c; outputs-only detects a only.
+DETECTIONS = _detections([
+    ("outputs_only", "a", True), ("outputs_only", "b", False), ("outputs_only", "c", False),
+    ("random_map", "a", False), ("random_map", "b", True), ("random_map", "c", False),
+    ("gradcam", "a", True), ("gradcam", "b", True), ("gradcam", "c", False),     # 2, 1 beyond
+    ("saliency", "a", True), ("saliency", "b", False), ("saliency", "c", False),  # 1, 0 beyond
+    ("lime", "a", False), ("lime", "b", True), ("lime", "c", True),              # 2, 2 beyond
+])
+# Localizable models a and b: verdicts against outputs-only.
+VERSUS = pd.DataFrame([{"method": m, "model": f, "verdict": v} for m, f, v in [
+    ("random_map", "a", "less"), ("random_map", "b", "same"),
+    ("gradcam", "a", "adds"), ("gradcam", "b", "adds"),    # beyond = 1 + 2 = 3
+    ("saliency", "a", "adds"), ("saliency", "b", "less"),  # beyond = 0 + 1 = 1
+    ("lime", "a", "same"), ("lime", "b", "adds"),          # beyond = 2 + 1 = 3, ties gradcam
+]])
+
+
+def test_summary_counts_ranks_and_puts_controls_last_with_the_null_rate():
+    table = zoo_summary(DETECTIONS, VERSUS, n_references=4).set_index("method")
+    assert list(table.index) == ["gradcam", "lime", "saliency", "outputs_only", "random_map"]
+    expected = {  # beyond, detected, beyond outputs, adds, same, less, rank
+        "gradcam": (3, 2, 1, 2, 0, 0, 1), "lime": (3, 2, 2, 1, 1, 0, 1),
+        "saliency": (1, 1, 0, 1, 0, 1, 3), "random_map": (1, 1, 1, 0, 1, 1, None)}
+    for method, (beyond, detected, beyond_det, adds, same, less, rank) in expected.items():
+        row = table.loc[method]
+        assert (row["beyond_outputs"], row["detected"], row["detected_beyond_outputs"],
+                row["localized_adds"], row["localized_same"], row["localized_less"]) == \
+            (beyond, detected, beyond_det, adds, same, less), method
+        assert (pd.isna(row["rank"]) if rank is None else row["rank"] == rank), method
+    assert table.loc["random_map", "detection_rate"] == pytest.approx(1 / 3)
+    assert table.loc["random_map", "null_rate"] == pytest.approx(1 / 5)
+    assert table.loc["outputs_only", "detected"] == 1 and table["n_models"].eq(3).all()
+    assert table.loc[["gradcam", "lime", "saliency"], "null_rate"].isna().all()
+
+
+def test_summary_is_written_only_when_detection_and_the_comparison_are_both_there():
+    tables = {"detection-per-model-l2": DETECTIONS,
+              "localization-vs-outputs-per-model-l2": VERSUS}
+    written = zoo_summary_tables(tables, "l2", n_references=4)
+    assert list(written) == ["zoo-summary-l2"]
+    assert list(written["zoo-summary-l2"]["method"][:2]) == ["gradcam", "lime"]
+    assert zoo_summary_tables({"detection-per-model-l2": DETECTIONS}, "l2", 4) == {}
+    without_control = DETECTIONS[DETECTIONS["method"] != "outputs_only"]
+    assert zoo_summary_tables({"detection-per-model-l2": without_control,
+                               "localization-vs-outputs-per-model-l2": VERSUS}, "l2", 4) == {}
+    with pytest.raises(ValueError, match="outputs_only"):
+        zoo_summary(without_control, VERSUS, 4)
