@@ -90,6 +90,13 @@ class AnomalyFamily:
         when the family is built."""
 
     @classmethod
+    def check_suite(cls, params: dict[str, Any], architecture: str,
+                    reference_seeds: list[int]) -> None:
+        """Raise ValueError, naming the key and the valid values, when these parameters do not fit
+        the suite's model (``architecture``) or its references (their seeds). Called when a suite
+        loads."""
+
+    @classmethod
     def training_recipe(cls, params: dict[str, Any]) -> str | None:
         """How this project trains the defect in, in one line for a person (a dry run, a report:
         "trained here: ..." beside a loaded checkpoint's published recipe); None: no line."""
@@ -101,6 +108,16 @@ class AnomalyFamily:
         """Training time relative to a reference's (the executor starts the longest trainings
         first, so a 2-worker run does not end with one worker alone on the slowest model)."""
         return 1.0
+
+    def reference_seed(self) -> int | None:
+        """The seed of the reference this model is derived from instead of trained (None: it is
+        trained). The trainer loads that reference, training it first if it is not yet, and hands
+        it to ``derive``; the model's key holds the seed, so it is made once and shared."""
+        return None
+
+    def derive(self, model: torch.nn.Module) -> None:
+        """Change the loaded reference ``model`` in place into this model (``reference_seed``)."""
+        raise NotImplementedError(f"{self.name} is trained, not derived from a reference")
 
     def training_split(self, split):
         """The training split this family trains on (default: the world's own)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +39,10 @@ from counteraudit.train.core.artifacts import atomic_write_json, derive_seed
 from counteraudit.train.core.registries import FAMILIES
 from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME, METRICS_NAME,
                                            SPEC_NAME, WEIGHTS_NAME, is_trained,
-                                           load_training_state, read_metrics, save_trained_model,
-                                           save_training_state, training_lock)
-from counteraudit.train.core.suite import ModelSpec, Recipe
+                                           load_training_state, model_dir, read_metrics,
+                                           save_trained_model, save_training_state,
+                                           training_lock)
+from counteraudit.train.core.suite import REFERENCE, ModelSpec, Recipe
 from counteraudit.train.core.published_recipes import provenance
 from counteraudit.train.core.weights import load_backbone_weights, load_weights_only
 from counteraudit.train.worlds import Batch, World, build_world
@@ -198,6 +199,9 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
                if spec.checkpoint_recipe else {})}, processes)
 
     family = build_family(spec, world)
+    if family is not None and family.reference_seed() is not None:
+        return _derive_from_reference(spec, directory, family, world, device, progress, runs_root,
+                                      processes)
     split = world.split("train") if family is None else family.training_split(world.split("train"))
     optimizer, scheduler = _optimizer_and_scheduler(model, spec.recipe)
     done = _resume(directory, spec, model, optimizer, scheduler, processes)
@@ -217,6 +221,32 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
             return {"interrupted_after_epoch": epoch + 1}
     return _evaluate_and_save(spec, directory, model, world, device,
                               _training_metrics(spec, done, processes), processes)
+
+
+def derived_reference(spec: ModelSpec, seed: int) -> ModelSpec:
+    """The reference a derived model (a family's ``reference_seed``) starts from: the suite's
+    reference of that seed, as the spec's world, architecture and recipe make it (the same key,
+    so the same stored model)."""
+    return replace(spec, name=f"{spec.name}-reference", family=REFERENCE, seed=seed, params={},
+                   checkpoint=None, row=None, configuration=None, replicate=None,
+                   checkpoint_recipe=None)
+
+
+def _derive_from_reference(spec: ModelSpec, directory: Path, family, world: World,
+                           device: torch.device, progress: bool, runs_root,
+                           processes: Processes) -> dict[str, Any]:
+    """A model made from a trained reference, not trained (cascading randomisation): the
+    reference is read from the store, trained there first if it is not yet (under its own lock,
+    so a stage training it at the same time is waited for), then changed by the family."""
+    reference = derived_reference(spec, family.reference_seed())
+    reference_directory = model_dir(runs_root, reference)
+    train_model(reference, reference_directory, world, device, progress, runs_root=runs_root)
+    # changed on the CPU, so the random draws are the same bits whatever the device
+    model = load_trained_model(reference_directory, reference, world, "cpu")
+    family.derive(model)
+    return _evaluate_and_save(spec, directory, model.to(device), world, device, {
+        "source": "derived", "reference_key": reference.key, "reference_seed": reference.seed},
+        processes)
 
 
 # ---------------------------------------------------------------- set-up, resume, checkpoint

@@ -393,12 +393,13 @@ def _parse(table: dict[str, Any], path: Path, plugin_tables: bool = True) -> Sui
     count, seed_start, held_out = ref_table["count"], ref_table["seed_start"], ref_table["held_out"]
     problems += null_problems(held_out, ref_table["held_out_check"],
                               table.get("evaluate", {}).get("p_value"), "[evaluate] p_value")
+    reference_seeds = [seed_start + i for i in range(count)]
     entries = [dict(entry) for entry in table.pop("anomalies", [])]
     sweep_entries = [dict(entry) for entry in table.pop("sweeps", [])]
     for position, entry in enumerate(entries):
         where = f"[[anomalies]] entry {position + 1} ({entry['name']})"
         problems += _entry_problems(entry, recipe_table if recipe_ok else None, world_side,
-                                    where, FAMILIES, world_facts)
+                                    where, FAMILIES, world_facts, (architecture, reference_seeds))
     for position, entry in enumerate(sweep_entries):
         if recipe_ok and entry.get("recipe"):
             problems += recipe_problems({**recipe_table, **entry["recipe"]},
@@ -580,10 +581,12 @@ def _plugin_problems(tables: dict[str, Any]) -> list[str]:
 
 def _entry_problems(entry: dict[str, Any], recipe_table: dict[str, Any] | None,
                     world_side: int | None, where: str, families,
-                    world_facts: tuple[str, list[str] | None] = ("synthetic", None)) -> list[str]:
+                    world_facts: tuple[str, list[str] | None] = ("synthetic", None),
+                    suite_facts: tuple[str, list[int]] | None = None) -> list[str]:
     """What is wrong with one [[anomalies]] entry: its family's parameters, its recipe (None: the
     suite's is wrong, said already), whether its cue fits the images and training crops and its
-    parameters the world (``world_facts``: its name and class names, None where unknown), and its
+    parameters the world (``world_facts``: its name and class names, None where unknown) and the
+    suite (``suite_facts``: its architecture and its references' seeds), and its
     external checkpoint (its output count too, where the class names are known) and that
     checkpoint's declared recipe."""
     if entry["family"] not in families:
@@ -609,6 +612,11 @@ def _entry_problems(entry: dict[str, Any], recipe_table: dict[str, Any] | None,
         family.check_world(params, world_name, class_names)
     except ValueError as error:
         problems.append(f"{where} params: {error}")
+    if suite_facts is not None:
+        try:
+            family.check_suite(params, *suite_facts)
+        except ValueError as error:
+            problems.append(f"{where} params: {error}")
     if entry.get("checkpoint") is not None:
         outputs = family.output_count(params, len(class_names)) if class_names else None
         try:
