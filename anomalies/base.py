@@ -48,6 +48,9 @@ class AnomalyFamily:
     # Parameters that decide only what is evaluated (which images are abnormal), never the
     # weights: always left out of the model's key, so changing one never trains a model again.
     key_excludes: ClassVar[tuple[str, ...]] = ()
+    # A sanity check (Adebayo et al. 2018): a model that has learnt nothing of the task. A method
+    # that does not detect it does not depend on the model, and the report says so.
+    sanity_check: ClassVar[bool] = False
 
     def __init__(self, params: dict[str, Any], world, seed: int):
         self.params = self.Params(**params)

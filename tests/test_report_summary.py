@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from counteraudit.anomalies.base import FAMILIES
 from counteraudit.evaluate.discovery.tables import discovery_notes
 from counteraudit.evaluate.reporting.html import (auroc_class, fraction_class, html_table, mapping_table,
                                                   versus_class)
@@ -110,3 +111,20 @@ def test_discovery_notes_mark_saturated_statistics_and_a_suite_without_slices():
     ranked = recovery.assign(status=["ranked", "not expressible"])
     assert discovery_notes(detections.assign(saturated=False), ranked, "demo") == []
     assert to_markdown(pd.DataFrame()) == "(empty table)\n"
+
+
+def test_sanity_check_families_name_the_methods_that_miss_them():
+    """A method that misses a model which learnt nothing does not depend on the model: the
+    summary names it, for the families the registry marks as sanity checks."""
+    table1 = pd.DataFrame({"family": ["cascading_randomization", "permuted_labels", "backdoor"],
+                           "n_models": [2, 1, 1], "saliency": [1.0, 1.0, 0.0],
+                           "random_map": [0.5, 0.0, 0.0], "outputs_only": [1.0, 1.0, 0.0]})
+    sanity = [name for name in FAMILIES.names() if FAMILIES.get(name).sanity_check]
+    assert sorted(sanity) == ["cascading_randomization", "permuted_labels"]
+    topics = summary_sentences(table1, sanity_families=sanity)
+    assert topics["Sanity checks (Adebayo et al. 2018)"] == [
+        "cascading_randomization: missed by random_map, which therefore do not depend on the model "
+        "enough to tell it from one that learnt nothing.",
+        "permuted_labels: missed by random_map, which therefore do not depend on the model enough "
+        "to tell it from one that learnt nothing."]
+    assert "Sanity checks (Adebayo et al. 2018)" not in summary_sentences(table1)

@@ -75,6 +75,7 @@ def randomize_top(backbone: nn.Module, depth: int, seed: int) -> list[str]:
 @FAMILIES.register
 class CascadingRandomization(AnomalyFamily):
     name = "cascading_randomization"
+    sanity_check = True
     headline_figure = "accuracy"
     stark = True
     Params = CascadingParams

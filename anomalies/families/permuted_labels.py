@@ -70,6 +70,7 @@ class RelabeledSplit(Split):
 @FAMILIES.register
 class PermutedLabels(AnomalyFamily):
     name = "permuted_labels"
+    sanity_check = True
     headline_figure = "accuracy"
     strength = "fraction"
     stark = True

@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from counteraudit.anomalies.base import FAMILIES
 from counteraudit.evaluate.scoring.baseline import ADDS, BASELINE, LESS
 from counteraudit.evaluate.scoring.detection import NULL_FAMILY
 
@@ -139,9 +140,27 @@ def localization_beyond_outputs(versus: pd.DataFrame) -> str:
             + "; ".join(by_model) + f"; {tail}.")
 
 
+def sanity_sentences(table1: pd.DataFrame, sanity_families: Sequence[str]) -> list[str]:
+    """For each sanity-check family of Table 1 (a model that learnt nothing of the task): the
+    explanation methods that miss any of its models, which do not depend on the model."""
+    methods = [c for c in table1.columns if c not in TABLE1_KEYS and c != BASELINE]
+    sentences = []
+    for row in table1.to_dict("records"):
+        if row["family"] not in sanity_families:
+            continue
+        n = int(row["n_models"])
+        blind = [m for m in methods if np.isfinite(float(row[m])) and _count(row[m], n) < n]
+        sentences.append(
+            f"{row['family']}: " + (f"missed by {_join(blind)}, which therefore do not depend on "
+                                    "the model enough to tell it from one that learnt nothing"
+                                    if blind else "every explanation method detects it") + ".")
+    return sentences
+
+
 def summary_sentences(table1: pd.DataFrame, localization: pd.DataFrame | None = None,
                       versus: pd.DataFrame | None = None, *,
-                      target: float = LOCALIZED_AUROC) -> dict[str, list[str]]:
+                      target: float = LOCALIZED_AUROC,
+                      sanity_families: Sequence[str] = ()) -> dict[str, list[str]]:
     """The summary's sentences by topic: "Detection (Table 1)", "Localization (Table 2)" (when
     the suite has localizable models) and "Beyond the outputs" (when the outputs-only control ran).
     ``localization`` is the per-model localization table, ``versus`` the per-model comparison
@@ -154,6 +173,9 @@ def summary_sentences(table1: pd.DataFrame, localization: pd.DataFrame | None = 
                                 if versus is not None and len(versus) else None] if line]
     if beyond:
         topics["Beyond the outputs"] = beyond
+    sanity = sanity_sentences(table1, sanity_families)
+    if sanity:
+        topics["Sanity checks (Adebayo et al. 2018)"] = sanity
     return topics
 
 
@@ -166,7 +188,9 @@ def summary_section(report) -> str:
     if report.localizable:
         localization = report.table("localization-per-model")
         versus = report.tables.get(f"localization-vs-outputs-per-model-{name}")
-    topics = summary_sentences(report.table("detection"), localization, versus)
+    sanity = [name for name in FAMILIES.names() if FAMILIES.get(name).sanity_check]
+    topics = summary_sentences(report.table("detection"), localization, versus,
+                               sanity_families=sanity)
     blocks = "".join(f"<h3>{escape(topic)}</h3><ul>"
                      + "".join(f"<li>{escape(line)}</li>" for line in lines) + "</ul>"
                      for topic, lines in topics.items())
