@@ -1,6 +1,8 @@
 """The zoo suite runs every registered method, and its summary table ranks them by the defects
 they find beyond the outputs-only control (evaluate/scoring/zoo.py)."""
 import pandas as pd
+
+from counteraudit.anomalies.base import FAMILIES
 import pytest
 
 from counteraudit.evaluate.scoring.tables import zoo_summary_tables
@@ -14,7 +16,11 @@ def test_zoo_suite_runs_every_registered_method_on_the_demos_models():
     methods = zoo.tables["explain"]["methods"]
     assert sorted(methods) == sorted(METHODS.names()), "add a new method to zoo.toml's list"
     assert len(methods) == len(set(methods))
-    assert [s.key for s in zoo.models] == [s.key for s in demo.models]
+    # the demo's models, key for key, then the sanity checks (Adebayo et al. 2018)
+    assert [s.key for s in zoo.models[:len(demo.models)]] == [s.key for s in demo.models]
+    extra = zoo.models[len(demo.models):]
+    assert extra and all(FAMILIES.get(s.family).sanity_check for s in extra)
+    assert {s.family for s in extra} == {n for n in FAMILIES.names() if FAMILIES.get(n).sanity_check}
     for name, table in demo.tables["methods"].items():  # the demo's visualizations, same keys
         assert zoo.tables["methods"][name] == table
 
