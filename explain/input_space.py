@@ -48,6 +48,15 @@ def on_normalized_input(model: nn.Module, images: torch.Tensor,
     return function, (images - mean) / std
 
 
+def in_gradient_space(model: nn.Module, images: torch.Tensor, gradient_space: str,
+                      method: str) -> tuple[nn.Module, torch.Tensor]:
+    """(the function attributed, its input) for a method's ``gradient_space``: the model and the
+    [0, 1] pixels, or (``on_normalized_input``) the model of the normalised input and that input."""
+    if gradient_space == "normalized":
+        return on_normalized_input(model, images, method)
+    return model, images
+
+
 BASELINES = ("normalized_zero", "black")
 
 

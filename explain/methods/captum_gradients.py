@@ -42,17 +42,8 @@ from captum.attr import Saliency as CaptumSaliency
 from torch import nn
 
 from counteraudit.explain.base import METHODS, AttributionMethod, SaliencyParams
-from counteraudit.explain.input_space import BASELINES, baseline_image, normalization, on_normalized_input
+from counteraudit.explain.input_space import BASELINES, baseline_image, in_gradient_space, normalization
 from counteraudit.explain.params import added
-
-
-def in_gradient_space(method: AttributionMethod, model: nn.Module,
-                      images: torch.Tensor) -> tuple[nn.Module, torch.Tensor]:
-    """(the function attributed, its input): the model and the pixels, or the model's backbone
-    and the normalised input, as the method's ``gradient_space`` says."""
-    if method.params.gradient_space == "normalized":
-        return on_normalized_input(model, images, method.name)
-    return model, images
 
 
 def noise_references(model: nn.Module, count: int, seed: int, like: torch.Tensor,
@@ -75,7 +66,7 @@ class Saliency(AttributionMethod):
 
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:
-        model, inputs = in_gradient_space(self, model, images)
+        model, inputs = in_gradient_space(model, images, self.params.gradient_space, self.name)
         return CaptumSaliency(model).attribute(inputs, target=targets)
 
 
@@ -87,7 +78,7 @@ class InputXGradient(AttributionMethod):
 
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:
-        model, inputs = in_gradient_space(self, model, images)
+        model, inputs = in_gradient_space(model, images, self.params.gradient_space, self.name)
         return CaptumInputXGradient(model).attribute(inputs, target=targets)
 
 
@@ -100,7 +91,7 @@ class Deconvolution(AttributionMethod):
 
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:
-        model, inputs = in_gradient_space(self, model, images)
+        model, inputs = in_gradient_space(model, images, self.params.gradient_space, self.name)
         return CaptumDeconvolution(model).attribute(inputs, target=targets)
 
 
@@ -116,7 +107,7 @@ class DeepLift(AttributionMethod):
 
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:
-        function, inputs = in_gradient_space(self, model, images)
+        function, inputs = in_gradient_space(model, images, self.params.gradient_space, self.name)
         baseline = baseline_image(model, inputs, self.params.baseline,
                                   self.params.gradient_space == "normalized", self.name)
         return CaptumDeepLift(function).attribute(inputs, baselines=baseline, target=targets)
@@ -148,7 +139,7 @@ class DeepLiftShap(AttributionMethod):
 
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:
-        function, inputs = in_gradient_space(self, model, images)
+        function, inputs = in_gradient_space(model, images, self.params.gradient_space, self.name)
         references = noise_references(model, self.params.baseline_samples, self.params.seed,
                                       inputs, self.params.gradient_space == "normalized", self.name)
         return CaptumDeepLiftShap(function).attribute(inputs, baselines=references, target=targets)
@@ -180,7 +171,7 @@ class GradientShap(AttributionMethod):
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:
         params = self.params
-        function, inputs = in_gradient_space(self, model, images)
+        function, inputs = in_gradient_space(model, images, self.params.gradient_space, self.name)
         references = noise_references(model, params.baseline_samples, params.seed, inputs,
                                       params.gradient_space == "normalized", self.name)
         return CaptumGradientShap(function).attribute(

@@ -25,7 +25,7 @@ from captum.attr import NoiseTunnel, Saliency
 from torch import nn
 
 from counteraudit.explain.base import METHODS, AttributionMethod, SaliencyParams
-from counteraudit.explain.methods.captum_gradients import in_gradient_space
+from counteraudit.explain.input_space import in_gradient_space
 from counteraudit.explain.params import execution_only
 
 
@@ -59,7 +59,8 @@ class NoiseTunnelGradient(AttributionMethod):
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:
         params = self.params
-        model, inputs = in_gradient_space(self, model, images)  # one image (seeded_per_image)
+        # one image at a time (seeded_per_image)
+        model, inputs = in_gradient_space(model, images, params.gradient_space, self.name)
         stdev = params.noise_level * float(inputs.max() - inputs.min())
         return NoiseTunnel(Saliency(model)).attribute(
             inputs, nt_type=self.nt_type, nt_samples=params.n_samples,

@@ -10,7 +10,7 @@ from captum.attr import GuidedBackprop as CaptumGuidedBackprop
 from torch import nn
 
 from counteraudit.explain.base import METHODS, AttributionMethod
-from counteraudit.explain.input_space import on_normalized_input
+from counteraudit.explain.input_space import in_gradient_space
 
 
 @METHODS.register
@@ -20,6 +20,5 @@ class GuidedBackprop(AttributionMethod):
 
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:
-        if self.params.gradient_space == "normalized":
-            model, images = on_normalized_input(model, images, self.name)
+        model, images = in_gradient_space(model, images, self.params.gradient_space, self.name)
         return CaptumGuidedBackprop(model).attribute(images, target=targets)

@@ -13,7 +13,7 @@ from captum.attr import GuidedGradCam as CaptumGuidedGradCam
 from torch import nn
 
 from counteraudit.explain.base import METHODS, AttributionMethod, SaliencyParams, architecture_default
-from counteraudit.explain.input_space import on_normalized_input
+from counteraudit.explain.input_space import in_gradient_space
 from counteraudit.train.architectures import layer_name, resolve_layer
 
 
@@ -36,7 +36,6 @@ class GuidedGradCam(AttributionMethod):
                   targets: torch.Tensor) -> torch.Tensor:
         params = self.params_for(model)
         layer = resolve_layer(model, params.layer)  # on the model: the same module in both spaces
-        if params.gradient_space == "normalized":
-            model, images = on_normalized_input(model, images, self.name)
+        model, images = in_gradient_space(model, images, params.gradient_space, self.name)
         method = CaptumGuidedGradCam(model, layer)
         return method.attribute(images, target=targets, interpolate_mode=params.interpolate_mode)
