@@ -10,21 +10,17 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests.conftest import guide_example as _guide_example
+from tests.conftest import guide_example
 
 REPO = Path(__file__).resolve().parents[1]
 GUIDE = REPO / "evaluate" / "discovery" / "README.md"
 SECTION = "## Add a failure-discovery auditor"
 
 
-def guide_example() -> str:
-    return _guide_example(GUIDE, SECTION)
-
-
 def test_guide_example_adds_an_auditor_with_one_file(tmp_path):
     plugin_dir = tmp_path / "more_auditors"
     plugin_dir.mkdir()
-    (plugin_dir / "readme_example.py").write_text(guide_example())
+    (plugin_dir / "readme_example.py").write_text(guide_example(GUIDE, SECTION))
     script = textwrap.dedent(f"""
         import json
         from pathlib import Path

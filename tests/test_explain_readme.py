@@ -24,14 +24,10 @@ EVERY_METHODS_CHECKS = {"test_output_shape_dtype_and_record", "test_same_seed_sa
 BATCH_INVARIANT_CHECK = "test_batched_equals_one_at_a_time"
 
 
-def readme_example() -> str:
-    return guide_example(GUIDE, SECTION)
-
-
 def test_readme_example_adds_a_method_with_one_file_that_passes_every_methods_checks(tmp_path):
     plugin_dir = tmp_path / "more_methods"
     plugin_dir.mkdir()
-    (plugin_dir / "readme_example.py").write_text(readme_example())
+    (plugin_dir / "readme_example.py").write_text(guide_example(GUIDE, SECTION))
     script = textwrap.dedent(f"""
         import json
         import pytest
