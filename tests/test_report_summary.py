@@ -12,12 +12,12 @@ import pandas as pd
 
 from counteraudit.anomalies.base import FAMILIES
 from counteraudit.evaluate.discovery.tables import discovery_notes
-from counteraudit.evaluate.reporting.html import (auroc_class, fraction_class, html_table, mapping_table,
+from counteraudit.evaluate.reporting.html import (auroc_class, fraction_class, html_table, margin_class, mapping_table,
                                                   versus_class)
 from counteraudit.evaluate.reporting.summary import summary_sentences
 from counteraudit.evaluate.reporting.svg import StripRow, strip_plot, text_width
 from counteraudit.evaluate.reporting.tables import to_markdown
-from counteraudit.evaluate.scoring.detection import NULL_FAMILY
+from counteraudit.evaluate.scoring.detection import NULL_FAMILY, margin_text
 
 TABLE1 = pd.DataFrame({
     "family": ["backdoor", "blurred_faces", "randomized_smoothing", NULL_FAMILY],
@@ -128,3 +128,12 @@ def test_sanity_check_families_name_the_methods_that_miss_them():
         "permuted_labels: missed by random_map, which therefore do not depend on the model enough "
         "to tell it from one that learnt nothing."]
     assert "Sanity checks (Adebayo et al. 2018)" not in summary_sentences(table1)
+
+
+def test_printed_margins_are_coloured_by_their_verdict():
+    """The report's margin table holds margin_text's strings: the colour follows the verdict,
+    also where the digits alone cannot show it."""
+    for margin, detected in [(1.0004, True), (0.9996, False), (1.0, True), (1.0, False), (1.3, True)]:
+        assert margin_class(margin_text(margin, detected)) == (
+            "v-detected" if detected else "v-not-detected")
+    assert margin_class(margin_text(float("nan"), False)) is None

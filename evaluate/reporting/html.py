@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+import re
 from html import escape
 from typing import Any, Callable, Collection, Mapping
 
@@ -163,7 +164,16 @@ def fraction_class(value: Any) -> str | None:
 
 
 def margin_class(value: Any) -> str | None:
-    """A detection margin (Abar over the highest reference's): above 1 is detected."""
+    """A detection margin (Abar over the highest reference's): above 1 is detected. Also as the
+    tables print it (``margin_text``: the digits that show its side of 1, or the verdict beside)."""
+    if isinstance(value, str):
+        verdict = re.search(r"\((not )?detected\)$", value)
+        if verdict:
+            return "v-not-detected" if verdict.group(1) else "v-detected"
+        try:
+            value = float(value)
+        except ValueError:  # "n/a"
+            return None
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
         return None
     return None if not math.isfinite(float(value)) else (
