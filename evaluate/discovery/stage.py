@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from counteraudit.evaluate.discovery.auditors import AUDITORS, AuditResult, Finding, build_auditor
+from counteraudit.evaluate.discovery.auditors import (AUDITORS, AuditResult, Finding, Subgroup,
+                                                      build_auditor)
 from counteraudit.explain.stage import _item_context
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.artifacts import (atomic_write_json, find_or_make, lock_beside, read_json,
@@ -53,7 +54,8 @@ def findings_dir(runs_root, key: dict[str, Any]) -> Path:
 
 def save_findings(directory: Path, key: dict[str, Any], result: AuditResult) -> dict[str, Any]:
     findings = {"findings": [f.to_dict() for f in result.findings],
-                "images_used": result.images_used, "notes": result.notes}
+                "images_used": result.images_used, "notes": result.notes,
+                "subgroups": [s.to_dict() for s in result.subgroups]}
     return FINDINGS_STORE.save(directory, key, lambda path: atomic_write_json(path, findings))
 
 
@@ -64,7 +66,7 @@ def is_stored(directory: Path, key: dict[str, Any]) -> bool:
 def load_findings(directory: Path) -> AuditResult:
     data = read_json(FINDINGS_STORE.payload_path(directory))
     return AuditResult([Finding.from_dict(f) for f in data["findings"]], data["images_used"],
-                       data["notes"])
+                       data["notes"], [Subgroup(**s) for s in data.get("subgroups", [])])
 
 
 # ---------------------------------------------------------------- the suite's settings

@@ -6,7 +6,8 @@ imports them all on first lookup: adding one is one new file here.
 from __future__ import annotations
 
 from counteraudit.evaluate.discovery.auditors.base import (AUDITORS, AuditResult, Auditor, BudgetError,
-                                                           Finding, build_auditor, rank, ranked)
+                                                           Finding, Subgroup, build_auditor, rank,
+                                                           ranked)
 
-__all__ = ["AUDITORS", "AuditResult", "Auditor", "BudgetError", "Finding", "build_auditor",
+__all__ = ["AUDITORS", "AuditResult", "Auditor", "BudgetError", "Finding", "Subgroup", "build_auditor",
            "rank", "ranked"]

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Mapping
 
 import numpy as np
@@ -65,11 +66,26 @@ class Finding:
         return all(self.conditions.get(k) == v for k, v in slice_conditions.items())
 
 
+@dataclass(frozen=True)
+class Subgroup:
+    """One evaluated subgroup: what regenerates its images (the world's ``generate`` is
+    deterministic in these), so that another model can be evaluated on the very same images."""
+    conditions: dict[str, str]
+    n: int
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"conditions": dict(self.conditions), "n": int(self.n), "seed": int(self.seed)}
+
+
 @dataclass
 class AuditResult:
     findings: list[Finding]
     images_used: int
     notes: dict[str, Any]
+    # every subgroup evaluated, in order (reference-relative scoring evaluates the references on
+    # the same images: ``Auditor.reevaluate``)
+    subgroups: list[Subgroup] = field(default_factory=list)
 
 
 class BudgetError(ValueError):
@@ -97,12 +113,22 @@ class Auditor(ABC):
     # The largest value the statistic can take (a failure rate: 1): where the references already
     # reach it, no model can score clearly above them, and Table 3 marks the verdict saturated.
     statistic_ceiling: ClassVar[float] = float("inf")
+    # True when the subgroups evaluated depend on the model (a search, a test of the model's own
+    # errors): the references are then evaluated on this model's subgroups (``reevaluate``) for
+    # its reference-relative score. False: every model gets the same subgroups on the same
+    # images, so the references' own results already hold their statistics.
+    adaptive: ClassVar[bool] = False
+    # The least spread of the references' statistic the relative score divides by (on the
+    # statistic's own scale): where every reference gives the same value, a tiny difference would
+    # otherwise be an infinite score. A failure rate's: 0.05 (one image in 20).
+    spread_floor: ClassVar[float] = 0.05
 
     def __init__(self, params: Mapping[str, Any] | Any | None = None):
         self.params = parse_params(self.Params, params, self.name)
         self.check()
         self._used = 0
-        self._budget = 0
+        self._budget: int | None = 0
+        self._subgroups: list[Subgroup] = []
         self.notes: dict[str, Any] = {}
 
     def check(self) -> None:
@@ -132,13 +158,34 @@ class Auditor(ABC):
     def find(self, model: torch.nn.Module, world, budget: int, seed: int) -> list[Finding]:
         """The findings for one model (any order; ``run`` ranks them)."""
 
+    def score_subgroup(self, conditions: dict[str, str], probabilities: np.ndarray,
+                       labels: np.ndarray) -> list[Finding]:
+        """The findings (every objective) of one subgroup from a model's predictions on its
+        images: what ``reevaluate`` computes for another model. An auditor whose findings are
+        each one subgroup's implements it and calls it from ``find``; one whose statistic spans
+        subgroups (a lift over its class) overrides ``reevaluate`` instead."""
+        raise NotImplementedError(f"auditor {self.name} implements neither score_subgroup nor "
+                                  "reevaluate: its findings cannot be scored on the references")
+
+    def reevaluate(self, model: torch.nn.Module, world, result: AuditResult) -> list[Finding]:
+        """``result``'s findings as ``model`` scores them on the same subgroups and images (the
+        references' side of the relative score); not counted against any budget."""
+        findings = []
+        with self._evaluating(model, budget=None):
+            for subgroup in result.subgroups:
+                findings += self.score_subgroup(dict(subgroup.conditions),
+                                                *self.evaluate_subgroup(model, world,
+                                                                        subgroup.conditions,
+                                                                        subgroup.n, subgroup.seed))
+        return findings
+
     # ---- shared helpers
     def predict(self, model: torch.nn.Module, images: torch.Tensor | np.ndarray) -> np.ndarray:
         """Softmax probabilities (N, classes) as float64, batched; counted against the budget."""
         if isinstance(images, np.ndarray):  # uint8 (N, H, W, 3)
             images = torch.from_numpy(images).permute(0, 3, 1, 2).float().div_(255)
         self._used += len(images)
-        if self._used > self._budget:
+        if self._budget is not None and self._used > self._budget:
             raise RuntimeError(f"auditor {self.name} evaluated {self._used} images, more than its "
                                f"budget of {self._budget}: a bug in its find()")
         device = next(model.parameters()).device
@@ -150,8 +197,10 @@ class Auditor(ABC):
 
     def evaluate_subgroup(self, model, world, conditions: Mapping[str, str], n: int,
                           seed: int) -> tuple[np.ndarray, np.ndarray]:
-        """(probabilities (n, classes), labels (n,)) on n generated images of the subgroup."""
+        """(probabilities (n, classes), labels (n,)) on n generated images of the subgroup;
+        recorded in the result's ``subgroups``."""
         images = world.generate(dict(conditions), n, seed)
+        self._subgroups.append(Subgroup(dict(conditions), int(n), int(seed)))
         return self.predict(model, images.load(range(len(images)))), np.asarray(images.labels)
 
     # ---- the run
@@ -160,15 +209,23 @@ class Auditor(ABC):
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < minimum:
             raise BudgetError(f"{self.name}: budget={budget!r} images is smaller than one "
                               f"subgroup; the minimum is {minimum} images")
-        self._used, self._budget, self.notes = 0, budget, {}
+        self.notes = {}
+        with self._evaluating(model, budget):
+            findings = self.find(model, world, budget, seed)
+            return AuditResult(rank(findings), self._used, dict(self.notes), list(self._subgroups))
+
+    @contextmanager
+    def _evaluating(self, model: torch.nn.Module, budget: int | None):
+        """Eval mode and no gradients for the span, the image count (and subgroups) from zero,
+        the model's mode restored after. ``budget`` None: not counted against one."""
+        self._used, self._budget, self._subgroups = 0, budget, []
         was_training = model.training
         model.eval()
         try:
             with torch.no_grad():
-                findings = self.find(model, world, budget, seed)
+                yield
         finally:
             model.train(was_training)
-        return AuditResult(rank(findings), self._used, dict(self.notes))
 
 
 def conditions_key(conditions: Mapping[str, str]) -> str:
