@@ -25,7 +25,11 @@ import time
 
 from counteraudit.evaluate.discovery.auditors import AUDITORS
 from counteraudit.evaluate.discovery.search_study import search_study
-from counteraudit.evaluate.discovery.stage import (discover_seed, discover_suite, load_suite_findings,
+from counteraudit.evaluate.discovery.reference_evaluations import (adaptive_results, check_relative,
+                                                                   evaluate_references,
+                                                                   scored_findings)
+from counteraudit.evaluate.discovery.relative import SCORES
+from counteraudit.evaluate.discovery.stage import (discover_score, discover_seed, discover_suite,
                                                    suite_auditors)
 from counteraudit.evaluate.discovery.tables import discovery_notes, discovery_tables
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
@@ -46,6 +50,11 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--device", default=None,
                         help="cpu, cuda or cuda:N (default: cuda if available); the demo's "
                              "small models run as fast on 2 CPU cores")
+    parser.add_argument("--score", choices=SCORES, default=None,
+                        help="how subgroups are ranked (default: the suite's [discover] score, "
+                             "else relative): relative (recommended) scores each against the "
+                             "references on the same images; absolute ranks by the statistic "
+                             "alone, as the seeds' papers did")
     add_executor_args(parser)
     return parser
 
@@ -63,32 +72,52 @@ def auditors_epilog() -> str:
 def main(args: argparse.Namespace) -> dict:
     suite = load_suite(suite_name(args))
     suite_auditors(suite, args.auditor)  # an unknown --auditor fails here, not after training
+    score = discover_score(suite, args)
+    check_relative(suite, score)  # ... and a relative score without references
     train_and_check(suite, suite.models, args)
     started = time.perf_counter()
     counts = discover_suite(suite, args, auditors=args.auditor)  # a dry run prints its plan
     if getattr(args, "dry_run", False):
         return {}
-    print(f"\n{counts['computed']} auditor result(s) computed, {counts['stored']} already stored, "
-          f"in {time.perf_counter() - started:.0f}s")
     world = build_world(suite.world, runs_root=args.runs_dir)
-    results = load_suite_findings(suite, args.runs_dir, args.auditor, world)
+    evaluated = (evaluate_references(suite, args, adaptive_results(suite, args.runs_dir,
+                                                                   args.auditor, world))
+                 if score == "relative" else 0)
+    print(f"\n{counts['computed']} auditor result(s) computed, {counts['stored']} already stored, "
+          f"{evaluated} reference evaluation(s) of adaptive auditors' subgroups computed, in "
+          f"{time.perf_counter() - started:.0f}s")
+    results = scored_findings(suite, args.runs_dir, args.auditor, world, score)
     references = [s.name for s in suite.references]
-    tables = discovery_tables(suite, results, world, args.runs_dir)
+    tables = discovery_tables(suite, results, world, args.runs_dir, score)
     detections = tables["discovery-detection-per-model"]
     write_tables(suite, tables, args.runs_dir)
+    scale = ("relative score: the model's statistic minus the references' mean on the same "
+             "images, over their spread, each reference left out of its own baseline"
+             if score == "relative" else "absolute statistic, as the seeds' papers ranked")
     print(f"\nTable 3 -- fraction of each family's models detected by each auditor (its top "
-          f"finding above every reference's; {suite.name} suite, {len(references)} references)\n")
+          f"finding above every reference's; {suite.name} suite, {len(references)} references; "
+          f"{scale})\n")
     print(to_markdown(tables["discovery-detection"]))
     anomalous = detections[detections["role"] != "reference"]
     print("\nPer model: statistic = top finding's strength, margin = statistic / max over "
           "references, p = rank p-value, saturated = the references' statistic is at its "
           "ceiling (the verdict says nothing)\n")
-    print(to_markdown(anomalous[["auditor", "family", "model", "statistic", "margin", "p_value",
-                                 "detected", "saturated", "top_finding"]].reset_index(drop=True),
-                      float_format="{:.3f}"))
+    print(to_markdown(anomalous[["auditor", "family", "model", "statistic", "excess", "margin",
+                                 "p_value", "detected", "saturated", "top_finding"]]
+                      .reset_index(drop=True), float_format="{:.3f}"))
+    calibration = tables["discovery-calibration"]
+    print(f"\nFalse-positive rates on {len(suite.held_out)} held-out references (null models "
+          "judged as anomalous ones), each beside its nominal level\n")
+    print(to_markdown(calibration, float_format="{:.3f}") if len(calibration) else
+          f"(none: the {suite.name} suite has no held-out references; [references] held_out = 8 "
+          "or more gives them)")
     print("\nTable 4 -- rank of the planted slice in each anomalous model's findings (1 = top), "
           "its ranks for the references, and precision@k\n")
     print(to_markdown(tables["discovery-recovery"], float_format="{:.2f}"))
+    if len(tables["discovery-recovery-rates"]):
+        print("\nRecovery rates -- share of models whose planted slice ranks first (top1) and in "
+              "the first five (top5), 95% Wilson intervals, by auditor, slice arity and strength\n")
+        print(to_markdown(tables["discovery-recovery-rates"], float_format="{:.2f}"))
     for note in discovery_notes(detections, tables["discovery-recovery"], suite.name):
         print(f"\n{note}")
     if len(tables["discovery-false-positives"]):

@@ -37,7 +37,8 @@ import argparse
 
 from counteraudit.anomalies.image_sets import localizable
 from counteraudit.evaluate.discovery.search_study import search_study
-from counteraudit.evaluate.discovery.stage import FINDINGS, discover_seed, load_suite_findings
+from counteraudit.evaluate.discovery.reference_evaluations import scored_findings
+from counteraudit.evaluate.discovery.stage import FINDINGS, discover_score, discover_seed
 from counteraudit.evaluate.discovery.tables import discovery_tables
 from counteraudit.evaluate.pipeline import pipeline_parser, prepare
 from counteraudit.evaluate.reporting.page import DEFAULT_EXAMPLES, DEFAULT_IMAGE_SIDE, Report
@@ -112,11 +113,12 @@ def stored_discovery(suite, runs_root=None):
     if not any((store_dir(runs_root) / FINDINGS).glob("*/*")):
         return None  # never run: don't build covering arrays only to find nothing
     world = build_world(suite.world, runs_root=runs_root)
+    score = discover_score(suite)
     try:
-        results = load_suite_findings(suite, runs_root, world=world)
+        results = scored_findings(suite, runs_root, world=world, score=score)
     except FileNotFoundError:
         return None
-    tables = discovery_tables(suite, results, world, runs_root)
+    tables = discovery_tables(suite, results, world, runs_root, score)
     tables.update(search_study(suite, results, world, runs_root, discover_seed(suite)).get(
         "tables", {}))
     return results, tables, world

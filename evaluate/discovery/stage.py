@@ -81,6 +81,12 @@ def auditor_params(suite: Suite, name: str) -> dict[str, Any]:
     return dict(suite.tables.get("auditors", {}).get(name, {}))
 
 
+def discover_score(suite: Suite, args: argparse.Namespace | None = None) -> str:
+    """--score, else the suite's [discover] score, else relative."""
+    return (getattr(args, "score", None) or suite.tables.get("discover", {}).get("score")
+            or "relative")
+
+
 def discover_seed(suite: Suite) -> int:
     return int(suite.tables.get("discover", {}).get("seed", DEFAULT_SEED))
 

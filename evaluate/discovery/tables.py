@@ -20,10 +20,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from statsmodels.stats.proportion import proportion_confint
 
 from counteraudit.anomalies import FAMILIES
 from counteraudit.anomalies.base import NOT_EXPRESSIBLE
 from counteraudit.evaluate.discovery.auditors import AUDITORS, AuditResult, ranked
+from counteraudit.evaluate.discovery.relative import SIGNIFICANCE_FDR, significant
 from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS, ROLE_REFERENCE, detection_rule
 from counteraudit.train.implant_checks import read_implant
 
@@ -32,6 +34,8 @@ PRECISION_AT = (1, 5, 10)
 # no model can then exceed them by more than this factor, so a "detected" says nothing.
 SATURATION_HEADROOM = 1.02
 RANKABLE = ("ranked", "not found")  # Table 4 statuses of a slice made of the world's factors
+ROLE_HELD_OUT = "held-out reference"  # a null model: judged as anomalous, a detection is false
+TOP_K = (1, 5)  # recovery rates: the planted slice first, and within the first five
 
 
 def model_statistic(result: AuditResult, objective: str, null: float = float("nan")) -> float:
@@ -54,12 +58,17 @@ def precision_at(result: AuditResult, objective: str, planted: dict[str, str], k
 
 
 def detection_frame(results: dict[tuple[str, str], AuditResult], references: list[str],
-                    families: dict[str, str]) -> pd.DataFrame:
-    """One row per (auditor, model): statistic, top finding, and the verdict for anomalies."""
+                    families: dict[str, str], held_out: list[str] = (),
+                    score: str = "absolute") -> pd.DataFrame:
+    """One row per (auditor, model): statistic, top finding, and the verdict for anomalous and
+    held-out models (a held-out reference is judged as an anomalous model would be: a
+    "detection" of it is a false positive)."""
     rows = []
     for auditor in sorted({a for a, _ in results}):
         objective, null = AUDITORS.get(auditor).objective, AUDITORS.get(auditor).null_statistic
         ceiling = AUDITORS.get(auditor).statistic_ceiling
+        if score == "relative":  # no finding: nothing worse than the references; no ceiling
+            null, ceiling = 0.0, float("inf")
         reference_stats = [model_statistic(results[(auditor, r)], objective, null)
                            for r in references]
         for (name, model), result in results.items():
@@ -71,11 +80,16 @@ def detection_frame(results: dict[tuple[str, str], AuditResult], references: lis
             verdict = ({"max_reference": np.nan, "margin": np.nan, "p_value": np.nan,
                         "detected": np.nan} if is_reference else
                        _verdict(detection_rule(statistic, reference_stats)))
+            role = (ROLE_REFERENCE if is_reference else ROLE_HELD_OUT if model in held_out
+                    else ROLE_ANOMALOUS)
             rows.append({"auditor": auditor, "model": model,
-                         "family": families.get(model, ROLE_REFERENCE),
-                         "role": ROLE_REFERENCE if is_reference else ROLE_ANOMALOUS,
+                         "family": families.get(model, role),
+                         "role": role,
                          "statistic": statistic, "top_finding": top[0].label() if top else "",
-                         **verdict, "saturated": (np.nan if is_reference else
+                         # excess: how far above the highest reference (a relative score
+                         # can be negative, where a ratio margin means nothing)
+                         **verdict, "excess": statistic - verdict["max_reference"],
+                         "saturated": (np.nan if is_reference else
                                                   saturated(verdict["max_reference"], ceiling)),
                          "images_used": result.images_used})
     return pd.DataFrame(rows)
@@ -138,7 +152,7 @@ def table3(detections: pd.DataFrame, family_order: list[str]) -> pd.DataFrame:
 
 def recovery_frame(results: dict[tuple[str, str], AuditResult], references: list[str],
                    slices: dict[str, Any], families: dict[str, str], factors: dict[str, list[str]],
-                   not_expressible: str) -> pd.DataFrame:
+                   not_expressible: str, strengths: dict[str, Any] | None = None) -> pd.DataFrame:
     """Table 4: one row per (auditor, anomalous model): the planted slice, its rank in the
     model's ranking and in each reference's, and precision@k."""
     rows = []
@@ -160,7 +174,9 @@ def recovery_frame(results: dict[tuple[str, str], AuditResult], references: list
             reference_ranks = [slice_rank(results[(auditor, r)], objective, planted)
                                for r in references]
             rank = slice_rank(result, objective, planted)
-            row.update(planted_slice=label, status="ranked" if np.isfinite(rank) else "not found",
+            row.update(planted_slice=label, arity=len(planted),
+                       strength=(strengths or {}).get(model, np.nan),
+                       status="ranked" if np.isfinite(rank) else "not found",
                        rank=rank, best_reference_rank=np.nanmin(reference_ranks)
                        if np.isfinite(reference_ranks).any() else np.nan,
                        reference_ranks=" ".join("-" if np.isnan(r) else str(int(r))
@@ -175,6 +191,67 @@ def recovery_frame(results: dict[tuple[str, str], AuditResult], references: list
         if column in frame:
             frame[column] = frame[column].astype("Int64")
     return frame
+
+
+def recovery_rates(recovery: pd.DataFrame) -> pd.DataFrame:
+    """Table 4 over many models: per auditor, slice arity and strength, the share of models whose
+    planted slice ranks first (top-1) and within the first five (top-5), with 95% Wilson
+    intervals. A slice no finding lies in counts as a miss."""
+    rankable = recovery[recovery["status"].isin(RANKABLE)] if "status" in recovery else recovery
+    rows = []
+    for (auditor, arity, strength), group in rankable.groupby(["auditor", "arity", "strength"],
+                                                               sort=True, dropna=False):
+        row = {"auditor": auditor, "arity": int(arity), "strength": strength,
+               "n_models": len(group)}
+        ranks = group["rank"].astype("float64")
+        for k in TOP_K:
+            hits = int((ranks <= k).sum())  # NaN (not found) is never <= k
+            low, high = proportion_confint(hits, len(group), alpha=0.05, method="wilson")
+            row.update({f"top{k}": hits / len(group), f"top{k}_low": low, f"top{k}_high": high})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def calibration_frame(detections: pd.DataFrame, results: dict[tuple[str, str], AuditResult],
+                      references: list[str], held_out: list[str], score: str) -> pd.DataFrame:
+    """Each auditor's false-positive rates on the held-out references (null models: no planted
+    defect), beside their nominal levels: Table 3's rule (above every reference; nominal 1/(R+1)
+    under exchangeability) and "any significant finding" (relative: Benjamini-Hochberg at
+    SIGNIFICANCE_FDR over the model's subgroups, whose family-wise error under the global null
+    is at most that level; absolute: only for an auditor that keeps significant findings only,
+    any finding), with 95% Wilson intervals."""
+    rows = []
+    nulls = detections[detections["role"] == ROLE_HELD_OUT]
+    for auditor in sorted({a for a, _ in results}):
+        rule = nulls[nulls["auditor"] == auditor]
+        if not len(rule):
+            continue
+        cls = AUDITORS.get(auditor)
+        flagged = int(rule["detected"].astype(bool).sum())
+        low, high = proportion_confint(flagged, len(rule), alpha=0.05, method="wilson")
+        row = {"auditor": auditor, "held_out": len(rule), "table3_false_positives": flagged,
+               "table3_rate": flagged / len(rule), "table3_low": low, "table3_high": high,
+               "table3_nominal": 1 / (len(references) + 1)}
+        any_significant = [_any_significant(results[(auditor, m)], cls, len(references), score)
+                           for m in held_out]
+        known = [a for a in any_significant if a is not None]
+        if known:
+            hits = sum(known)
+            low, high = proportion_confint(hits, len(known), alpha=0.05, method="wilson")
+            row.update(any_significant=hits, any_significant_rate=hits / len(known),
+                       any_significant_low=low, any_significant_high=high,
+                       any_significant_nominal=SIGNIFICANCE_FDR)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _any_significant(result: AuditResult, cls, references: int, score: str) -> bool | None:
+    """Whether a result has a significant finding on the auditor's main objective (None: no
+    test defines one for it under this score)."""
+    findings = ranked(result.findings, cls.objective)
+    if score == "relative":
+        return any(significant(findings, references))
+    return bool(findings) if cls.filters_findings else None
 
 
 def false_positive_rates(results: dict[tuple[str, str], AuditResult],
@@ -219,17 +296,37 @@ def localizable(slices: dict[str, Any], factors: dict[str, list[str]]) -> list[s
     return [m for m, s in slices.items() if isinstance(s, dict) and all(f in factors for f in s)]
 
 
+def model_strengths(suite) -> dict[str, Any]:
+    """Each anomalous model's strength: the value of its family's ``strength`` parameter (its
+    default where the entry leaves it out); NaN for a family without one."""
+    out = {}
+    for spec in suite.anomalies:
+        family = FAMILIES.get(spec.family)
+        knob = family.strength
+        out[spec.name] = (np.nan if knob is None else
+                          spec.params.get(knob, getattr(family.Params(), knob, np.nan)))
+    return out
+
+
 def discovery_tables(suite, results: dict[tuple[str, str], AuditResult], world,
-                     runs_root=None) -> dict[str, pd.DataFrame]:
-    """Table 3, the per-model detections, Table 4 and the top findings, keyed by file name."""
+                     runs_root=None, score: str = "relative") -> dict[str, pd.DataFrame]:
+    """Table 3, the per-model detections, Table 4 (per model and as recovery rates), the
+    held-out references' false-positive rates and the top findings, keyed by file name.
+    ``results`` are scored as ``score`` says (``relative.scored_results``)."""
     references = [s.name for s in suite.references]
+    held_out = [s.name for s in suite.held_out]
     families, order = suite.table_rows()  # a family, or a row of one (adversarial_linf)
     slices = planted_slices(suite, world, runs_root)
-    detections = detection_frame(results, references, families)
+    detections = detection_frame(results, references, families, held_out, score)
+    recovery = recovery_frame(results, references, slices, families, world.factors(),
+                              NOT_EXPRESSIBLE, model_strengths(suite))
     return {"discovery-detection": table3(detections, order),
             "discovery-detection-per-model": detections,
-            "discovery-recovery": recovery_frame(results, references, slices, families,
-                                                 world.factors(), NOT_EXPRESSIBLE),
+            "discovery-recovery": recovery,
+            "discovery-recovery-rates": recovery_rates(recovery) if "arity" in recovery
+            else pd.DataFrame(),
+            "discovery-calibration": calibration_frame(detections, results, references,
+                                                       held_out, score),
             "discovery-top-findings": top_findings(results),
             "discovery-false-positives": false_positive_rates(results, references)}
 

@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import json
 import typing
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, StringConstraints, ValidationError,
                       create_model)
@@ -111,6 +111,10 @@ class DiscoverTable(_Table):
     seed: int = Field(0, ge=0, description="seed of the auditors' searches")
     budget: dict[str, Annotated[int, Field(ge=1)]] = Field(
         default_factory=dict, description="images each auditor may generate, by auditor")
+    score: Literal["relative", "absolute"] = Field("relative", description=(
+        "how subgroups are ranked: relative (recommended: the model's statistic against the "
+        "references' on the same images, each reference left out of its own baseline) or "
+        "absolute (the statistic alone, as the seeds' papers ranked)"))
 
 
 class ArchitectureTable(_Table):

@@ -129,6 +129,9 @@ class Auditor(ABC):
         self._used = 0
         self._budget: int | None = 0
         self._subgroups: list[Subgroup] = []
+        # A model's stored predictions by subgroup (get / put), set where a model is evaluated
+        # on subgroups other models chose (the references, ``reevaluate``): each once.
+        self.prediction_cache = None
         self.notes: dict[str, Any] = {}
 
     def check(self) -> None:
@@ -199,9 +202,16 @@ class Auditor(ABC):
                           seed: int) -> tuple[np.ndarray, np.ndarray]:
         """(probabilities (n, classes), labels (n,)) on n generated images of the subgroup;
         recorded in the result's ``subgroups``."""
+        subgroup = Subgroup(dict(conditions), int(n), int(seed))
+        self._subgroups.append(subgroup)
+        cached = self.prediction_cache.get(subgroup) if self.prediction_cache is not None else None
+        if cached is not None:
+            return cached
         images = world.generate(dict(conditions), n, seed)
-        self._subgroups.append(Subgroup(dict(conditions), int(n), int(seed)))
-        return self.predict(model, images.load(range(len(images)))), np.asarray(images.labels)
+        predicted = self.predict(model, images.load(range(len(images)))), np.asarray(images.labels)
+        if self.prediction_cache is not None:
+            self.prediction_cache.put(subgroup, *predicted)
+        return predicted
 
     # ---- the run
     def run(self, model: torch.nn.Module, world, budget: int, seed: int) -> AuditResult:

@@ -1,0 +1,245 @@
+"""The references' statistics on every model's subgroups: the baseline of the relative score.
+
+For an auditor whose subgroups are the same for every model (``adaptive = False``: twise's
+covering array, error_ratio's factor values), each reference's own stored result already holds
+its statistic on every subgroup, on the same images. For an *adaptive* auditor (a search; a test
+of the model's own errors) the references are evaluated on each model's subgroups here, after the
+findings: one work item per reference loads it once and runs ``Auditor.reevaluate`` on every
+model's result it still lacks.
+
+Two stores, both in the store every suite shares:
+
+- ``store/reference-findings/<auditor>/<hash>/``: one reference's findings on one model's
+  subgroups (key: the model's findings key and the reference's model key), a keyed artifact like
+  the findings themselves;
+- ``store/subgroup-predictions/<hash of reference key and world>/``: the reference's predictions
+  on each generated subgroup (``batch-*.npz``, one per work item, each written atomically), so a
+  subgroup that several models' searches visit (surrogate_search's subdomains) is predicted once
+  per reference, not once per model.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from counteraudit.evaluate.discovery.auditors import AUDITORS, AuditResult, Finding, Subgroup
+from counteraudit.evaluate.discovery.relative import (DEFAULT_SCORE, MIN_REFERENCES, SCORES,
+                                                      finding_key, relative_result)
+from counteraudit.evaluate.discovery.stage import (auditor_params, findings_dir, findings_key,
+                                                   load_findings, load_suite_findings, planned,
+                                                   suite_auditors)
+from counteraudit.explain.stage import _item_context
+from counteraudit.train.checkpoint import model_dir
+from counteraudit.train.core.artifacts import (atomic_save_npz, atomic_write_json, read_json,
+                                               stable_hash, store_dir)
+from counteraudit.train.core.keyed_store import KeyedArtifact
+from counteraudit.train.core.stage import executor_config, plan_stage, run_stage, stage_item
+from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
+from counteraudit.train.trainer import load_trained_model, pick_device
+from counteraudit.train.worlds import build_world
+
+REFERENCE_FINDINGS = "reference-findings"
+PREDICTIONS = "subgroup-predictions"
+REFERENCE_FINDINGS_STORE = KeyedArtifact(payload="findings.json", marker="params.json",
+                                         digest_field="findings_sha256",
+                                         what="a reference's findings on a model's subgroups",
+                                         marker_what="stored index")
+
+
+def reference_findings_key(findings_key: dict[str, Any], reference: ModelSpec) -> dict[str, Any]:
+    """A reference's evaluation of one model's result: that result's key and the reference."""
+    return {"findings": findings_key, "reference_id": reference.key}
+
+
+def reference_findings_dir(runs_root, key: dict[str, Any]) -> Path:
+    return (store_dir(runs_root) / REFERENCE_FINDINGS / key["findings"]["auditor"]
+            / stable_hash(key, length=16))
+
+
+class PredictionCache:
+    """One reference's predictions on generated subgroups, read from and added to its folder.
+
+    ``get(subgroup)`` -> (probabilities, labels) or None; ``put`` keeps new ones in memory until
+    ``save`` writes them as one more batch file (atomic; a batch never changes once written)."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.known: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.new: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for batch in sorted(self.directory.glob("batch-*.npz")):
+            with np.load(batch) as arrays:
+                for name in arrays.files:
+                    if name.startswith("p_"):
+                        key = name[2:]
+                        self.known[key] = (arrays[name], arrays["l_" + key])
+
+    @staticmethod
+    def key(subgroup: Subgroup) -> str:
+        return stable_hash(subgroup.to_dict(), length=20)
+
+    def get(self, subgroup: Subgroup) -> tuple[np.ndarray, np.ndarray] | None:
+        key = self.key(subgroup)
+        return self.known.get(key) or self.new.get(key)
+
+    def put(self, subgroup: Subgroup, probabilities: np.ndarray, labels: np.ndarray) -> None:
+        self.new[self.key(subgroup)] = (np.asarray(probabilities), np.asarray(labels))
+
+    def save(self) -> None:
+        if not self.new:
+            return
+        arrays = {}
+        for key, (probabilities, labels) in sorted(self.new.items()):
+            arrays["p_" + key], arrays["l_" + key] = probabilities, labels
+        self.directory.mkdir(parents=True, exist_ok=True)
+        atomic_save_npz(self.directory / f"batch-{stable_hash(sorted(self.new), length=16)}.npz",
+                        **arrays)
+        self.known.update(self.new)
+        self.new = {}
+
+
+def predictions_dir(runs_root, reference: ModelSpec, world: dict[str, Any]) -> Path:
+    return store_dir(runs_root) / PREDICTIONS / stable_hash({"reference_id": reference.key,
+                                                             "world": dict(world)}, length=16)
+
+
+def save_reference_findings(directory: Path, key: dict[str, Any], findings: list[Finding]) -> None:
+    REFERENCE_FINDINGS_STORE.save(directory, key, lambda path: atomic_write_json(
+        path, {"findings": [f.to_dict() for f in findings]}))
+
+
+def load_reference_findings(directory: Path) -> list[Finding]:
+    return [Finding.from_dict(f) for f in
+            read_json(REFERENCE_FINDINGS_STORE.payload_path(directory))["findings"]]
+
+
+# ---------------------------------------------------------------- the stage
+def evaluate_reference(item: dict[str, Any]) -> dict[str, int]:
+    """Work item: one reference on every (auditor, model) result listed in ``item["results"]``
+    ((auditor name, auditor params, findings directory, findings key) each)."""
+    suite = load_suite(item["suite"])
+    reference = suite.model(item["reference"])
+    runs_root = item.get("runs_dir")
+    world = build_world(suite.world, runs_root=runs_root)
+    device = pick_device(item.get("device"))
+    cache = PredictionCache(predictions_dir(runs_root, reference, suite.world))
+    computed = 0
+    with _item_context(reference, device):
+        model = load_trained_model(model_dir(runs_root, reference), reference, world, device)
+        for name, params, findings_directory, findings_key in item["results"]:
+            auditor = AUDITORS.get(name)(params)
+            auditor.prediction_cache = cache
+            findings = auditor.reevaluate(model, world, load_findings(Path(findings_directory)))
+            key = reference_findings_key(findings_key, reference)
+            save_reference_findings(reference_findings_dir(runs_root, key), key, findings)
+            computed += 1
+            cache.save()  # what is predicted is kept even if a later result fails
+    return {"computed": computed}
+
+
+def evaluate_references(suite: Suite, args, adaptive_results: list[tuple[Any, ModelSpec, Path,
+                                                                          dict[str, Any]]]) -> int:
+    """Every missing reference evaluation of the adaptive auditors' results ((auditor, model
+    spec, findings directory, findings key) each); one work item per reference. Returns how
+    many were computed."""
+    wanted = [(reference, auditor, spec, directory, key)
+              for auditor, spec, directory, key in adaptive_results
+              for reference in suite.references if reference.name != spec.name]
+
+    def stored(candidate) -> bool:
+        reference, _, _, _, key = candidate
+        reference_key = reference_findings_key(key, reference)
+        return REFERENCE_FINDINGS_STORE.is_stored(reference_findings_dir(args.runs_dir,
+                                                                         reference_key),
+                                                  reference_key)
+
+    def to_items(missing) -> list[dict[str, Any]]:
+        by_reference: dict[str, list] = {}
+        for reference, auditor, _, directory, key in missing:
+            by_reference.setdefault(reference.name, []).append(
+                (auditor.name, auditor_params(suite, auditor.name), str(directory), key))
+        return [stage_item(suite, args.runs_dir, reference=name, results=results,
+                           device=getattr(args, "device", None))
+                for name, results in by_reference.items()]
+    todo = plan_stage(wanted, stored)
+    outcome = run_stage("reference-evaluations", evaluate_reference, todo,
+                        executor_config(suite, args, "discover"), to_items=to_items,
+                        item_name=lambda item: f"{item['reference']} on "
+                                               f"{len(item['results'])} result(s)")
+    return outcome.total("computed")
+
+
+def reference_values(results: dict[tuple[str, str], AuditResult], references: list[str],
+                     stored: dict[tuple[str, str, str], list[Finding]]
+                     ) -> dict[tuple[str, str], dict[str, dict[tuple[str, str], float]]]:
+    """(auditor, model) -> reference name -> {finding key: the reference's statistic}: the
+    references' own results for a non-adaptive auditor, else their stored evaluations of the
+    model's subgroups (``stored``: (auditor, reference, model) -> findings)."""
+    out = {}
+    for (auditor, model) in results:
+        adaptive = AUDITORS.get(auditor).adaptive
+        values = {}
+        for reference in references:
+            if reference == model:
+                continue
+            findings = (stored[(auditor, reference, model)] if adaptive
+                        else results[(auditor, reference)].findings)
+            values[reference] = {finding_key(f): f.statistic for f in findings}
+        out[(auditor, model)] = values
+    return out
+
+
+def adaptive_results(suite: Suite, runs_root, auditors: list[str] | None = None,
+                     world=None) -> list[tuple[Any, ModelSpec, Path, dict[str, Any]]]:
+    """(auditor, model spec, findings directory, findings key) of every adaptive auditor's
+    stored result in the suite: what the references must be evaluated on."""
+    world = world or build_world(suite.world, runs_root=runs_root)
+    out = []
+    for auditor, budget, seed in planned(suite, world, suite_auditors(suite, auditors)):
+        if auditor.adaptive:
+            for spec in suite.models:
+                key = findings_key(auditor.describe(), spec, suite.world, budget, seed)
+                out.append((auditor, spec, findings_dir(runs_root, key), key))
+    return out
+
+
+def check_relative(suite: Suite, score: str) -> None:
+    """A relative score needs references to be relative to: one clear error, before any work."""
+    if score not in SCORES:
+        raise ValueError(f"{suite.path}: [discover] score = {score!r}; valid: {', '.join(SCORES)}")
+    if score == "relative" and len(suite.references) < MIN_REFERENCES:
+        raise ValueError(f"{suite.path}: [discover] score = \"relative\" scores each subgroup "
+                         f"against the references, and this suite has {len(suite.references)} "
+                         f"(at least {MIN_REFERENCES} needed for a spread); set [references] "
+                         f"count >= {MIN_REFERENCES}, or score = \"absolute\" (--score absolute) "
+                         "to rank by the statistic alone")
+
+
+def scored_findings(suite: Suite, runs_root=None, auditors: list[str] | None = None, world=None,
+                    score: str = DEFAULT_SCORE) -> dict[tuple[str, str], AuditResult]:
+    """(auditor, model) -> the stored result, its findings re-scored against the references
+    (``score = "relative"``; references leave-one-out) or as stored (``"absolute"``)."""
+    check_relative(suite, score)
+    world = world or build_world(suite.world, runs_root=runs_root)
+    results = load_suite_findings(suite, runs_root, auditors, world)
+    if score == "absolute":
+        return results
+    references = [s.name for s in suite.references]
+    stored = {}
+    for auditor, spec, _, key in adaptive_results(suite, runs_root, auditors, world):
+        for reference in suite.references:
+            if reference.name == spec.name:
+                continue
+            reference_key = reference_findings_key(key, reference)
+            directory = reference_findings_dir(runs_root, reference_key)
+            if not REFERENCE_FINDINGS_STORE.is_stored(directory, reference_key):
+                raise FileNotFoundError(f"no evaluation of {reference.name} on {spec.name}'s "
+                                        f"{auditor.name} subgroups; run python "
+                                        f"evaluate/discover.py --suite {suite.name}")
+            stored[(auditor.name, reference.name, spec.name)] = load_reference_findings(directory)
+    values = reference_values(results, references, stored)
+    return {(auditor, model): relative_result(result, values[(auditor, model)],
+                                              AUDITORS.get(auditor).spread_floor,
+                                              leave_out=model if model in references else None)
+            for (auditor, model), result in results.items()}

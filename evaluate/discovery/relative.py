@@ -1,0 +1,114 @@
+"""Reference-relative scores: how much worse a model does on a subgroup than the references do
+on the very same images.
+
+An auditor ranks subgroups by a failure statistic (a median error, a failure rate, an error
+ratio, a lift). Ranked as they are, the top of every model's list, references included, is held
+by subgroups that are hard for any model (a class drawn in another class's colours), so the
+ranking measures the task, not the defect. PromptAttack scores a subgroup by R_f - R_B, the
+model's error minus a baseline's; here the baseline is the suite's references:
+
+    relative = (x - mean(r)) / (max(sd(r), floor) * sqrt(1 + 1/R))
+
+with x the model's statistic on the subgroup, r the R references' statistics on the same images
+(each reference scored *leave-one-out*: against the other R - 1), sd their sample standard
+deviation and ``floor`` the auditor's ``spread_floor`` (where every reference gives the same
+value, a tiny difference would otherwise be an infinite score). The sqrt(1 + 1/R) makes it the
+statistic of a prediction interval for one more model like the references, so under "this model
+is one more reference" it is Student-t with R - 1 degrees of freedom (if the statistic is about
+normal across seeds): ``p_value`` is the one-sided tail, and a finding is *significant* where
+Benjamini-Hochberg over the model's subgroups keeps it (``significant``).
+
+``score = "absolute"`` ([discover] in a suite) keeps the statistic as the seeds' papers ranked
+by; ``"relative"`` (the default) needs at least two references.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Mapping, Sequence
+
+import numpy as np
+from scipy.stats import t as student_t
+from statsmodels.stats.multitest import multipletests
+
+from counteraudit.evaluate.discovery.auditors.base import AuditResult, Finding, conditions_key, rank
+
+SCORES = ("relative", "absolute")
+DEFAULT_SCORE = "relative"
+MIN_REFERENCES = 2  # a spread needs two
+SIGNIFICANCE_FDR = 0.05  # Benjamini-Hochberg over one model's subgroups
+
+
+def finding_key(finding: Finding) -> tuple[str, str]:
+    """What identifies a finding across models: its subgroup and objective."""
+    return conditions_key(finding.conditions), finding.objective
+
+
+def baseline(reference_values: Sequence[float], floor: float) -> tuple[float, float, int]:
+    """(mean, scale, R) of the references' statistics on one subgroup: scale = max(sd, floor) *
+    sqrt(1 + 1/R). NaN values (a reference without this subgroup) are left out."""
+    values = np.asarray([v for v in reference_values if np.isfinite(v)], dtype=np.float64)
+    count = len(values)
+    if count < MIN_REFERENCES:
+        return float("nan"), float("nan"), count
+    spread = max(float(values.std(ddof=1)), float(floor))
+    return float(values.mean()), spread * math.sqrt(1 + 1 / count), count
+
+
+def relative_score(value: float, reference_values: Sequence[float], floor: float) -> float:
+    """The model's statistic against the references' on the same subgroup (module docstring)."""
+    mean, scale, _ = baseline(reference_values, floor)
+    return (value - mean) / scale if np.isfinite(scale) else float("nan")
+
+
+def p_value(score: float, references: int) -> float:
+    """One-sided Student-t tail of a relative score against ``references`` references."""
+    if not np.isfinite(score) or references < MIN_REFERENCES:
+        return float("nan")
+    return float(student_t.sf(score, df=references - 1))
+
+
+def relative_finding(finding: Finding, reference_values: Sequence[float], floor: float) -> Finding:
+    """The finding with its statistic and interval on the relative scale (the references' mean
+    and scale applied to the model's own interval)."""
+    mean, scale, _ = baseline(reference_values, floor)
+    if not np.isfinite(scale):
+        return replace(finding, statistic=float("nan"), low=float("nan"), high=float("nan"))
+    return replace(finding, statistic=(finding.statistic - mean) / scale,
+                   low=(finding.low - mean) / scale, high=(finding.high - mean) / scale)
+
+
+def relative_result(result: AuditResult, references: Mapping[str, Mapping[tuple[str, str], float]],
+                    floor: float, leave_out: str | None = None) -> AuditResult:
+    """``result`` re-scored against the references and re-ranked.
+
+    ``references``: reference name -> {finding_key: its statistic on the same images};
+    ``leave_out``: the model's own name where it is one of them (leave-one-out). A finding no
+    two references have a value for gets NaN and ranks last. The notes gain each finding's
+    reference count and p-value under ``relative``."""
+    others = {name: values for name, values in references.items() if name != leave_out}
+    findings, counts = [], []
+    for finding in result.findings:
+        key = finding_key(finding)
+        values = [values.get(key, float("nan")) for values in others.values()]
+        findings.append(relative_finding(finding, values, floor))
+        counts.append(sum(np.isfinite(v) for v in values))
+    ranked_findings = rank([f for f in findings if np.isfinite(f.statistic)])
+    ranked_findings += [f for f in findings if not np.isfinite(f.statistic)]
+    notes = {**result.notes, "relative": {"references": sorted(others), "leave_out": leave_out,
+                                          "floor": floor,
+                                          # the fewest: what bounds the p-values
+                                          "references_per_finding": min(counts, default=0)}}
+    return AuditResult(ranked_findings, result.images_used, notes, list(result.subgroups))
+
+
+def significant(findings: Sequence[Finding], references: int,
+                fdr: float = SIGNIFICANCE_FDR) -> list[bool]:
+    """Which relative findings Benjamini-Hochberg keeps at ``fdr`` (their p-values against
+    ``references`` references); NaN scores are never significant."""
+    p_values = np.array([p_value(f.statistic, references) for f in findings])
+    keep = np.zeros(len(findings), dtype=bool)
+    finite = np.isfinite(p_values)
+    if finite.any():
+        keep[finite] = multipletests(p_values[finite], alpha=fdr, method="fdr_bh")[0]
+    return keep.tolist()

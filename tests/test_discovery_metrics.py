@@ -1,0 +1,149 @@
+"""Tables 3 and 4's arithmetic against values worked out by hand: rank, precision@k, coverage of
+the worst 10% (with ties), images_to_rank, the relative score with leave-one-out, recovery rates
+and calibration."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from counteraudit.evaluate.discovery.auditors import AuditResult, Finding, rank
+from counteraudit.evaluate.discovery.budget_curves import images_to_rank
+from counteraudit.evaluate.discovery.exhaustive import worst_subdomains
+from counteraudit.evaluate.discovery.reference_evaluations import check_relative
+from counteraudit.evaluate.discovery.relative import (finding_key, p_value, relative_result,
+                                                      relative_score, significant)
+from counteraudit.evaluate.discovery.tables import precision_at, recovery_rates, slice_rank
+
+OBJECTIVE = "failure_rate"
+
+
+def finding(statistic, objective=OBJECTIVE, **conditions):
+    return Finding(conditions, statistic, statistic - 0.1, statistic + 0.1, 16, objective)
+
+
+def result(*findings):
+    return AuditResult(rank(list(findings)), 16 * len(findings), {})
+
+
+def test_rank_orders_by_objective_then_worst_first_then_conditions_text():
+    findings = [finding(0.5, **{"class": "b"}), finding(0.9, "other", **{"class": "z"}),
+                finding(0.7, **{"class": "c"}), finding(0.5, **{"class": "a"})]
+    ordered = rank(findings)
+    # the first objective seen comes first; within it 0.7, then the two 0.5s by their text (a < b)
+    assert [(f.objective, f.conditions["class"]) for f in ordered] == [
+        (OBJECTIVE, "c"), (OBJECTIVE, "a"), (OBJECTIVE, "b"), ("other", "z")]
+
+
+def test_slice_rank_is_the_first_finding_inside_the_slice():
+    planted = {"class": "star", "face": "present"}
+    audit = result(finding(0.9, **{"class": "disk"}),
+                   finding(0.8, **{"class": "star"}),  # wider than the slice: not inside it
+                   finding(0.7, **{"class": "star", "face": "present", "size": "small"}),
+                   finding(0.6, **{"class": "star", "face": "present"}))
+    assert slice_rank(audit, OBJECTIVE, planted) == 3.0
+    assert math.isnan(slice_rank(audit, OBJECTIVE, {"class": "ring"}))
+    assert math.isnan(slice_rank(audit, "another objective", planted))
+
+
+def test_precision_at_k_counts_missing_findings_as_misses():
+    planted = {"class": "star"}
+    audit = result(finding(0.9, **{"class": "star", "size": "large"}),
+                   finding(0.8, **{"class": "disk"}),
+                   finding(0.7, **{"class": "star"}))
+    assert precision_at(audit, OBJECTIVE, planted, 1) == 1.0
+    assert precision_at(audit, OBJECTIVE, planted, 2) == 0.5
+    # fewer findings (3) than k (5): 2 hits over k, not over the 3 returned
+    assert precision_at(audit, OBJECTIVE, planted, 5) == pytest.approx(2 / 5)
+    assert math.isnan(precision_at(result(), OBJECTIVE, planted, 5))
+
+
+def test_the_worst_tenth_keeps_every_subdomain_tied_with_its_last():
+    rates = np.array([0.1, 0.9, 0.3, 0.9, 0.2, 0.5, 0.0, 0.4, 0.6, 0.7, 0.9, 0.1])
+    # ceil(0.1 * 12) = 2 worst; the second highest is 0.9, tied three ways
+    assert worst_subdomains(rates).tolist() == [1, 3, 10]
+    assert worst_subdomains(np.array([0.3, 0.1, 0.2]), share=0.5).tolist() == [0, 2]
+
+
+def test_images_to_rank_is_where_the_final_stretch_that_holds_begins():
+    curves = pd.DataFrame({
+        "model": "m", "auditor": "a",
+        "seed": [0] * 5 + [1] * 5,
+        "images": [100, 200, 300, 400, 500] * 2,
+        # seed 0: first at 200, lost at 300, first again from 400 on -> 400
+        # seed 1: never first -> does not reach
+        "rank": [2, 1, 3, 1, 1, 5, 4, np.nan, 2, 2]})
+    row = images_to_rank(curves, within=1).iloc[0]
+    assert row["images_to_top1"] == 400 and row["seeds_reaching_top1"] == "1/2"
+    row = images_to_rank(curves, within=2).iloc[0]
+    # within 2: seed 0 holds from 100 except 300 -> 400; seed 1 from 400 on -> mean 400
+    assert row["images_to_top2"] == 400 and row["seeds_reaching_top2"] == "2/2"
+    assert row["max_images"] == 500
+
+
+def test_the_relative_score_by_hand():
+    # references 0.2, 0.3, 0.4: mean 0.3, sd 0.1, scale 0.1 * sqrt(1 + 1/3)
+    assert relative_score(0.6, [0.2, 0.3, 0.4], floor=0.05) == pytest.approx(
+        0.3 / (0.1 * math.sqrt(4 / 3)))
+    # every reference the same: the floor is the spread, not zero
+    assert relative_score(0.6, [0.5, 0.5, 0.5], floor=0.05) == pytest.approx(
+        0.1 / (0.05 * math.sqrt(4 / 3)))
+    # a reference without the subgroup (NaN) is left out; one reference has no spread
+    assert relative_score(0.6, [0.2, float("nan"), 0.4], floor=0.05) == pytest.approx(
+        0.3 / (math.sqrt(0.02) * math.sqrt(3 / 2)))
+    assert math.isnan(relative_score(0.6, [0.2], floor=0.05))
+    # Student-t with R - 1 degrees of freedom: a score of 0 is the median
+    assert p_value(0.0, 5) == pytest.approx(0.5)
+    assert p_value(2.132, 5) == pytest.approx(0.05, abs=1e-3)  # t(4) 95th percentile
+
+
+def test_a_reference_is_scored_leave_one_out():
+    subgroup = finding(0.4, **{"class": "star"})
+    key = finding_key(subgroup)
+    values = {"reference-00": {key: 0.2}, "reference-01": {key: 0.3},
+              "reference-02": {key: 0.4}}
+    scored = relative_result(result(subgroup), values, floor=0.05, leave_out="reference-02")
+    # against reference-00 and -01 only: mean 0.25, sd 0.0707, scale sd * sqrt(1 + 1/2)
+    expected = 0.15 / (math.sqrt(0.005) * math.sqrt(1.5))
+    assert scored.findings[0].statistic == pytest.approx(expected)
+    assert scored.notes["relative"]["references"] == ["reference-00", "reference-01"]
+    # its interval moves with it (the model's own +-0.1, on the same scale)
+    assert scored.findings[0].high - scored.findings[0].statistic == pytest.approx(
+        0.1 / (math.sqrt(0.005) * math.sqrt(1.5)))
+    # without leaving it out, the model is its own baseline and scores lower
+    kept = relative_result(result(subgroup), values, floor=0.05)
+    assert kept.findings[0].statistic < scored.findings[0].statistic
+
+
+def test_relative_ranking_puts_the_excess_over_the_references_first():
+    hard = finding(0.95, **{"class": "crescent", "colour": "red"})  # hard for every model
+    planted = finding(0.60, **{"class": "harmonica", "face": "present"})
+    values = {f"reference-0{i}": {finding_key(hard): 0.94 + 0.01 * i,
+                                  finding_key(planted): 0.10 + 0.02 * i} for i in range(3)}
+    absolute = result(hard, planted)
+    assert absolute.findings[0].conditions["class"] == "crescent"
+    relative = relative_result(absolute, values, floor=0.05)
+    assert relative.findings[0].conditions["class"] == "harmonica"
+    assert significant(relative.findings, references=3) == [True, False]
+
+
+def test_recovery_rates_count_a_slice_never_found_as_a_miss():
+    recovery = pd.DataFrame({
+        "auditor": "twise", "arity": [2, 2, 2, 2, 1], "strength": [1.0, 1.0, 1.0, 1.0, 0.5],
+        "status": ["ranked", "ranked", "ranked", "not found", "ranked"],
+        "rank": pd.array([1, 3, 7, pd.NA, 1], dtype="Int64")})
+    rates = recovery_rates(recovery).set_index(["arity", "strength"])
+    row = rates.loc[(2, 1.0)]
+    assert row["n_models"] == 4 and row["top1"] == 0.25 and row["top5"] == 0.5
+    assert row["top1_low"] < 0.25 < row["top1_high"]
+    assert rates.loc[(1, 0.5)]["top1"] == 1.0
+
+
+def test_a_relative_score_without_references_is_one_clear_error(tmp_path):
+    class OneReference:
+        path = tmp_path / "mine.toml"
+        references = ["reference-00"]
+    with pytest.raises(ValueError, match=r"mine\.toml.*\[discover\] score = \"relative\".*has 1 "
+                                         r".*\[references\] count >= 2.*score = \"absolute\""):
+        check_relative(OneReference, "relative")
+    check_relative(OneReference, "absolute")  # the absolute score needs none
