@@ -25,6 +25,7 @@ import time
 
 from counteraudit.evaluate.discovery.auditors import AUDITORS
 from counteraudit.evaluate.discovery.search_study import search_study
+from counteraudit.evaluate.discovery.equal_budgets import equal_budget_table
 from counteraudit.evaluate.discovery.reference_evaluations import (adaptive_results, check_relative,
                                                                    evaluate_references,
                                                                    scored_findings)
@@ -137,6 +138,16 @@ def main(args: argparse.Namespace) -> dict:
               "(top 1) and in the top 3, at every larger budget of the curve (mean over the seeds "
               "that reach it; "
               "surrogate_search: 10 seeds by lookup, the others: the discover seed)\n")
+        curves = study["tables"].get("search-budget-curves", ())
+        if len(curves):
+            equal = {f"search-equal-budgets-top{k}": equal_budget_table(curves, within=k)
+                     for k in (1, 5)}
+            write_tables(suite, equal, args.runs_dir)
+            tables.update(equal)
+            print("\nAt equal image budgets -- share of localizable models whose planted slice is "
+                  "first (top 1) once each auditor has spent that many images, 95% interval over "
+                  "models\n")
+            print(to_markdown(equal["search-equal-budgets-top1"], float_format="{:.2f}"))
         needed = study["tables"]["search-images-to-rank"]
         print(to_markdown(needed, float_format="{:.0f}") if len(needed) else
               f"(none: the {suite.name} suite has no localizable anomalous model, so no auditor "

@@ -9,6 +9,7 @@ import pytest
 
 from counteraudit.evaluate.discovery.auditors import AuditResult, Finding, rank
 from counteraudit.evaluate.discovery.budget_curves import images_to_rank
+from counteraudit.evaluate.discovery.equal_budgets import equal_budget_table
 from counteraudit.evaluate.discovery.exhaustive import worst_subdomains
 from counteraudit.evaluate.discovery.reference_evaluations import check_relative
 from counteraudit.evaluate.discovery.relative import (finding_key, p_value, relative_result,
@@ -147,3 +148,24 @@ def test_a_relative_score_without_references_is_one_clear_error(tmp_path):
                                          r".*\[references\] count >= 2.*score = \"absolute\""):
         check_relative(OneReference, "relative")
     check_relative(OneReference, "absolute")  # the absolute score needs none
+
+
+def test_auditors_at_equal_budgets_by_hand():
+    curves = pd.DataFrame({
+        "model": ["m1", "m1", "m2", "m2", "m1", "m1", "m1", "m1"],
+        "auditor": ["a"] * 4 + ["b"] * 4,
+        "seed": [0, 0, 0, 0, 0, 0, 1, 1],
+        "images": [100, 300, 100, 300, 200, 400, 200, 400],
+        "rank": [3, 1, 1, np.nan, 2, 1, 1, 1]})
+    table = equal_budget_table(curves, within=1, budgets=[100, 200, 400]).set_index(
+        ["auditor", "images"])
+    # a at 100: m1 rank 3 (miss), m2 rank 1 (hit) -> 1/2; at 400: m1 hit, m2 lost it -> 1/2
+    assert table.loc[("a", 100), "top1_rate"] == 0.5
+    assert table.loc[("a", 400), "top1_rate"] == 0.5
+    # b at 100: no point yet (a miss); at 200: seed 0 rank 2, seed 1 rank 1 -> m1's hit 0.5
+    assert table.loc[("b", 100), "top1_rate"] == 0.0
+    assert table.loc[("b", 200), "top1_rate"] == 0.5 and table.loc[("b", 200), "models"] == 1
+    assert np.isnan(table.loc[("b", 200), "low"])  # one model with a fractional hit: no interval
+    assert table.loc[("b", 400), "top1_rate"] == 1.0
+    low, high = table.loc[("a", 100), ["low", "high"]]
+    assert 0 < low < 0.5 < high < 1  # Wilson for 1 of 2

@@ -16,6 +16,15 @@ from counteraudit.evaluate.reporting.search import search_section
 TOP_SUBGROUPS = 3
 EXAMPLES_PER_SUBGROUP = 4
 EXAMPLE_SEED = 0
+# Tables shown only where the suite has what they need (slice models with arities and strengths;
+# held-out references).
+OPTIONAL_TABLES = (
+    ("discovery-recovery-rates", "Recovery rates: share of models whose planted slice ranks "
+                                 "first (top1) and in the first five (top5), 95% Wilson "
+                                 "intervals, by auditor, slice arity and strength"),
+    ("discovery-calibration", "False-positive rates on the held-out references (null models "
+                              "judged as anomalous ones), each beside its nominal level"),
+)
 
 
 def example_images(world, conditions: dict[str, str], count: int) -> np.ndarray:
@@ -48,6 +57,8 @@ def discovery_section(results: dict[tuple[str, str], Any], tables: dict[str, pd.
              html_table(tables["discovery-recovery"], float_format="{:.2f}",
                         caption="Table 4: rank of the planted slice (1 = top) in the anomalous "
                                 "model's findings and in each reference's, precision@k"),
+             *(html_table(tables[name], float_format="{:.2f}", caption=caption)
+               for name, caption in OPTIONAL_TABLES if len(tables.get(name, ()))),
              *(f'<p class="warn">{escape(note)}</p>' for note in discovery_notes(
                  tables["discovery-detection-per-model"], tables["discovery-recovery"], suite_name)),
              '<p class="note">Top subgroups of each model per auditor (worst first), with '
