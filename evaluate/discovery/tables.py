@@ -26,6 +26,7 @@ from counteraudit.anomalies import FAMILIES
 from counteraudit.anomalies.base import NOT_EXPRESSIBLE
 from counteraudit.evaluate.discovery.auditors import AUDITORS, AuditResult, ranked
 from counteraudit.evaluate.discovery.relative import SIGNIFICANCE_FDR, significant
+from counteraudit.evaluate.discovery.stage import planned
 from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS, ROLE_REFERENCE, detection_rule
 from counteraudit.train.implant_checks import read_implant
 
@@ -34,6 +35,7 @@ PRECISION_AT = (1, 5, 10)
 # no model can then exceed them by more than this factor, so a "detected" says nothing.
 SATURATION_HEADROOM = 1.02
 RANKABLE = ("ranked", "not found")  # Table 4 statuses of a slice made of the world's factors
+OUTSIDE_GRID = "outside the auditor's factors"  # a slice on a factor the auditor never varies
 ROLE_HELD_OUT = "held-out reference"  # a null model: judged as anomalous, a detection is false
 TOP_K = (1, 5)  # recovery rates: the planted slice first, and within the first five
 
@@ -152,7 +154,8 @@ def table3(detections: pd.DataFrame, family_order: list[str]) -> pd.DataFrame:
 
 def recovery_frame(results: dict[tuple[str, str], AuditResult], references: list[str],
                    slices: dict[str, Any], families: dict[str, str], factors: dict[str, list[str]],
-                   not_expressible: str, strengths: dict[str, Any] | None = None) -> pd.DataFrame:
+                   not_expressible: str, strengths: dict[str, Any] | None = None,
+                   searchable: dict[str, list[str]] | None = None) -> pd.DataFrame:
     """Table 4: one row per (auditor, anomalous model): the planted slice, its rank in the
     model's ranking and in each reference's, and precision@k."""
     rows = []
@@ -169,6 +172,12 @@ def recovery_frame(results: dict[tuple[str, str], AuditResult], references: list
             label = " & ".join(f"{k}={v}" for k, v in planted.items())
             if any(f not in factors for f in planted):
                 rows.append({**row, "planted_slice": label, "status": "not in this world"})
+                continue
+            reach = (searchable or {}).get(auditor, factors)
+            if any(f not in reach for f in planted):  # e.g. a surrogate grid without the factor
+                rows.append({**row, "planted_slice": label, "arity": len(planted),
+                             "strength": (strengths or {}).get(model, np.nan),
+                             "status": OUTSIDE_GRID})
                 continue
             result = results[(auditor, model)]
             reference_ranks = [slice_rank(results[(auditor, r)], objective, planted)
@@ -318,8 +327,10 @@ def discovery_tables(suite, results: dict[tuple[str, str], AuditResult], world,
     families, order = suite.table_rows()  # a family, or a row of one (adversarial_linf)
     slices = planted_slices(suite, world, runs_root)
     detections = detection_frame(results, references, families, held_out, score)
+    searchable = {auditor.name: auditor.searchable_factors(world)
+                  for auditor, _, _ in planned(suite, world, sorted({a for a, _ in results}))}
     recovery = recovery_frame(results, references, slices, families, world.factors(),
-                              NOT_EXPRESSIBLE, model_strengths(suite))
+                              NOT_EXPRESSIBLE, model_strengths(suite), searchable)
     return {"discovery-detection": table3(detections, order),
             "discovery-detection-per-model": detections,
             "discovery-recovery": recovery,

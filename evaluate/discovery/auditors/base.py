@@ -141,6 +141,12 @@ class Auditor(ABC):
         return {"auditor": self.name, "version": self.version,
                 "params": recorded_params(self.params)}
 
+    def searchable_factors(self, world) -> list[str]:
+        """The factors this auditor's subgroups can fix (default: every factor of the world). A
+        planted slice on another factor is outside its reach: Table 4 says so instead of
+        counting a miss."""
+        return list(world.factors())
+
     def minimum_budget(self, world) -> int:
         """The fewest images that give one finding."""
         return 1
