@@ -89,7 +89,7 @@ class CaptionLiftParams:
     max_sentences: int = 3               # sentences combined into one caption
     min_recurrence: int = 3              # failures a cluster (a recurring description) needs
     fdr: float = 0.05                    # Benjamini-Hochberg false-discovery rate
-    descriptions: int = 20               # default budget: this many tested descriptions
+    descriptions: int = 30               # default budget: this many tested descriptions
 
 
 def target_objective(target: str) -> str:
@@ -284,7 +284,7 @@ class CaptionLift(Auditor):
                                     ("images_per_description", p.images_per_description, "50"),
                                     ("max_sentences", p.max_sentences, "3"),
                                     ("min_recurrence", p.min_recurrence, "3"),
-                                    ("descriptions", p.descriptions, "20")):
+                                    ("descriptions", p.descriptions, "30")):
             if value < 1:
                 raise ValueError(f"caption_lift: {name}={value} must be >= 1 ({advice} "
                                  "recommended)")
@@ -396,11 +396,19 @@ class CaptionLift(Auditor):
 
     def reevaluate(self, model, world, result):
         """The findings' lifts as ``model`` scores them on the same baseline and description
-        images (every finding, significant for it or not: the references' side)."""
+        images (every finding, significant for it or not: the references' side); only the
+        subgroups the findings rest on are evaluated."""
+        if not result.findings:  # nothing to score: generate nothing
+            return []
         class_index = {name: k for k, name in enumerate(world.class_names)}
         predicted = {}
+        # only the findings' descriptions and their classes' baselines: a fifth of the images
+        needed = {conditions_key(c) for f in result.findings
+                  for c in (f.conditions, {"class": f.conditions["class"]})}
         with self._evaluating(model, budget=None):
             for subgroup in result.subgroups:
+                if conditions_key(subgroup.conditions) not in needed:
+                    continue
                 probabilities, _ = self.evaluate_subgroup(model, world, subgroup.conditions,
                                                           subgroup.n, subgroup.seed)
                 predicted[conditions_key(subgroup.conditions)] = probabilities.argmax(1)
