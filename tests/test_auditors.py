@@ -243,7 +243,8 @@ images_per_subdomain = 4
 [auditors.caption_lift]
 images_per_class = 6
 images_per_description = 4
-factors = ["face"]
+captioner = "partial"
+described_factors = ["face"]
 min_recurrence = 2
 
 [discover.budget]

@@ -4,6 +4,7 @@ are, with a model whose failures are planted (it fails exactly on one slice)."""
 from __future__ import annotations
 
 import json
+import zlib
 
 import numpy as np
 import pytest
@@ -11,7 +12,9 @@ import torch
 from statsmodels.stats.multitest import multipletests
 
 from counteraudit.evaluate.discovery.auditors import BudgetError, build_auditor
-from counteraudit.evaluate.discovery.auditors.caption_lift import benjamini_hochberg, recurring_descriptions
+from counteraudit.evaluate.discovery.auditors.base import conditions_key
+from counteraudit.evaluate.discovery.auditors.caption_lift import (benjamini_hochberg, description_tests,
+                                                                   recurring_descriptions)
 from counteraudit.evaluate.discovery.budget_curves import lookup_curves
 from counteraudit.evaluate.discovery.covering_arrays import covering_array
 from counteraudit.evaluate.discovery.exhaustive import _one_search, evaluate_every_subdomain
@@ -19,6 +22,7 @@ from counteraudit.evaluate.discovery.selection import SELECTIONS, BudgetBelowIni
 from counteraudit.train.core.registry import UnknownNameError
 from counteraudit.train.worlds import synthetic_factors
 from counteraudit.train.worlds.synthetic import SyntheticConfig, SyntheticWorld
+from counteraudit.train.worlds.synthetic_images import InMemorySplit
 
 TOY_GRID = {"a": [str(k) for k in range(10)], "b": ["x", "y"], "c": ["s", "m", "l"],
             "d": ["p", "q", "r", "t"]}   # 240 subdomains
@@ -137,7 +141,8 @@ def world(tmp_path_factory):
 
 
 def _key(image: torch.Tensor) -> bytes:
-    return image.mul(255).round().to(torch.uint8).numpy().tobytes()
+    # numpy: torch's per-image round costs milliseconds on a busy 2-core machine
+    return np.rint(image.numpy() * 255).astype(np.uint8).tobytes()
 
 
 class PlantedModel(torch.nn.Module):
@@ -217,7 +222,8 @@ def test_findings_within_a_smaller_budget_equal_a_run_with_it(world):
             ("surrogate_search", {**SMALL_SEARCH, "selection": "genetic"}, 90, 150),
             ("twise", {"factors": ("class", "face", "size"), "images_per_subgroup": 4}, 20, 48),
             ("caption_lift", {"images_per_class": 12, "images_per_description": 10,
-                              "factors": ("face", "size"), "min_recurrence": 2}, 140, 180)):
+                              "captioner": "partial", "described_factors": ("face", "size"),
+                              "min_recurrence": 2}, 140, 180)):
         auditor = build_auditor(name, params)
         big = auditor.run(model, recording, large, seed=2)
         direct = build_auditor(name, params).run(model, recording, small, seed=2)
@@ -226,19 +232,149 @@ def test_findings_within_a_smaller_budget_equal_a_run_with_it(world):
         assert dump(within) == dump(direct.findings), name
 
 
-def test_caption_lift_finds_the_planted_slice_significant_and_nothing_on_a_healthy_model(world):
-    params = {"images_per_class": 24, "images_per_description": 16, "factors": ("face", "size"),
-              "min_recurrence": 2}
+class NoiseWorld:
+    """A world whose factors do nothing: 2x2-pixel images with the class index in the first
+    pixel and the factors drawn uniformly (those the conditions fix, fixed), seeded by the
+    conditions and seed like a real world's generator."""
+    class_names = ["a", "b", "c", "d"]
+    num_classes = 4
+    grid = {"class": class_names, "f": ["0", "1", "2"], "g": ["0", "1", "2"], "h": ["0", "1"]}
+
+    def factors(self):
+        return {k: list(v) for k, v in self.grid.items()}
+
+    def feasible(self, conditions):
+        return True
+
+    def generate(self, conditions, n, seed):
+        rng = np.random.default_rng([seed, zlib.crc32(conditions_key(conditions).encode())])
+        annotations = [{"factors": {k: conditions.get(k, str(rng.choice(v)))
+                                    for k, v in self.grid.items()}} for _ in range(n)]
+        labels = np.array([self.class_names.index(a["factors"]["class"]) for a in annotations])
+        images = rng.integers(0, 256, (n, 2, 2, 3), dtype=np.uint8)
+        images[:, 0, 0, 0] = labels
+        return InMemorySplit(images, labels, annotations, hflip=False)
+
+
+class UniformErrors(torch.nn.Module):
+    """Reads the class from the first pixel and errs on a fraction ``error_rate`` of images of
+    every class, toward a uniformly drawn other class, whatever the factors (seeded): noise."""
+
+    def __init__(self, num_classes: int, error_rate: float, seed: int):
+        super().__init__()
+        self.num_classes, self.error_rate = num_classes, error_rate
+        self.generator = torch.Generator().manual_seed(seed)
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # predict() reads the device from it
+
+    def forward(self, images):
+        labels = images[:, 0, 0, 0].mul(255).round().long()
+        wrong = torch.rand(len(images), generator=self.generator) < self.error_rate
+        shift = torch.randint(1, self.num_classes, (len(images),), generator=self.generator)
+        predicted = torch.where(wrong, (labels + shift) % self.num_classes, labels)
+        return torch.nn.functional.one_hot(predicted, self.num_classes).float() * 10
+
+
+def test_caption_lift_eq1_and_eq2_equal_hand_computed_values():
+    base = np.array([0, 0, 0, 0, 1, 1, 2, 0, 0, 0])   # class 0: 3 failures in 10, 2 toward class 1
+    described = np.array([1, 1, 1, 2, 0])            # 4 failures in 5, 3 toward class 1
+    eq1, eq2 = description_tests({"class": "a", "face": "x"}, described, base, 0, {1: "b"})
+    assert (eq1["objective"], eq2["objective"]) == ("lift", "target_lift:b")
+    assert (eq1["failures"], eq1["n"], eq1["baseline_failures"], eq1["baseline_n"]) == (4, 5, 3, 10)
+    assert (eq2["failures"], eq2["baseline_failures"]) == (3, 2)
+    # the paper's ratios: Eq. 1 (4/5) / (3/10), Eq. 2 (3/5) / (2/10)
+    assert eq1["raw_lift"] == pytest.approx(8 / 3) and eq2["raw_lift"] == pytest.approx(3.0)
+    # the statistic adds half a count to each cell: (4.5/6) / (3.5/11) and (3.5/6) / (2.5/11)
+    assert eq1["lift"] == pytest.approx(4.5 / 6 / (3.5 / 11))
+    assert eq2["lift"] == pytest.approx(3.5 / 6 / (2.5 / 11))
+    # Fisher, one-sided: P(X >= 4), X hypergeometric (15 images, 7 failures, 5 drawn)
+    assert eq1["p_value"] == pytest.approx((35 * 8 + 21) / 3003)
+    # ... and P(X >= 3) with 5 images toward class 1 of 15, 5 drawn
+    assert eq2["p_value"] == pytest.approx((10 * 45 + 5 * 10 + 1) / 3003)
+    assert eq1["interval"][0] <= eq1["lift"] <= eq1["interval"][1]
+    # a baseline without a failure toward the target: the plain ratio is infinite, ours finite
+    _, toward_2 = description_tests({"class": "a"}, np.array([2, 0]), np.zeros(10, int), 0, {2: "c"})
+    assert toward_2["raw_lift"] is None and toward_2["lift"] == pytest.approx(1.5 / 3 / (0.5 / 11))
+
+
+CAPTION_PARAMS = {"images_per_class": 24, "images_per_description": 16, "min_recurrence": 2}
+
+
+def test_caption_lift_finds_the_planted_slice_on_fresh_images(world):
     model, recording = planted(world, PLANTED)
-    result = build_auditor("caption_lift", params).run(model, recording, 240 + 5 * 16, seed=0)
-    assert result.findings == sorted(result.findings, key=lambda f: -f.statistic)
-    described = [f for f in result.findings if f.conditions == PLANTED]
+    result = build_auditor("caption_lift", CAPTION_PARAMS).run(model, recording, 240 + 5 * 16,
+                                                               seed=0)
+    captioner = result.notes["captioner"]  # by default: every factor, no wrong sentence
+    assert captioner["factors"] == [f for f in world.factors() if f != "class"]
+    assert captioner["wrong_sentences"] == 0 and captioner["sentences"] > 0
+    main = [f for f in result.findings if f.objective == "lift"]
+    assert main == sorted(main, key=lambda f: -f.statistic)
+    described = [f for f in main if f.conditions == PLANTED]
     assert described and described[0].statistic > 1 and described[0].low > 1
+    toward = [f for f in result.findings if f.objective == "target_lift:square"]  # disk -> next
+    assert PLANTED in [f.conditions for f in toward]
     assert all(f.conditions["class"] == "disk" for f in result.findings)
     assert all(f.low <= f.statistic <= f.high for f in result.findings)
-    tested = {json.dumps(t["conditions"], sort_keys=True): t for t in result.notes["tested"]}
-    planted_test = tested[json.dumps(PLANTED, sort_keys=True)]
+    tested = {(conditions_key(t["conditions"]), t["objective"]): t for t in result.notes["tested"]}
+    planted_test = tested[(conditions_key(PLANTED), "lift")]
     assert planted_test["failures"] == planted_test["n"] == 16  # every image of the slice fails
+    # the descriptions' images are fresh: none is one of the baseline images they came from
+    baseline = {_key(image) for s in result.subgroups if len(s.conditions) == 1
+                for image in world.generate(s.conditions, s.n, s.seed).load(range(s.n))}
+    fresh = [_key(image) for s in result.subgroups if len(s.conditions) > 1
+             for image in world.generate(s.conditions, s.n, s.seed).load(range(s.n))]
+    assert fresh and not baseline.intersection(fresh)
+    # reevaluated, the same model gives its own statistics; a healthy one no lift at the slice
+    again = build_auditor("caption_lift", CAPTION_PARAMS).reevaluate(model, recording, result)
+    assert [(f.conditions, f.objective, f.statistic) for f in again] == \
+        [(f.conditions, f.objective, f.statistic) for f in result.findings]
     healthy, recording = planted(world, None)
-    clean = build_auditor("caption_lift", params).run(healthy, recording, 240 + 5 * 16, seed=0)
-    assert clean.findings == [] and clean.notes["tested"] == []
+    other = build_auditor("caption_lift", CAPTION_PARAMS).reevaluate(healthy, recording, result)
+    assert [f.objective for f in other] == [f.objective for f in result.findings]
+    # no failure anywhere: (0.5 / 17) / (0.5 / 25), the half counts over 16 and 24 images
+    assert all(f.statistic == pytest.approx(25 / 17) for f in other)
+
+
+NOISE_PARAMS = {"images_per_class": 100, "images_per_description": 60, "descriptions": 40}
+
+
+def test_caption_lift_flags_nothing_on_a_model_that_errs_uniformly():
+    """FDR control: a model wrong on 30% of every class, whatever the image shows. Some raw
+    p-values fall below the level (without BH they would be findings); BH keeps none."""
+    noise, small_p = NoiseWorld(), 0
+    for seed in range(3):
+        result = build_auditor("caption_lift", NOISE_PARAMS).run(
+            UniformErrors(4, 0.3, seed), noise, 400 + 40 * 60, seed=seed)
+        assert result.findings == [], seed
+        assert len(result.notes["tested"]) >= 40  # descriptions of the noise were tested
+        small_p += sum(t["p_value"] < 0.05 for t in result.notes["tested"])
+    assert small_p >= 1
+
+
+def test_caption_lift_refuses_a_captioner_it_cannot_run(world):
+    with pytest.raises(ValueError, match="captioner='partial' needs described_factors"):
+        build_auditor("caption_lift", {"captioner": "partial"})
+    with pytest.raises(ValueError, match="captioner='poet'; valid: all, partial"):
+        build_auditor("caption_lift", {"captioner": "poet"})
+    with pytest.raises(ValueError, match="caption_noise=1.0 must be in \\[0, 1\\)"):
+        build_auditor("caption_lift", {"caption_noise": 1.0})
+    model, recording = planted(world, PLANTED)
+    auditor = build_auditor("caption_lift", {"captioner": "partial", "described_factors": ["hat"]})
+    with pytest.raises(ValueError, match="'hat'.*besides the class: colour, texture"):
+        auditor.run(model, recording, 1000, seed=0)
+    assert model.seen == {}  # refused before any image was generated
+
+
+def test_a_noisy_partial_captioner_is_declared_and_still_finds_the_slice(world):
+    model, recording = planted(world, PLANTED)
+    params = {**CAPTION_PARAMS, "captioner": "partial", "described_factors": ["face", "size"],
+              "caption_noise": 0.2}
+    result = build_auditor("caption_lift", params).run(model, recording, 240 + 5 * 16, seed=0)
+    captioner = result.notes["captioner"]
+    assert (captioner["kind"], captioner["factors"], captioner["noise"]) == \
+        ("partial", ["face", "size"], 0.2)
+    # about a fifth of the sentences name a wrong value (binomial: 3 sd either side)
+    sentences = captioner["sentences"]
+    assert sentences > 0 and abs(captioner["wrong_sentences"] - 0.2 * sentences) <= \
+        3 * (0.16 * sentences) ** 0.5
+    # the greedy caption follows the majority: a fifth of wrong sentences leave the slice found
+    assert PLANTED in [f.conditions for f in result.findings if f.objective == "lift"]
