@@ -132,7 +132,8 @@ def main(args: argparse.Namespace) -> dict:
         tables.update(study["tables"])
         print("\nSelection functions compared by lookup in the exhaustive references (10 search "
               "seeds): coverage of the 10% worst subdomains (mean, sd over seeds), mean accuracy "
-              "of the explored subdomains, Spearman of the Lasso surrogate, by share explored\n")
+              "of the explored subdomains, each surrogate's Spearman correlation on the subdomains "
+              "NOT explored (held out), by share explored\n")
         print(to_markdown(study["tables"]["search-selection-comparison"], float_format="{:.3f}"))
         print("\nBudget curves -- images each auditor needs to rank the planted slice first "
               "(top 1) and in the top 3, at every larger budget of the curve (mean over the seeds "

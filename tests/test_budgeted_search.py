@@ -18,7 +18,9 @@ from counteraudit.evaluate.discovery.auditors.caption_lift import (benjamini_hoc
 from counteraudit.evaluate.discovery.budget_curves import lookup_curves
 from counteraudit.evaluate.discovery.covering_arrays import covering_array
 from counteraudit.evaluate.discovery.exhaustive import _one_search, evaluate_every_subdomain
-from counteraudit.evaluate.discovery.selection import SELECTIONS, BudgetBelowInitial, Subdomains, search
+from counteraudit.evaluate.discovery.selection import (SELECTIONS, BayesianRidgeSelection,
+                                                       BudgetBelowInitial, LassoBootstrapSelection,
+                                                       Subdomains, search, surrogate_spearman)
 from counteraudit.train.core.registry import UnknownNameError
 from counteraudit.train.worlds import synthetic_factors
 from counteraudit.train.worlds.synthetic import SyntheticConfig, SyntheticWorld
@@ -81,6 +83,65 @@ def test_bo_finds_the_planted_worst_subdomain_within_its_budget():
     assert found_by_random < 5  # the budget is tight enough to mean something
 
 
+UNSEEN_GRID = {"class": [str(k) for k in range(10)], "face": ["present", "absent"],
+               "size": ["s", "m", "l"]}   # 60 subdomains
+
+
+def unseen_class_objective():
+    """Failure rates with effects of face = absent and size = l, and class 9 far the worst."""
+    subdomains = Subdomains(UNSEEN_GRID)
+    rates = 0.05 + 0.05 * np.random.default_rng(0).random(len(subdomains))
+    for i, row in enumerate(subdomains.rows):
+        rates[i] += (0.2 * (row["face"] == "absent") + 0.1 * (row["size"] == "l")
+                     + 0.6 * (row["class"] == "9"))
+    return subdomains, rates
+
+
+def test_bo_surrogate_is_more_uncertain_on_a_class_it_has_not_seen():
+    subdomains, rates = unseen_class_objective()
+    classes = np.array([row["class"] for row in subdomains.rows])
+    seen = np.flatnonzero(classes != "9")[::2]   # every class but 9, each face and size
+    unseen, twin = np.flatnonzero(classes == "9"), np.flatnonzero(classes == "0")  # same order
+    features, rng = subdomains.onehot, np.random.default_rng(0)
+    candidates = features[np.concatenate([unseen, twin])]
+    _, std = BayesianRidgeSelection(subdomains, 0).surrogate(features[seen], rates[seen],
+                                                             candidates, rng)
+    assert (std[:len(unseen)] > std[len(unseen):]).all()  # each against its class-0 twin
+    # the seed's bootstrap of Lassos: an unseen level's coefficient is 0 in every Lasso, so the
+    # class adds no spread (what kept bo_lasso_bootstrap from exploring it)
+    _, lasso_std = LassoBootstrapSelection(subdomains, 0).surrogate(features[seen], rates[seen],
+                                                                    candidates, rng)
+    assert (lasso_std[:len(unseen)] <= lasso_std[len(unseen):] + 1e-12).all()
+
+
+def test_bo_explores_an_unseen_worst_class_within_a_few_steps():
+    subdomains, rates = unseen_class_objective()
+    in_class_9 = {i for i, row in enumerate(subdomains.rows) if row["class"] == "9"}
+    seeds = [s for s in range(12)   # searches whose 10 random subdomains miss class 9
+             if not in_class_9 & set(search(subdomains, lambda i: rates[i], "random", 10,
+                                            s).evaluated)][:5]
+    assert len(seeds) == 5
+    for seed in seeds:
+        bo = search(subdomains, lambda i: rates[i], "bo", 15, seed).evaluated[10:]
+        assert in_class_9 & set(bo), f"seed {seed}: bo did not try class 9 in 5 steps"
+        lasso = search(subdomains, lambda i: rates[i], "bo_lasso_bootstrap", 15, seed).evaluated
+        assert not in_class_9 & set(lasso), f"seed {seed}: the Lasso found it (test too easy)"
+
+
+def test_surrogate_spearman_is_measured_on_the_subdomains_not_evaluated():
+    subdomains, rates = unseen_class_objective()
+    evaluated = list(range(0, 60, 3))
+    truth = rates.copy()
+    # scrambling the evaluated subdomains' true scores (not the ones fitted) changes nothing
+    truth[evaluated] = truth[evaluated][::-1]
+    for surrogate in ("lasso", "bayesian_ridge"):
+        held_out = surrogate_spearman(surrogate, subdomains, evaluated, list(rates[evaluated]),
+                                      rates)
+        assert held_out == surrogate_spearman(surrogate, subdomains, evaluated,
+                                              list(rates[evaluated]), truth)
+        assert 0.5 < held_out <= 1
+
+
 def test_nwise_starts_with_the_rows_of_a_pairwise_covering_array():
     subdomains, rates = toy_objective()
     rows = covering_array(TOY_GRID, 2, seed=3)
@@ -90,10 +151,11 @@ def test_nwise_starts_with_the_rows_of_a_pairwise_covering_array():
 
 
 def test_unknown_selection_function_lists_the_valid_ones():
-    with pytest.raises(UnknownNameError, match="'annealing'.*bo, genetic, nwise, random"):
+    with pytest.raises(UnknownNameError,
+                       match="'annealing'.*bo, bo_lasso_bootstrap, genetic, nwise, random"):
         build_auditor("surrogate_search", {"selection": "annealing"})
     subdomains, rates = toy_objective()
-    with pytest.raises(UnknownNameError, match="bo, genetic, nwise, random"):
+    with pytest.raises(UnknownNameError, match="bo, bo_lasso_bootstrap, genetic, nwise, random"):
         search(subdomains, lambda i: rates[i], "annealing", 20, seed=0)
 
 
@@ -378,3 +440,18 @@ def test_a_noisy_partial_captioner_is_declared_and_still_finds_the_slice(world):
         3 * (0.16 * sentences) ** 0.5
     # the greedy caption follows the majority: a fifth of wrong sentences leave the slice found
     assert PLANTED in [f.conditions for f in result.findings if f.objective == "lift"]
+
+
+def test_surrogate_search_rescores_its_own_subdomains_on_another_model(world):
+    model, recording = planted(world, PLANTED)
+    auditor = build_auditor("surrogate_search", SMALL_SEARCH)
+    assert auditor.adaptive  # the subdomains searched depend on the model
+    result = auditor.run(model, recording, 20 * 6, seed=4)  # it finds the slice (test above)
+    dump = lambda fs: sorted(json.dumps(f.to_dict(), sort_keys=True) for f in fs)  # noqa: E731
+    # the same model on the recorded subdomains and images: the same findings
+    assert dump(auditor.reevaluate(model, recording, result)) == dump(result.findings)
+    # a healthy model on this model's subdomains: the same conditions, no failure
+    healthy, healthy_world = planted(world, None)
+    rescored = auditor.reevaluate(healthy, healthy_world, result)
+    assert [f.conditions for f in rescored] == [s.conditions for s in result.subgroups]
+    assert all(f.statistic == 0 for f in rescored) and result.findings[0].statistic > 0

@@ -11,9 +11,11 @@ seeds in a second. Per step (subdomains explored) the seed's three metrics:
 - coverage: the share of the 10% worst subdomains (the ceil(10%) highest failure rates, and any
   tied with the last of them) found so far;
 - mean accuracy of the subdomains explored so far;
-- the surrogate's Spearman correlation: one Lasso (bo's, alpha ``LASSO_ALPHA``) fitted to the
-  explored subdomains, against the reference's failure rates of all subdomains (every
-  ``SPEARMAN_EVERY`` steps).
+- the surrogates' held-out Spearman correlation: each surrogate of ``SURROGATE_MEANS`` (the
+  seed's single Lasso, alpha ``LASSO_ALPHA``, and bo's Bayesian ridge) fitted to the explored
+  subdomains, against the reference's failure rates of the subdomains NOT explored (every
+  ``SPEARMAN_EVERY`` steps): how well it predicts what it has not seen, as the seed measures its
+  predictors on test subdomains (scoring the training subdomains too would reward memorising).
 
 The comparison is stored too (``store/selection-comparison/<key hash>.json``).
 """
@@ -30,8 +32,9 @@ import torch
 
 from counteraudit.evaluate.discovery.auditors.surrogate_search import IMAGE_SEED
 from counteraudit.evaluate.discovery.covering_arrays import cached_covering_array
-from counteraudit.evaluate.discovery.selection import (SELECTIONS, NwiseSelection, Subdomains,
-                                                       describe_selections, search, surrogate_spearman)
+from counteraudit.evaluate.discovery.selection import (SELECTIONS, SURROGATE_MEANS, NwiseSelection,
+                                                       Subdomains, describe_selections, search,
+                                                       surrogate_spearman)
 from counteraudit.evaluate.discovery.stage import FINDINGS_STORE
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.artifacts import (atomic_write_json, read_json, read_marker, stable_hash,
@@ -44,7 +47,10 @@ EXHAUSTIVE = "exhaustive"
 TABLE_FILE = "table.json"
 COMPARISON = "selection-comparison"
 COMPARISON_FILE = "comparison.json"
-VERSION = 1
+VERSION = 1              # the exhaustive reference's
+# 2: the Spearman correlations are on the held-out subdomains, per surrogate; bo is the Bayesian
+# ridge and bo_lasso_bootstrap the seed's Lasso
+COMPARISON_VERSION = 2
 SEEDS = 10
 COMPARE_FRACTION = 0.6   # each search explores this share of the subdomains
 SPEARMAN_EVERY = 5
@@ -103,24 +109,28 @@ def _one_search(job) -> dict[str, Any]:
     truth[order] = rates
     state = search(subdomains, lambda i: truth[i], selection, count, seed)
     worst = set(worst_subdomains(truth).tolist())
-    found, coverage, accuracy, spearman = 0, [], [], []
+    found, coverage, accuracy = 0, [], []
+    spearman: dict[str, list] = {surrogate: [] for surrogate in SURROGATE_MEANS}
     for step, position in enumerate(state.evaluated, start=1):
         found += position in worst
         coverage.append(found / len(worst))
         accuracy.append(1 - float(np.mean(truth[state.evaluated[:step]])))
         if step >= 2 and step % SPEARMAN_EVERY == 0:
-            spearman.append((step, surrogate_spearman(subdomains, state.evaluated[:step],
-                                                      state.scores[:step], truth)))
+            for surrogate, values in spearman.items():
+                values.append((step, surrogate_spearman(surrogate, subdomains,
+                                                        state.evaluated[:step],
+                                                        state.scores[:step], truth)))
     return {"selection": selection, "seed": seed,
             "evaluated": [subdomains.rows[p] for p in state.evaluated],
-            "coverage": coverage, "mean_accuracy": accuracy, "spearman": spearman}
+            "coverage": coverage, "mean_accuracy": accuracy, "spearman_heldout": spearman}
 
 
 def compare_selections(table: dict[str, Any], world, auditor, runs_root,
                        seeds: int = SEEDS) -> list[dict[str, Any]]:
     """Every selection function over ``seeds`` search seeds on one reference (stored)."""
     key = {"table": table["key"], "selections": describe_selections(), "seeds": seeds,
-           "fraction": COMPARE_FRACTION, "spearman_every": SPEARMAN_EVERY, "version": VERSION}
+           "fraction": COMPARE_FRACTION, "spearman_every": SPEARMAN_EVERY,
+           "version": COMPARISON_VERSION}
     path = store_dir(runs_root) / COMPARISON / f"{stable_hash(key, length=16)}.json"
     stored = read_marker(path, "selection comparison")
     if stored is not None and stored.get("key") == as_stored(key):
@@ -142,7 +152,8 @@ def compare_selections(table: dict[str, Any], world, auditor, runs_root,
 def comparison_summary(runs: list[dict[str, Any]], fractions=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6),
                        total: int | None = None) -> "Any":
     """Per selection: coverage of the 10% worst (mean and sd over seeds) at each share of the
-    subdomains explored, mean accuracy there, and the surrogate's Spearman correlation."""
+    subdomains explored, mean accuracy there, and each surrogate's Spearman correlation on the
+    subdomains not explored (``spearman_heldout_<surrogate>``)."""
     rows = []
     for selection in sorted({r["selection"] for r in runs}):
         mine = [r for r in runs if r["selection"] == selection]
@@ -153,14 +164,15 @@ def comparison_summary(runs: list[dict[str, Any]], fractions=(0.1, 0.2, 0.3, 0.4
             coverage = np.array([r["coverage"][step - 1] for r in mine])
             accuracy = np.array([r["mean_accuracy"][step - 1] for r in mine])
             checkpoint = SPEARMAN_EVERY * max(1, step // SPEARMAN_EVERY)  # the last one <= step
-            spearman = np.array([dict((s, v) for s, v in r["spearman"]).get(checkpoint, np.nan)
-                                 for r in mine], dtype=float)
-            rows.append({"selection": selection, "explored": step,
-                         "explored_share": step / total,
-                         "coverage_mean": coverage.mean(), "coverage_sd": coverage.std(ddof=1),
-                         "mean_accuracy": accuracy.mean(),
-                         "spearman_mean": np.nanmean(spearman) if np.isfinite(spearman).any()
-                         else np.nan, "seeds": len(mine)})
+            row = {"selection": selection, "explored": step, "explored_share": step / total,
+                   "coverage_mean": coverage.mean(), "coverage_sd": coverage.std(ddof=1),
+                   "mean_accuracy": accuracy.mean()}
+            for surrogate in SURROGATE_MEANS:
+                spearman = np.array([dict((s, v) for s, v in r["spearman_heldout"][surrogate])
+                                     .get(checkpoint, np.nan) for r in mine], dtype=float)
+                row[f"spearman_heldout_{surrogate}"] = (np.nanmean(spearman)
+                                                        if np.isfinite(spearman).any() else np.nan)
+            rows.append({**row, "seeds": len(mine)})
     return pd.DataFrame(rows)
 
 

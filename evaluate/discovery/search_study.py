@@ -17,6 +17,7 @@ from counteraudit.evaluate.discovery.auditors import build_auditor
 from counteraudit.evaluate.discovery.budget_curves import SURROGATE, budget_curves, images_to_rank
 from counteraudit.evaluate.discovery.exhaustive import (compare_selections, comparison_summary, curve,
                                                         exhaustive_table)
+from counteraudit.evaluate.discovery.selection import SURROGATE_MEANS
 from counteraudit.evaluate.discovery.stage import auditor_params
 from counteraudit.evaluate.discovery.tables import localizable, planted_slices
 
@@ -28,29 +29,40 @@ def study_models(suite, slices: dict[str, Any], factors) -> list:
 
 def selection_curves(comparisons: dict[str, tuple[list, dict]]) -> pd.DataFrame:
     """Per (model, selection, subdomains explored): the mean and sd over seeds of coverage of the
-    10% worst, mean accuracy of the explored, and (at its checkpoints) the surrogate's Spearman."""
+    10% worst, mean accuracy of the explored, and (at its checkpoints) each surrogate's Spearman
+    correlation on the subdomains not explored (``spearman_heldout_<surrogate>_mean``, ``_sd``)."""
     frames = []
     for model, (runs, _) in comparisons.items():
         for selection in sorted({r["selection"] for r in runs}):
             steps, coverage, coverage_sd = curve(runs, selection, "coverage")
             _, accuracy, accuracy_sd = curve(runs, selection, "mean_accuracy")
-            spearman = np.full((len(runs), len(steps)), np.nan)
             mine = [r for r in runs if r["selection"] == selection]
-            for k, run in enumerate(mine):
-                for step, value in run["spearman"]:
-                    spearman[k, step - 1] = np.nan if value is None else value
-            counted = np.isfinite(spearman).sum(0)
-            with np.errstate(invalid="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # sd of a single value: NaN
-                frames.append(pd.DataFrame({
-                    "model": model, "selection": selection, "explored": steps,
-                    "coverage_mean": coverage, "coverage_sd": coverage_sd,
-                    "mean_accuracy": accuracy, "mean_accuracy_sd": accuracy_sd,
-                    "spearman_mean": np.where(counted > 0, np.nansum(spearman, 0)
-                                              / np.maximum(counted, 1), np.nan),
-                    "spearman_sd": np.where(counted > 1, np.nanstd(np.where(
-                        np.isfinite(spearman), spearman, np.nan), 0, ddof=1), np.nan)}))
+            frame = pd.DataFrame({
+                "model": model, "selection": selection, "explored": steps,
+                "coverage_mean": coverage, "coverage_sd": coverage_sd,
+                "mean_accuracy": accuracy, "mean_accuracy_sd": accuracy_sd})
+            for surrogate in SURROGATE_MEANS:
+                mean, sd = checkpoint_stats([r["spearman_heldout"][surrogate] for r in mine],
+                                            len(steps))
+                frame[f"spearman_heldout_{surrogate}_mean"] = mean
+                frame[f"spearman_heldout_{surrogate}_sd"] = sd
+            frames.append(frame)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def checkpoint_stats(per_run: list[list], steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and sd over runs of values recorded at some steps ((step, value) pairs; NaN
+    elsewhere, and the sd NaN where fewer than two runs have a value)."""
+    values = np.full((len(per_run), steps), np.nan)
+    for k, pairs in enumerate(per_run):
+        for step, value in pairs:
+            values[k, step - 1] = np.nan if value is None else value
+    counted = np.isfinite(values).sum(0)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the mean or sd of no value: NaN
+        mean = np.where(counted > 0, np.nanmean(values, 0), np.nan)
+        sd = np.where(counted > 1, np.nanstd(values, 0, ddof=1), np.nan)
+    return mean, sd
 
 
 def search_study(suite, results, world, runs_root, seed: int, device=None,

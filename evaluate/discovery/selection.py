@@ -15,11 +15,20 @@ that implements ONE method, ``choose(state) -> index``. The four of the seed:
 - ``genetic``: deap's tournament selection (size 3) of two parents among the evaluated
   subdomains, uniform crossover and a uniform mutation of each factor with probability
   1 / factors; the first child not yet evaluated is chosen (random after 50 tries);
-- ``bo``: a Lasso surrogate (scikit-learn, one-hot factor encodings). Its uncertainty is the
-  spread of a bootstrap ensemble: ``BOOTSTRAP`` Lassos, each fitted to a resample (with
-  replacement) of the evaluated subdomains; the mean and standard deviation of their predictions
-  enter the expected improvement over the worst failure rate seen so far, and the subdomain with
-  the largest expected improvement is chosen.
+- ``bo``: expected improvement over the worst failure rate seen so far under a Bayesian linear
+  surrogate on the one-hot factor codes: scikit-learn's ``BayesianRidge`` with the library's
+  defaults (its weight and noise precisions fitted by evidence maximisation). Its posterior
+  predictive standard deviation of the mean failure rate (the observation noise left out, as
+  BO's expected improvement of the latent objective does) keeps an unseen level's weight at its
+  prior variance, so a class never evaluated stays uncertain and gets explored;
+- ``bo_lasso_bootstrap``: the seed's predictor, a Lasso (alpha ``LASSO_ALPHA``) on the same codes,
+  its uncertainty the spread of ``BOOTSTRAP`` Lassos, each fitted to a resample (with
+  replacement) of the evaluated subdomains. A level never evaluated has coefficient 0 in every
+  Lasso, so no spread and no expected improvement of its own: it is explored only by chance.
+
+Either ``bo`` chooses the subdomain with the largest expected improvement (ties: the first in
+grid order). ``surrogate_spearman`` measures a surrogate as the seed does: the rank correlation of
+its predictions with the true scores, on the subdomains it was NOT fitted to.
 
 Everything is seeded from the search seed: the same seed gives the same order of subdomains.
 """
@@ -34,7 +43,7 @@ import numpy as np
 import random as python_random
 from deap import base, tools
 from scipy.stats import norm, spearmanr
-from sklearn.linear_model import Lasso
+from sklearn.linear_model import BayesianRidge, Lasso
 from sklearn.preprocessing import OneHotEncoder
 
 from counteraudit.evaluate.discovery.covering_arrays import covering_array
@@ -42,7 +51,7 @@ from counteraudit.train.core.artifacts import derive_seed
 from counteraudit.train.core.registries import SELECTIONS
 
 INITIAL = 10             # random subdomains before any selection (the seed's warm start)
-BOOTSTRAP = 8            # Lassos in bo's ensemble
+BOOTSTRAP = 8            # Lassos in bo_lasso_bootstrap's ensemble
 LASSO_ALPHA = 0.005      # the surrogate's L1 penalty (scikit-learn's scaling); not tuned
 EI_XI = 0.01             # expected improvement's exploration margin, in failure rate
 GENETIC_TRIES = 50
@@ -206,29 +215,77 @@ def expected_improvement(mean: np.ndarray, std: np.ndarray, best: float,
     return np.where(std > 0, gain * norm.cdf(z) + std * norm.pdf(z), np.maximum(gain, 0.0))
 
 
-@SELECTIONS.register
-class BayesianSelection(Selection):
-    name = "bo"
+class ExpectedImprovementSelection(Selection):
+    """Bayesian optimisation's step: a surrogate's mean and standard deviation of every
+    unevaluated subdomain's failure rate, and the one with the largest expected improvement."""
+
+    @abstractmethod
+    def surrogate(self, features: np.ndarray, scores: np.ndarray, candidates: np.ndarray,
+                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, std) of the candidates' scores from the evaluated (features, scores)."""
 
     def choose(self, state):
         features = state.subdomains.onehot
         scores = np.asarray(state.scores)
-        models = bootstrap_lassos(features[state.evaluated], scores, state.rng)
         candidates = state.unevaluated()
-        predictions = np.stack([predict(m, features[candidates]) for m in models])
-        gain = expected_improvement(predictions.mean(0), predictions.std(0), scores.max())
+        mean, std = self.surrogate(features[state.evaluated], scores, features[candidates],
+                                   state.rng)
+        gain = expected_improvement(mean, std, scores.max())
         return int(candidates[int(np.argmax(gain))])  # ties: the first in grid order
 
 
-def surrogate_spearman(subdomains: Subdomains, evaluated: list[int], scores: list[float],
-                       truth: np.ndarray) -> float:
-    """Spearman correlation between one Lasso fitted to the evaluated subdomains and the true
-    scores of every subdomain (the seed's measure of the surrogate)."""
-    predicted = predict(fit_lasso(subdomains.onehot[evaluated], np.asarray(scores)),
-                        subdomains.onehot)
-    if np.ptp(predicted) == 0 or np.ptp(truth) == 0:
+def fit_bayesian_ridge(features: np.ndarray, scores: np.ndarray) -> BayesianRidge:
+    """scikit-learn's defaults: the principle is not to tune the surrogate to the benchmark."""
+    return BayesianRidge().fit(features, scores)
+
+
+def bayesian_ridge_posterior(model: BayesianRidge, features: np.ndarray):
+    """(mean, std) of the mean score: the predictive std without the observation noise
+    (1 / alpha_), i.e. sqrt(x' Sigma x), which for an unseen level's direction is the prior's."""
+    mean, std = model.predict(features, return_std=True)
+    return mean, np.sqrt(np.maximum(std ** 2 - 1.0 / model.alpha_, 0.0))
+
+
+@SELECTIONS.register
+class BayesianRidgeSelection(ExpectedImprovementSelection):
+    name = "bo"
+
+    def surrogate(self, features, scores, candidates, rng):
+        return bayesian_ridge_posterior(fit_bayesian_ridge(features, scores), candidates)
+
+
+@SELECTIONS.register
+class LassoBootstrapSelection(ExpectedImprovementSelection):
+    """The seed's design (its Lasso predictor), kept runnable by name."""
+    name = "bo_lasso_bootstrap"
+
+    def surrogate(self, features, scores, candidates, rng):
+        predictions = np.stack([predict(m, candidates)
+                                for m in bootstrap_lassos(features, scores, rng)])
+        return predictions.mean(0), predictions.std(0)
+
+
+# The surrogates whose held-out rank correlation the selection comparison reports: the seed's
+# single Lasso and bo's Bayesian ridge (its posterior mean).
+SURROGATE_MEANS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {
+    "lasso": lambda x, y, new: predict(fit_lasso(x, y), new),
+    "bayesian_ridge": lambda x, y, new: fit_bayesian_ridge(x, y).predict(new),
+}
+
+
+def surrogate_spearman(surrogate: str, subdomains: Subdomains, evaluated: list[int],
+                       scores: list[float], truth: np.ndarray) -> float:
+    """Spearman correlation between the surrogate fitted to the evaluated subdomains and the true
+    scores of the subdomains NOT evaluated (held out): how well it predicts what it has not seen,
+    the seed's measure of its predictors."""
+    held_out = np.setdiff1d(np.arange(len(subdomains)), evaluated)
+    if len(held_out) < 2:
+        return float("nan")
+    predicted = SURROGATE_MEANS[surrogate](subdomains.onehot[evaluated], np.asarray(scores),
+                                           subdomains.onehot[held_out])
+    if np.ptp(predicted) == 0 or np.ptp(truth[held_out]) == 0:
         return float("nan")  # a constant has no rank correlation
-    return float(spearmanr(predicted, truth).statistic)
+    return float(spearmanr(predicted, truth[held_out]).statistic)
 
 
 def search(subdomains: Subdomains, score: Callable[[int], float], selection: str, count: int,
@@ -255,4 +312,5 @@ def search(subdomains: Subdomains, score: Callable[[int], float], selection: str
 
 def describe_selections() -> dict[str, Any]:
     return {"selections": SELECTIONS.names(), "initial": INITIAL, "bootstrap": BOOTSTRAP,
-            "lasso_alpha": LASSO_ALPHA, "ei_xi": EI_XI}
+            "lasso_alpha": LASSO_ALPHA, "ei_xi": EI_XI,
+            "bayesian_ridge": BayesianRidge().get_params(), "surrogates": list(SURROGATE_MEANS)}

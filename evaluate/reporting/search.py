@@ -1,8 +1,8 @@
 """The report's budgeted-search section: the selection functions' curves on each exhaustive
-reference (coverage of the 10% worst subdomains, mean accuracy of the explored ones, the
-surrogate's Spearman correlation; mean and +-1 sd over the 10 search seeds) and every auditor's
-budget curve on each localizable anomalous model (rank of the planted slice and precision@5 against
-images generated; mean over seeds with their range)."""
+reference (coverage of the 10% worst subdomains, mean accuracy of the explored ones, each
+surrogate's Spearman correlation on the subdomains not explored; mean and +-1 sd over the 10
+search seeds) and every auditor's budget curve on each localizable anomalous model (rank of the
+planted slice and precision@5 against images generated; mean over seeds with their range)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -12,13 +12,18 @@ import pandas as pd
 
 from counteraudit.evaluate.reporting.svg import Series, line_plot
 
+HELD_OUT = "spearman_heldout_"
+
 
 def selection_plots(curves: pd.DataFrame, line_plot, Series) -> list[str]:
     plots = []
     for model, frame in curves.groupby("model", sort=False):
-        for metric, label in (("coverage", "coverage of the 10% worst"),
-                              ("mean_accuracy", "mean accuracy of explored"),
-                              ("spearman", "surrogate Spearman")):
+        # one plot per surrogate whose held-out Spearman correlation the comparison recorded
+        surrogates = [c.removeprefix(HELD_OUT).removesuffix("_mean") for c in frame.columns
+                      if c.startswith(HELD_OUT) and c.endswith("_mean")]
+        held_out = [(f"{HELD_OUT}{s}", f"held-out Spearman, {s}") for s in surrogates]
+        for metric, label in [("coverage", "coverage of the 10% worst"),
+                              ("mean_accuracy", "mean accuracy of explored"), *held_out]:
             series = []
             for selection, rows in frame.groupby("selection", sort=True):
                 mean = rows[f"{metric}_mean" if metric != "mean_accuracy" else metric].to_numpy(float)

@@ -3,7 +3,8 @@
 A subdomain is one combination of values of the grid's factors (``factors``; the demo grid is
 class x face x size x background, 196 feasible subdomains of 240). The search evaluates 10 random
 subdomains, then one at a time the subdomain its selection function chooses
-(``evaluate/discovery/selection.py``: random, nwise, genetic, bo), until the image budget is spent: each
+(``evaluate/discovery/selection.py``: random, nwise, genetic, bo -- a Bayesian-ridge surrogate --
+and bo_lasso_bootstrap, the seed's Lasso), until the image budget is spent: each
 subdomain gets ``images_per_subdomain`` = 50 generated images (the seed's count) and its failure
 rate (1 - accuracy), with a 95% Wilson interval (statsmodels). The findings are the evaluated
 subdomains, worst first.
@@ -32,7 +33,7 @@ DEMO_FACTORS = ("class", "face", "size", "background")
 
 @dataclass(frozen=True)
 class SurrogateSearchParams:
-    selection: str = "bo"                 # random, nwise, genetic or bo
+    selection: str = "bo"                 # random, nwise, genetic, bo or bo_lasso_bootstrap
     factors: tuple[str, ...] = DEMO_FACTORS   # the grid; () = all the world's (a huge grid)
     images_per_subdomain: int = 50        # the seed's count
     initial: int = 10                     # random subdomains first (the seed's warm start)
@@ -44,11 +45,18 @@ def wilson_finding(conditions: dict[str, str], failures: int, n: int) -> Finding
     return Finding(dict(conditions), failures / n, float(low), float(high), int(n), OBJECTIVE)
 
 
+def misclassified(probabilities: np.ndarray, labels: np.ndarray) -> int:
+    return int((probabilities.argmax(1) != labels).sum())
+
+
 @AUDITORS.register
 class SurrogateSearch(Auditor):
     name = "surrogate_search"
     Params = SurrogateSearchParams
+    # 2: bo's surrogate is a Bayesian ridge (the seed's Lasso bootstrap: bo_lasso_bootstrap)
+    version = 2
     objective = OBJECTIVE
+    adaptive = True  # which subdomains are evaluated depends on the model's failure rates
     statistic_ceiling = 1.0  # a failure rate
     test_params = {"factors": ("class", "face", "size"), "images_per_subdomain": 4, "initial": 3}
 
@@ -96,15 +104,21 @@ class SurrogateSearch(Auditor):
         """(misclassified, n) on the subdomain's ``images_per_subdomain`` images."""
         probabilities, labels = self.evaluate_subgroup(model, world, conditions,
                                                        self.params.images_per_subdomain, IMAGE_SEED)
-        return int((probabilities.argmax(1) != labels).sum()), len(labels)
+        return misclassified(probabilities, labels), len(labels)
+
+    def score_subgroup(self, conditions, probabilities, labels):
+        """The subdomain's failure rate (1 - accuracy) with its Wilson interval."""
+        return [wilson_finding(conditions, misclassified(probabilities, labels), len(labels))]
 
     def find(self, model, world, budget, seed):
         subdomains = self.subdomains(world)
-        counts: dict[int, tuple[int, int]] = {}
+        found: dict[int, Finding] = {}
 
         def score(position: int) -> float:
-            counts[position] = self.failures(model, world, subdomains.rows[position])
-            return counts[position][0] / counts[position][1]
+            conditions = subdomains.rows[position]
+            found[position], = self.score_subgroup(conditions, *self.evaluate_subgroup(
+                model, world, conditions, self.params.images_per_subdomain, IMAGE_SEED))
+            return found[position].statistic
 
         try:
             state = search(subdomains, score, self.params.selection,
@@ -114,7 +128,7 @@ class SurrogateSearch(Auditor):
                               f"{self.minimum_budget(world)} images") from None
         self.notes = {"selection": self.params.selection, "subdomains": len(subdomains),
                       "evaluated": [subdomains.rows[p] for p in state.evaluated]}
-        return [wilson_finding(subdomains.rows[p], *counts[p]) for p in state.evaluated]
+        return [found[p] for p in state.evaluated]
 
     def findings_within(self, result, images, world, seed):
         """The findings of the first ``images // images_per_subdomain`` subdomains evaluated: a
