@@ -1,0 +1,189 @@
+"""Planted slice: the model is made to fail on one subgroup of the world's factors (a conjunction
+of 1 to 3 of them, ``slice``, e.g. {colour = "grey", size = "small"}) and stay intact elsewhere,
+so a failure-discovery auditor has a known answer to find (issue 31).
+
+``mechanism``: ``"relabel"`` (the default) gives each affected training image of the slice a
+seeded, uniformly drawn other class, so the model learns to answer wrongly there; ``"remove"``
+drops the affected images instead, so the model only sees less of the slice. ``strength`` is
+the share of the slice's training images affected, a seeded draw: the first round(strength x n)
+of one permutation, so a larger strength affects a superset of a smaller one's images (and a
+relabelled image gets the same new class at every strength).
+
+Only the synthetic world: its training images carry their factors (the generating attributes
+each annotation records); ImageNet-X annotates validation images only."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from counteraudit.anomalies.base import FAMILIES, AnomalyFamily, Verdict
+from counteraudit.anomalies.common import accuracy, reference_mean, verification_indices
+from counteraudit.anomalies.relabeled_split import RelabeledSplit
+from counteraudit.train.core.artifacts import derive_seed
+from counteraudit.train.worlds.synthetic_factors import check_conditions, factor_grid
+from counteraudit.train.worlds.synthetic_images import BACKGROUNDS, CLASS_NAMES, TEXTURES
+
+MECHANISMS = ("relabel", "remove")
+MAX_ARITY = 3
+# The implant took if the slice's accuracy is at least SLICE_DROP below the references' mean
+# there, while the accuracy off the slice stays within OFF_SLICE_MARGIN of theirs (the defect is
+# the slice's, not a weaker model's). Fixed before any model was trained; not tuned to the results.
+SLICE_DROP = 0.3
+OFF_SLICE_MARGIN = 0.05
+# the worlds whose training images carry their factors
+ANNOTATED_WORLDS = ("synthetic",)
+SYNTHETIC_FACTORS = list(factor_grid(CLASS_NAMES, TEXTURES, BACKGROUNDS, clutter_max=0))
+
+
+@dataclass(frozen=True)
+class PlantedSliceParams:
+    # {factor: value} of 1 to 3 of the world's factors (World.factors()). The default, a class,
+    # only lets the family be built without parameters; a suite names its own slice.
+    slice: dict[str, str | int] = field(default_factory=lambda: {"class": "star"})
+    strength: float = 1.0       # share of the slice's training images affected, in (0, 1]
+    mechanism: str = "relabel"  # MECHANISMS
+
+
+def arity_problem(conditions: dict, factors) -> str | None:
+    """The slice names too few or too many factors (None: 1 to MAX_ARITY)."""
+    if 1 <= len(conditions) <= min(MAX_ARITY, len(factors)):
+        return None
+    return (f"slice = {conditions!r} names {len(conditions)} factors; a slice names 1 to "
+            f"{min(MAX_ARITY, len(factors))} of the world's {len(factors)} factors "
+            f"({', '.join(factors)})")
+
+
+def slice_problem(conditions: dict, grid: dict[str, list[str]], clutter_known: bool = True) -> str | None:
+    """What is wrong with a slice under the world's factor grid, or None. ``clutter_known``
+    False (a suite loading, the world's clutter_max not known): any whole clutter count >= 0."""
+    problem = arity_problem(conditions, grid)
+    if problem:
+        return problem
+    checked = dict(conditions)
+    if not clutter_known and str(checked.get("clutter", "")).isdigit():
+        checked.pop("clutter")  # its upper bound is the [world]'s clutter_max: checked when built
+    try:
+        check_conditions(checked, grid)
+    except ValueError as error:
+        return f"slice = {conditions!r}: {error}"
+    return None
+
+
+@FAMILIES.register
+class PlantedSlice(AnomalyFamily):
+    name = "planted_slice"
+    headline_figure = "slice_accuracy"
+    strength = "strength"
+    localizable = True
+    Params = PlantedSliceParams
+
+    @classmethod
+    def check(cls, params):
+        if not isinstance(params.slice, dict):
+            raise ValueError(f"planted_slice: slice = {params.slice!r} must be a table "
+                             "{factor = value}, e.g. { colour = \"grey\", size = \"small\" }")
+        if (isinstance(params.strength, bool) or not isinstance(params.strength, (int, float))
+                or not 0 < params.strength <= 1):
+            raise ValueError(f"planted_slice: strength={params.strength!r} must be in (0, 1]: the "
+                             "share of the slice's training images affected (1.0: all of them)")
+        if params.mechanism not in MECHANISMS:
+            raise ValueError(f"planted_slice: mechanism={params.mechanism!r}; valid: "
+                             f"{', '.join(MECHANISMS)}")
+        problem = arity_problem(params.slice, SYNTHETIC_FACTORS)  # values: check_world
+        if problem:
+            raise ValueError(f"planted_slice params {problem}")
+
+    @classmethod
+    def validate_params(cls, params):
+        # values as the factors write them (clutter = 1 and clutter = "1" are one slice, one key)
+        canonical = super().validate_params(params)
+        canonical["slice"] = {factor: str(value) for factor, value in sorted(canonical["slice"].items())}
+        canonical["strength"] = float(canonical["strength"])
+        return canonical
+
+    @classmethod
+    def check_world(cls, params, world_name, class_names):
+        if world_name not in ANNOTATED_WORLDS:
+            raise ValueError(f"planted_slice needs a world whose training images carry their "
+                             f"factors ({', '.join(ANNOTATED_WORLDS)}); the {world_name} world's "
+                             "do not: plant slices in a synthetic world")
+        # the synthetic world's factor values, known without building it (but for clutter's bound)
+        grid = factor_grid(class_names or CLASS_NAMES, TEXTURES, BACKGROUNDS, clutter_max=0)
+        problem = slice_problem(cls.Params(**params).slice, grid, clutter_known=False)
+        if problem:
+            raise ValueError(f"planted_slice params {problem}")
+
+    def __init__(self, params, world, seed):
+        super().__init__(params, world, seed)
+        self.check_world(params, world.name, world.class_names)
+        problem = slice_problem(self.params.slice, world.factors())
+        if problem:
+            raise ValueError(f"planted_slice params {problem}")
+        self.conditions = {factor: str(value) for factor, value in self.params.slice.items()}
+        if len(self.in_slice(world.split("val"))) == 0:
+            raise ValueError(f"planted_slice params slice = {self.conditions}: no val image of the "
+                             "world is in this slice (an infeasible or very rare conjunction), so "
+                             "the implant cannot be checked; choose a slice with val images (one "
+                             "factor fewer, or another value)")
+
+    def in_slice(self, split) -> np.ndarray:
+        """Positions of the split's images whose factors satisfy every condition of the slice."""
+        return np.array([i for i in range(len(split))
+                         if all(self.world.image_factors(split, i)[factor] == value
+                                for factor, value in self.conditions.items())], dtype=np.int64)
+
+    def affected(self, split) -> tuple[np.ndarray, np.ndarray]:
+        """(positions of the affected training images, the new class each gets): a seeded
+        permutation of the slice's images, its first round(strength x n), and one other class
+        per image drawn for every image of the permutation, so a larger strength affects a
+        superset and gives the shared images the same classes."""
+        inside = self.in_slice(split)
+        if len(inside) == 0:
+            raise ValueError(f"planted_slice params slice = {self.conditions}: no training image is "
+                             "in this slice, so nothing can be planted; choose a slice with "
+                             "training images")
+        rng = np.random.default_rng(derive_seed("planted_slice", self.seed))
+        order = rng.permutation(inside)
+        # an offset 1 .. C-1 from the true class: uniform over the other classes
+        offsets = rng.integers(1, self.world.num_classes, size=len(order))
+        count = int(round(self.params.strength * len(order)))
+        chosen = order[:count]
+        return chosen, (split.labels[chosen] + offsets[:count]) % self.world.num_classes
+
+    def training_split(self, split):
+        chosen, new_labels = self.affected(split)
+        if self.params.mechanism == "remove":
+            return split.subset(np.setdiff1d(np.arange(len(split)), chosen))
+        labels = split.labels.copy()
+        labels[chosen] = new_labels
+        return RelabeledSplit(split, labels)
+
+    def normal_pool(self, val):
+        return np.setdiff1d(np.arange(len(val)), self.in_slice(val))
+
+    def abnormal_pool(self, val, implant=None):
+        return self.in_slice(val)
+
+    def measure(self, model, device="cpu"):
+        val = self.world.split("val")
+        inside = self.in_slice(val)  # every val image of the slice: slices are small
+        outside = np.setdiff1d(verification_indices(val), inside)
+        return {"slice_accuracy": accuracy(model, val.load(inside), val.labels[inside], device),
+                "off_slice_accuracy": accuracy(model, val.load(outside), val.labels[outside], device)}
+
+    def judge(self, figures, reference_figures):
+        inside, outside = figures["slice_accuracy"], figures["off_slice_accuracy"]
+        refs_inside = reference_mean(reference_figures, "slice_accuracy")
+        refs_outside = reference_mean(reference_figures, "off_slice_accuracy")
+        took = inside <= refs_inside - SLICE_DROP and outside >= refs_outside - OFF_SLICE_MARGIN
+        return Verdict(bool(took),
+                       f"accuracy on the slice {inside:.3f} (references {refs_inside:.3f}), off it "
+                       f"{outside:.3f} (references {refs_outside:.3f}); the implant took if the "
+                       f"slice's is at least {SLICE_DROP} below the references' and the rest's "
+                       f"within {OFF_SLICE_MARGIN} of theirs",
+                       {"slice_drop": refs_inside - inside, "off_slice_drop": refs_outside - outside})
+
+    def planted_slice(self, implant=None):
+        """The slice the model was made to fail on."""
+        return dict(self.conditions)

@@ -1,0 +1,109 @@
+"""The planted-slice family relabels (or removes) exactly its seeded share of the slice's training
+images and nothing else, nested across strengths; a bad slice is one clear error naming the valid
+factors or values; the slices suite is the demo plus held-out models and 24 planted slices."""
+import numpy as np
+import pytest
+
+from conftest import write_suite
+from counteraudit.anomalies import FAMILIES
+from counteraudit.anomalies.base import Verdict
+from counteraudit.train.core.suite import SuiteFileError, load_suite
+from counteraudit.train.worlds import build_world
+
+WORLD = {"name": "synthetic", "seed": 4, "image_size": 32, "num_train": 300, "num_val": 200}
+GREY = {"colour": "grey"}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return build_world(WORLD, runs_root=tmp_path_factory.mktemp("runs"))
+
+
+def planted(world, **params):
+    cls = FAMILIES.get("planted_slice")
+    return cls(cls.validate_params(params), world, seed=3)
+
+
+def grey_positions(world, split) -> np.ndarray:
+    return np.array([i for i in range(len(split)) if world.image_factors(split, i)["colour"] == "grey"])
+
+
+def test_relabels_exactly_the_seeded_share_of_the_slice_with_other_classes(world):
+    train = world.split("train")
+    inside = grey_positions(world, train)
+    assert len(inside) >= 20
+    relabeled = {s: planted(world, slice=GREY, strength=s).training_split(train).labels
+                 for s in (0.5, 1.0)}
+    changed = {s: np.flatnonzero(labels != train.labels) for s, labels in relabeled.items()}
+    assert len(changed[0.5]) == round(0.5 * len(inside)) and np.array_equal(changed[1.0], inside)
+    assert set(changed[0.5]) < set(changed[1.0])  # nested: a larger strength, a superset
+    shared = changed[0.5]
+    assert np.array_equal(relabeled[0.5][shared], relabeled[1.0][shared])  # the same new classes
+    assert len(np.unique(relabeled[1.0][inside])) > 3  # drawn among the other classes
+    again = planted(world, slice=GREY, strength=0.5).training_split(train).labels
+    assert np.array_equal(again, relabeled[0.5])  # seeded
+
+
+def test_remove_drops_the_share_and_the_pools_split_val_at_the_slice(world):
+    train, val = world.split("train"), world.split("val")
+    inside = grey_positions(world, train)
+    family = planted(world, slice=GREY, strength=0.5, mechanism="remove")
+    kept = family.training_split(train)
+    assert len(kept) == len(train) - round(0.5 * len(inside))
+    assert len(grey_positions(world, kept)) == len(inside) - round(0.5 * len(inside))
+    abnormal, normal = family.abnormal_pool(val), family.normal_pool(val)
+    assert np.array_equal(abnormal, grey_positions(world, val))
+    assert np.array_equal(np.sort(np.concatenate([abnormal, normal])), np.arange(len(val)))
+    assert family.planted_slice() == {"colour": "grey"}
+
+
+def test_the_implant_took_only_when_the_slice_fails_and_the_rest_holds(world):
+    family = planted(world, slice=GREY)
+    refs = [{"slice_accuracy": 0.8, "off_slice_accuracy": 0.8}] * 2
+    verdict = family.judge({"slice_accuracy": 0.1, "off_slice_accuracy": 0.78}, refs)
+    assert isinstance(verdict, Verdict) and verdict.passed
+    assert not family.judge({"slice_accuracy": 0.6, "off_slice_accuracy": 0.8}, refs).passed
+    assert not family.judge({"slice_accuracy": 0.1, "off_slice_accuracy": 0.7}, refs).passed
+
+
+@pytest.mark.parametrize("slice_,message", [
+    ({"color": "grey"}, "unknown factor 'color'; this world's factors: class, colour, texture"),
+    ({"colour": "pink"}, "unknown value 'pink' of factor 'colour'; valid values: red, yellow"),
+    ({}, "names 0 factors; a slice names 1 to 3 of the world's 9 factors"),
+    ({"colour": "grey", "size": "small", "face": "present", "clutter": 1}, "names 4 factors; a slice names 1 to 3"),
+])
+def test_a_bad_slice_is_one_error_when_the_suite_loads(tmp_path, slice_, message):
+    table = ", ".join(f'{k} = "{v}"' for k, v in slice_.items())
+    suite = write_suite(tmp_path / "bad.toml", f'[[anomalies]]\nname = "s"\nfamily = "planted_slice"\n'
+                                               f'params = {{ slice = {{ {table} }} }}\n')
+    with pytest.raises(SuiteFileError, match=r"\[\[anomalies\]\] entry 1 \(s\) params: planted_slice "
+                                             r"params slice") as error:
+        load_suite(suite)
+    assert message in str(error.value)
+
+
+def test_errors_known_only_when_the_world_is_built(world):
+    # stars are never grey in the synthetic world: no val image, nothing to check the implant on
+    with pytest.raises(ValueError, match=r"slice = \{'class': 'star', 'colour': 'grey'\}: no val image"):
+        planted(world, slice={"class": "star", "colour": "grey"})
+    # clutter's bound is the [world]'s clutter_max (2 here), not known when a suite loads
+    with pytest.raises(ValueError, match="unknown value '7' of factor 'clutter'; valid values: 0, 1, 2"):
+        planted(world, slice={"clutter": 7})
+    with pytest.raises(ValueError, match="needs a world whose training images carry their factors"):
+        FAMILIES.get("planted_slice").check_world({"slice": GREY}, "imagenet", None)
+
+
+def test_the_slices_suite_is_the_demo_with_held_out_models_and_24_planted_slices():
+    demo, slices = load_suite("demo", plugin_tables=False), load_suite("slices", plugin_tables=False)
+    assert [s.key for s in slices.references] == [s.key for s in demo.references]
+    assert [s.key for s in slices.anomalies[:len(demo.anomalies)]] == [s.key for s in demo.anomalies]
+    assert len(slices.held_out) == 8
+    planted_models = [s for s in slices.anomalies if s.family == "planted_slice"]
+    assert len(planted_models) >= 24
+    assert {len(s.params["slice"]) for s in planted_models} == {1, 2, 3}
+    assert {s.params["strength"] for s in planted_models} == {0.5, 1.0}
+    # one seed per slice, shared by its two strengths (so they nest)
+    by_slice = {}
+    for spec in planted_models:
+        by_slice.setdefault(tuple(spec.params["slice"].items()), set()).add(spec.seed)
+    assert len(by_slice) == 12 and all(len(seeds) == 1 for seeds in by_slice.values())
