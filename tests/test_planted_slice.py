@@ -8,6 +8,7 @@ from conftest import write_suite
 from counteraudit.anomalies import FAMILIES
 from counteraudit.anomalies.base import Verdict
 from counteraudit.train.core.suite import SuiteFileError, load_suite
+from counteraudit.train.train import get_args_parser, main
 from counteraudit.train.worlds import build_world
 
 WORLD = {"name": "synthetic", "seed": 4, "image_size": 32, "num_train": 300, "num_val": 200}
@@ -91,6 +92,17 @@ def test_errors_known_only_when_the_world_is_built(world):
         planted(world, slice={"clutter": 7})
     with pytest.raises(ValueError, match="needs a world whose training images carry their factors"):
         FAMILIES.get("planted_slice").check_world({"slice": GREY}, "imagenet", None)
+
+
+def test_a_slice_without_val_images_fails_before_any_model_trains(tmp_path):
+    suite = write_suite(tmp_path / "empty.toml", '[[anomalies]]\nname = "s"\nfamily = "planted_slice"\n'
+                                                 'params = { slice = { class = "star", colour = "grey" } }\n')
+    runs = tmp_path / "runs"
+    args = get_args_parser().parse_args(["--suite", str(suite), "--runs-dir", str(runs),
+                                         "--no-progress", "--jobs", "1"])
+    with pytest.raises(ValueError, match="no val image of the world is in this slice"):
+        main(args)
+    assert not list(runs.glob("store/models/*")), "nothing was trained"
 
 
 def test_the_slices_suite_is_the_demo_with_held_out_models_and_24_planted_slices():

@@ -17,7 +17,7 @@ from counteraudit.train.core.registries import FAMILIES
 from counteraudit.train.core.stage import executor_config, plan_stage, run_stage, stage_item
 from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
 from counteraudit.train.cpu_probe import check_cpu_precision
-from counteraudit.train.trainer import train_model
+from counteraudit.train.trainer import build_family, train_model
 from counteraudit.train.worlds import build_world
 
 
@@ -152,9 +152,12 @@ def train_models(suite: Suite, specs: list[ModelSpec], args: argparse.Namespace)
     plan = plan_stage(specs, lambda spec: is_trained(model_dir(args.runs_dir, spec)),
                       cost=training_cost)
     if plan.missing and config.executor == "local" and not config.dry_run:
+        world = build_world(suite.world, runs_root=args.runs_dir).prepare()  # once, not per worker
+        for spec in plan.missing:  # what only the built world tells (a planted slice without val
+            if not spec.is_reference:  # images) fails now, before any model trains
+                build_family(spec, world)
         # says so, once, where the suite's fixed precision is much slower on this CPU
         check_cpu_precision(suite, args.runs_dir, getattr(args, "device", None))
-        build_world(suite.world, runs_root=args.runs_dir).prepare()  # once, not in every worker
     # one progress bar per model, unless several train at once (their bars would interleave)
     parallel = config.executor == "slurm" or (config.local_jobs or 1) > 1
     progress = not args.no_progress and not parallel
