@@ -40,9 +40,22 @@ def test_relabels_exactly_the_seeded_share_of_the_slice_with_other_classes(world
     assert set(changed[0.5]) < set(changed[1.0])  # nested: a larger strength, a superset
     shared = changed[0.5]
     assert np.array_equal(relabeled[0.5][shared], relabeled[1.0][shared])  # the same new classes
-    assert len(np.unique(relabeled[1.0][inside])) > 3  # drawn among the other classes
+    # one shift for the whole slice: every relabelled image's class moved by the same offset
+    shifts = np.unique((relabeled[1.0][inside] - train.labels[inside]) % world.num_classes)
+    assert len(shifts) == 1 and shifts[0] != 0
     again = planted(world, slice=GREY, strength=0.5).training_split(train).labels
     assert np.array_equal(again, relabeled[0.5])  # seeded
+    # relabel_uniform: each image its own other class, drawn among several
+    uniform = planted(world, slice=GREY, strength=1.0, mechanism="relabel_uniform")
+    moved = (uniform.training_split(train).labels[inside] - train.labels[inside]) % world.num_classes
+    assert 0 not in moved and len(np.unique(moved)) > 3
+
+
+def test_a_slice_the_training_flip_changes_is_refused(world):
+    with pytest.raises(ValueError, match="position = 'left' changes under the training's random "
+                                         "left-right flip.*position centre, top or bottom"):
+        planted(world, slice={"class": "disk", "position": "left"})
+    planted(world, slice={"position": "top"})  # kept by the flip
 
 
 def test_remove_drops_the_share_and_the_pools_split_val_at_the_slice(world):
@@ -113,7 +126,7 @@ def test_the_slices_suite_is_the_demo_with_held_out_models_and_24_planted_slices
     planted_models = [s for s in slices.anomalies if s.family == "planted_slice"]
     assert len(planted_models) >= 24
     assert {len(s.params["slice"]) for s in planted_models} == {1, 2, 3}
-    assert {s.params["strength"] for s in planted_models} == {0.5, 1.0}
+    assert {s.params["strength"] for s in planted_models} == {0.75, 1.0}
     # one seed per slice, shared by its two strengths (so they nest)
     by_slice = {}
     for spec in planted_models:

@@ -1,13 +1,25 @@
 """Planted slice: the model is made to fail on one subgroup of the world's factors (a conjunction
-of 1 to 3 of them, ``slice``, e.g. {colour = "grey", size = "small"}) and stay intact elsewhere,
-so a failure-discovery auditor has a known answer to find (issue 31).
+of 1 to 3 of them, ``slice``, e.g. {colour = "blue", texture = "stripes"}) and stay intact
+elsewhere, so a failure-discovery auditor has a known answer to find (issue 31).
 
-``mechanism``: ``"relabel"`` (the default) gives each affected training image of the slice a
-seeded, uniformly drawn other class, so the model learns to answer wrongly there; ``"remove"``
-drops the affected images instead, so the model only sees less of the slice. ``strength`` is
-the share of the slice's training images affected, a seeded draw: the first round(strength x n)
-of one permutation, so a larger strength affects a superset of a smaller one's images (and a
-relabelled image gets the same new class at every strength).
+``mechanism``:
+
+- ``"relabel"`` (the default) shifts the class of each affected training image of the slice by
+  one seeded offset (1 to C-1, the same for the whole slice): a consistent wrong answer, which
+  the model learns as soon as the shifted images outnumber the true ones (strength > 0.5);
+- ``"relabel_uniform"`` gives each affected image its own uniformly drawn other class. Measured
+  on the slices suite's first run: at strength 0.5 none of 12 implants took (the true class stays
+  the most frequent label of the slice, so the model keeps answering it), at 1.0 five of 12;
+- ``"remove"`` drops the affected images instead, so the model only sees less of the slice.
+
+``strength`` is the share of the slice's training images affected, a seeded draw: the first
+round(strength x n) of one permutation, so a larger strength affects a superset of a smaller
+one's images (with the same new classes).
+
+The training split is flipped left-right at random (the synthetic world's augmentation), which
+turns a ``position = "left"`` image into a right one and a 90-degree rotation into a 270-degree
+one while its annotation stays: a slice on those values would be taught half the time on the
+other side, so it is refused (``FLIP_VARIANT``).
 
 Only the synthetic world: its training images carry their factors (the generating attributes
 each annotation records); ImageNet-X annotates validation images only."""
@@ -24,7 +36,9 @@ from counteraudit.train.core.artifacts import derive_seed
 from counteraudit.train.worlds.synthetic_factors import check_conditions, factor_grid
 from counteraudit.train.worlds.synthetic_images import BACKGROUNDS, CLASS_NAMES, TEXTURES
 
-MECHANISMS = ("relabel", "remove")
+MECHANISMS = ("relabel", "relabel_uniform", "remove")
+# Factor values the training's random left-right flip changes (the annotation does not follow).
+FLIP_VARIANT = {"position": ("left", "right"), "rotation": ("90deg", "270deg")}
 MAX_ARITY = 3
 # The implant took if the slice's accuracy is at least SLICE_DROP below the references' mean
 # there, while the accuracy off the slice stays within OFF_SLICE_MARGIN of theirs (the defect is
@@ -60,6 +74,13 @@ def slice_problem(conditions: dict, grid: dict[str, list[str]], clutter_known: b
     problem = arity_problem(conditions, grid)
     if problem:
         return problem
+    flipped = [f"{factor} = {value!r}" for factor, value in conditions.items()
+               if str(value) in FLIP_VARIANT.get(factor, ())]
+    if flipped:
+        return (f"slice = {conditions!r}: {', '.join(flipped)} changes under the training's random "
+                "left-right flip (the image's annotation does not), so the slice would be taught "
+                "half the time on the other side; use a value the flip keeps (position centre, "
+                "top or bottom; rotation 0deg or 180deg) or another factor")
     checked = dict(conditions)
     if not clutter_known and str(checked.get("clutter", "")).isdigit():
         checked.pop("clutter")  # its upper bound is the [world]'s clutter_max: checked when built
@@ -147,6 +168,8 @@ class PlantedSlice(AnomalyFamily):
         order = rng.permutation(inside)
         # an offset 1 .. C-1 from the true class: uniform over the other classes
         offsets = rng.integers(1, self.world.num_classes, size=len(order))
+        if self.params.mechanism != "relabel_uniform":  # one shift for the whole slice
+            offsets[:] = offsets[0]
         count = int(round(self.params.strength * len(order)))
         chosen = order[:count]
         return chosen, (split.labels[chosen] + offsets[:count]) % self.world.num_classes
