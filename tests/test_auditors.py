@@ -181,6 +181,7 @@ def test_promptattack_prefix_is_round_robin_across_classes(world, model):
         assert coverage[c] == pytest.approx(1 - len(uncovered(mine, others, 2, within)) / total,
                                             abs=1e-6)
     assert coverage[classes[0]] > coverage[classes[-1]] > 0  # two rows against one
+    assert auditor.findings_within(result, 2 * len(classes) - 2, world, 5) is None  # < a round
     within_one_round = auditor.findings_within(result, 2 * len(classes), world, 5)
     assert {json.dumps(f.conditions) for f in within_one_round} == {
         json.dumps(r) for r in rows[:len(classes)]}

@@ -248,7 +248,7 @@ class Twise(Auditor):
         if self.params.mode == "exhaustive":
             return super().findings_within(result, images, world, seed)
         count = images // self.params.images_per_subgroup
-        if count < 1:
+        if count < 1 or images < self.minimum_budget(world):  # a run would refuse the budget
             return None
         kept = {conditions_key(row) for row in self.subgroups(world, seed, count)}
         return [f for f in result.findings if conditions_key(f.conditions) in kept]
