@@ -177,7 +177,9 @@ class Twise(Auditor):
         return self.params.images_per_subgroup
 
     def default_budget(self, world, seed: int = 0) -> int:
-        """Every row of the design (its size depends on the seed, covertable's salt)."""
+        """Every row of the design (its size depends on the seed, covertable's salt). Builds the
+        whole design: for promptattack's t = 3 on the synthetic world, minutes per class once
+        (cached); a suite sets ``[discover.budget] twise`` to evaluate a prefix instead."""
         return self.params.images_per_subgroup * len(self.subgroups(world, seed))
 
     def score_subgroup(self, conditions, probabilities, labels):
@@ -197,6 +199,7 @@ class Twise(Auditor):
         return findings
 
     def reevaluate(self, model, world, result):
+        # score_subgroup names the misclassification objectives by the world's classes
         self.class_names = list(world.class_names)
         return super().reevaluate(model, world, result)
 
