@@ -17,8 +17,10 @@ from conftest import write_suite
 from counteraudit.evaluate import discover
 from counteraudit.evaluate.discovery.auditors import AUDITORS, BudgetError, build_auditor
 from counteraudit.evaluate.discovery.auditors.base import median_interval
-from counteraudit.evaluate.discovery.auditors.error_ratio import error_ratios, one_hot
-from counteraudit.evaluate.discovery.covering_arrays import covering_array
+from counteraudit.evaluate.discovery.auditors.error_ratio import (error_ratios, group_error_ratios,
+                                                                   one_hot)
+from counteraudit.evaluate.discovery.covering_arrays import (cached_covering_array, covering_array,
+                                                             covering_rows, uncovered)
 from counteraudit.evaluate.discovery.selection import SELECTIONS
 from counteraudit.evaluate.discovery.stage import FINDINGS, PARAMS_FILE, discover_suite
 from counteraudit.evaluate.report import stored_discovery
@@ -71,6 +73,17 @@ def test_covering_array_holds_every_t_tuple(t):
     assert all(set(r) == set(SMALL_GRID) for r in rows)
 
 
+def test_a_covering_array_prefix_is_the_whole_arrays_first_rows(tmp_path):
+    def feasible(combo):
+        return not (combo.get("a") == "1" and combo.get("b") == "x")
+    whole = covering_array(SMALL_GRID, 3, seed=0, feasible=feasible)
+    assert covering_rows(SMALL_GRID, 3, 0, feasible, limit=4) == (whole[:4], False)
+    assert covering_rows(SMALL_GRID, 3, 0, feasible, limit=len(whole) + 1) == (whole, True)
+    world = argparse.Namespace(cache_dir=tmp_path, feasible=feasible, constraint_groups=list)
+    assert cached_covering_array(world, SMALL_GRID, 3, 0, limit=4) == whole[:4]  # stored: 4
+    assert cached_covering_array(world, SMALL_GRID, 3, 0) == whole  # longer: built again
+
+
 def test_covering_array_leaves_out_infeasible_combinations():
     def feasible(combo):
         return not (combo.get("a") == "1" and combo.get("b") == "x")
@@ -80,9 +93,17 @@ def test_covering_array_leaves_out_infeasible_combinations():
 
 
 def test_t_larger_than_the_number_of_factors_is_refused(world, model):
-    auditor = build_auditor("twise", {"t": 4, "factors": ["class", "face", "size"]})
+    auditor = build_auditor("twise", {"t": 4, "factors": ["class", "face", "size"],
+                                      "design": "joint"})
     with pytest.raises(ValueError, match="t=4 is larger than the number of factors \\(3"):
         auditor.run(model, world, 1000, seed=0)
+    # promptattack fixes the class: t counts the other factors
+    auditor = build_auditor("twise", {"t": 3, "factors": ["class", "face", "size"]})
+    with pytest.raises(ValueError, match="t=3 is larger than the number of factors besides the "
+                                         "class \\(2: face, size\\)"):
+        auditor.run(model, world, 1000, seed=0)
+    with pytest.raises(ValueError, match="design='pairwise'; valid: promptattack, joint"):
+        build_auditor("twise", {"design": "pairwise"})
 
 
 def test_twise_unknown_factor_lists_the_valid_ones(world, model):
@@ -98,13 +119,15 @@ def test_exhaustive_mode_evaluates_every_feasible_subgroup(world, model):
     expected = {json.dumps({"class": c, "face": f}, sort_keys=True)
                 for c in world.factors()["class"] for f in ("present", "absent")}
     assert subgroups == expected  # every class shows with and without a face in this world
-    covering = build_auditor("twise", {"factors": ["class", "face"], "images_per_subgroup": 2})
+    covering = build_auditor("twise", {"factors": ["class", "face"], "images_per_subgroup": 2,
+                                       "design": "joint", "t": 2})
     # with two factors, t = 2 covering needs every pair: the same subgroups
     assert {json.dumps(r, sort_keys=True) for r in covering.subgroups(world, 0)} == expected
 
 
 def test_twise_objectives_are_medians_of_the_papers_quantities(world, model):
-    auditor = build_auditor("twise", {"factors": ["class", "face"], "images_per_subgroup": 5})
+    auditor = build_auditor("twise", {"factors": ["class", "face"], "images_per_subgroup": 5,
+                                      "design": "joint", "t": 2})
     result = auditor.run(model, world, 5, seed=0)  # the first subgroup only
     row = result.findings[0].conditions
     images = world.generate(row, 5, seed=0)
@@ -119,6 +142,64 @@ def test_twise_objectives_are_medians_of_the_papers_quantities(world, model):
     assert misclassified.statistic == pytest.approx(np.median(probabilities[:, target]))
     assert not [f for f in result.findings
                 if f.objective == f"misclassification:{world.class_names[label]}"]
+
+
+PROMPTATTACK = {"factors": ("class", "face", "size", "clutter"), "t": 2, "images_per_subgroup": 2}
+
+
+def test_promptattack_design_fixes_the_class_and_covers_every_t_tuple_within_it(world):
+    auditor = build_auditor("twise", PROMPTATTACK)
+    rows = auditor.subgroups(world, 0)
+    others = {f: world.factors()[f] for f in ("face", "size", "clutter")}
+    for c in world.class_names:
+        mine = [r for r in rows if r["class"] == c]
+        assert mine == auditor.class_arrays(world, 0)[c]  # the class fixed in every row
+        assert all(world.feasible(r) for r in mine)
+        within = lambda combo: world.feasible({**combo, "class": c})  # noqa: E731
+        assert uncovered(mine, others, 2, within) == []
+    assert len(rows) == sum(len(a) for a in auditor.class_arrays(world, 0).values())
+
+
+def test_promptattack_prefix_is_round_robin_across_classes(world, model):
+    auditor = build_auditor("twise", PROMPTATTACK)
+    classes = list(world.class_names)
+    assert auditor.minimum_budget(world) == 2 * len(classes)  # one row of every class
+    # seed 5: no array stored yet, so the run builds only the rows it needs of each class
+    result = auditor.run(model, world, 2 * (len(classes) + 3), seed=5)  # one round and 3 rows
+    rows = build_auditor("twise", PROMPTATTACK).subgroups(world, 5)  # the whole design
+    arrays = auditor.class_arrays(world, 5)
+    assert [r["class"] for r in rows[:2 * len(classes)]] == classes * 2
+    assert rows[len(classes) + 3] == arrays[classes[3]][1]  # row 1 of every class after row 0
+    evaluated = rows[:len(classes) + 3]
+    assert [s.conditions for s in result.subgroups] == evaluated
+    coverage = result.notes["t_tuple_coverage"]
+    others = {f: world.factors()[f] for f in ("face", "size", "clutter")}
+    for c in classes:
+        within = lambda combo: world.feasible({**combo, "class": c})  # noqa: E731
+        mine = [r for r in evaluated if r["class"] == c]
+        total = len(uncovered([], others, 2, within))
+        assert coverage[c] == pytest.approx(1 - len(uncovered(mine, others, 2, within)) / total,
+                                            abs=1e-6)
+    assert coverage[classes[0]] > coverage[classes[-1]] > 0  # two rows against one
+    assert auditor.findings_within(result, 2 * len(classes) - 2, world, 5) is None  # < a round
+    within_one_round = auditor.findings_within(result, 2 * len(classes), world, 5)
+    assert {json.dumps(f.conditions) for f in within_one_round} == {
+        json.dumps(r) for r in rows[:len(classes)]}
+
+
+def test_twise_score_subgroup_is_the_median_statistic():
+    auditor = build_auditor("twise")
+    auditor.class_names = ["a", "b", "c"]
+    probabilities = np.array([[0.9, 0.05, 0.05], [0.2, 0.7, 0.1], [0.6, 0.3, 0.1],
+                              [0.1, 0.1, 0.8], [0.5, 0.4, 0.1]])
+    findings = auditor.score_subgroup({"class": "a"}, probabilities, np.zeros(5, int))
+    by_objective = {f.objective: f for f in findings}
+    assert set(by_objective) == {"systematic_error", "misclassification:b",
+                                 "misclassification:c"}
+    assert by_objective["systematic_error"].statistic == pytest.approx(0.5)  # 1 - p: .1 .8 .4 .9 .5
+    assert by_objective["misclassification:b"].statistic == pytest.approx(0.3)
+    assert by_objective["misclassification:c"].statistic == pytest.approx(0.1)
+    assert all(f.n_images == 5 and f.conditions == {"class": "a"} for f in findings)
 
 
 def test_median_interval_is_the_binomial_order_statistic_interval():
@@ -137,6 +218,41 @@ def test_error_ratio_equals_a_hand_computed_example():
     assert table.loc["f=yes", "error_ratio"] == pytest.approx(4 / 3)
     assert table.loc["f=no", "error_ratio"] == pytest.approx((1 / 4) / (3 / 8))
     assert table.loc["f=yes", "n_images"] == 4 and table.loc["f=yes", "errors"] == 2
+
+
+def test_per_class_error_ratio_equals_a_hand_computed_example():
+    correct = np.array([1, 0, 0, 1, 1, 1, 1, 1, 0, 1], bool)
+    values = [{"class": "x" if i < 6 else "y", "f": "yes" if i in (0, 1, 2, 6, 7) else "no"}
+              for i in range(10)]
+    table = group_error_ratios(correct, one_hot(values, {"f": ["yes", "no"]}),
+                               [v["class"] for v in values]).set_index(["group", "column"])
+    # class x: 2 errors in 6 (1/3); with f=yes 2 in 3 -> ratio 2; with f=no 0 in 3 -> 0
+    assert table.loc[("x", "f=yes"), "error_ratio"] == pytest.approx((2 / 3) / (1 / 3))
+    assert table.loc[("x", "f=no"), "error_ratio"] == pytest.approx(0.0)
+    # class y: 1 error in 4 (the f=no image 8): f=no 1 in 2 -> 2; f=yes 0 in 2 -> 0
+    assert table.loc[("y", "f=no"), "error_ratio"] == pytest.approx((1 / 2) / (1 / 4))
+    assert table.loc[("x", "f=yes"), "n_images"] == 3 and table.loc[("y", "f=no"), "errors"] == 1
+    # a class without error: ratio undefined (0 / 0), set to 1 with interval [1, 1]
+    flawless = np.ones(10, bool)
+    auditor = build_auditor("error_ratio", {"min_images": 1})
+    findings = auditor.findings(group_error_ratios(flawless, one_hot(values, {"f": ["yes", "no"]}),
+                                                   [v["class"] for v in values]), "class")
+    assert {(f.statistic, f.low, f.high) for f in findings} == {(1.0, 1.0, 1.0)}
+    assert {json.dumps(f.conditions) for f in findings} == {
+        json.dumps({"class": c, "f": v}) for c in "xy" for v in ("yes", "no")}
+
+
+def test_error_ratio_breakdown_ranks_global_and_per_class_findings_together(world, model):
+    both = build_auditor("error_ratio").run(model, world, 160, seed=0)
+    per_class = [f for f in both.findings if "class" in f.conditions and len(f.conditions) == 2]
+    assert per_class and len(per_class) < len(both.findings)
+    assert {f.objective for f in both.findings} == {"error_ratio"}
+    glob = build_auditor("error_ratio", {"breakdown": "global"}).run(model, world, 160, seed=0)
+    assert all(len(f.conditions) == 1 for f in glob.findings)
+    assert {json.dumps(f.to_dict()) for f in glob.findings} <= {
+        json.dumps(f.to_dict()) for f in both.findings}
+    with pytest.raises(ValueError, match="breakdown='metaclass'; valid: global, per_class, both"):
+        build_auditor("error_ratio", {"breakdown": "metaclass"})
 
 
 def test_error_ratio_agrees_with_the_imagenet_x_package():
@@ -171,10 +287,18 @@ def test_error_ratio_runs_on_imagenet_x_annotated_val_images(tmp_path):
     result = build_auditor("error_ratio", {"min_images": 1}).run(model, world, 8, seed=0)
     assert result.images_used == 8
     present = {f: sum(row[f] for row in rows) for f in FACTORS}
-    for finding in result.findings:
+    for finding in [f for f in result.findings if "metaclass" not in f.conditions]:
         (factor, value), = finding.conditions.items()
         expected = present[factor] if value == "present" else 8 - present[factor]
         assert finding.n_images == expected
+    # the per-metaclass breakdown groups by the package's metaclass of each val image
+    metaclasses = {row["metaclass"] for row in rows}
+    grouped = [f for f in result.findings if "metaclass" in f.conditions]
+    assert grouped and {f.conditions["metaclass"] for f in grouped} <= metaclasses
+    for finding in grouped:
+        (factor, value), = [(k, v) for k, v in finding.conditions.items() if k != "metaclass"]
+        mine = [row for row in rows if row["metaclass"] == finding.conditions["metaclass"]]
+        assert finding.n_images == sum(bool(row[factor]) == (value == "present") for row in mine)
 
 
 # ---------------------------------------------------------------- every registered auditor
@@ -235,6 +359,7 @@ params = { class_id = "star" }
 [auditors.twise]
 factors = ["class", "face", "size"]
 images_per_subgroup = 4
+t = 2
 
 [auditors.surrogate_search]
 factors = ["class", "face"]

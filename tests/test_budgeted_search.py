@@ -282,7 +282,8 @@ def test_findings_within_a_smaller_budget_equal_a_run_with_it(world):
     model, recording = planted(world, PLANTED)
     for name, params, small, large in (
             ("surrogate_search", {**SMALL_SEARCH, "selection": "genetic"}, 90, 150),
-            ("twise", {"factors": ("class", "face", "size"), "images_per_subgroup": 4}, 20, 48),
+            ("twise", {"factors": ("class", "face", "size"), "images_per_subgroup": 4, "t": 2},
+             52, 88),
             ("caption_lift", {"images_per_class": 12, "images_per_description": 10,
                               "captioner": "partial", "described_factors": ("face", "size"),
                               "min_recurrence": 2}, 140, 180)):

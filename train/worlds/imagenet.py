@@ -311,9 +311,18 @@ class ImageNetWorld(World):
         """val file name (ILSVRC2012_val_00000001.JPEG) -> {factor: 0 or 1}, as
         ``imagenet_x.load_annotations`` reads them (prototype images left out, as it does)."""
         if getattr(self, "_imagenet_x", None) is None:
-            table = load_annotations(which_factor=self.IMAGENET_X_ANNOTATIONS, partition="val")
-            self._imagenet_x = table.set_index("file_name")[FACTORS].to_dict("index")
+            table = load_annotations(which_factor=self.IMAGENET_X_ANNOTATIONS,
+                                     partition="val").set_index("file_name")
+            self._imagenet_x = table[FACTORS].to_dict("index")
+            self._imagenet_x_metaclass = table["metaclass"].to_dict()
         return self._imagenet_x
+
+    def image_metaclass(self, split: Split, index: int) -> str | None:
+        """ImageNet-X's metaclass of a val image (one of the package's 16 ``METACLASSES`` or
+        "other", as ``load_annotations`` maps its class), joined by file name like its factors:
+        the groups of ImageNet-X's per-metaclass error ratios (error_ratio's breakdown)."""
+        self.imagenet_x_annotations()
+        return self._imagenet_x_metaclass.get(os.path.basename(split.path(index)))
 
     def image_factors(self, split: Split, index: int) -> dict[str, str] | None:
         """ImageNet-X's factors of a val image, joined by file name (None: not annotated)."""
