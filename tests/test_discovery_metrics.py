@@ -12,8 +12,8 @@ from counteraudit.evaluate.discovery.budget_curves import images_to_rank
 from counteraudit.evaluate.discovery.equal_budgets import equal_budget_table
 from counteraudit.evaluate.discovery.exhaustive import worst_subdomains
 from counteraudit.evaluate.discovery.reference_evaluations import check_relative
-from counteraudit.evaluate.discovery.relative import (finding_key, p_value, relative_result,
-                                                      relative_score, significant)
+from counteraudit.evaluate.discovery.relative import p_value, relative_score, significant
+from counteraudit.evaluate.discovery.relative_results import finding_key, relative_result
 from counteraudit.evaluate.discovery.tables import precision_at, recovery_rates, slice_rank
 
 OBJECTIVE = "failure_rate"

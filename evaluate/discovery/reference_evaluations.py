@@ -22,17 +22,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
-from counteraudit.evaluate.discovery.auditors import AUDITORS, AuditResult, Finding, Subgroup
-from counteraudit.evaluate.discovery.relative import (DEFAULT_SCORE, MIN_REFERENCES, SCORES,
-                                                      finding_key, relative_result)
+from counteraudit.evaluate.discovery.auditors import AUDITORS, AuditResult, Finding
+from counteraudit.evaluate.discovery.prediction_cache import PredictionCache, predictions_dir
+from counteraudit.evaluate.discovery.relative import DEFAULT_SCORE, MIN_REFERENCES, SCORES
+from counteraudit.evaluate.discovery.relative_results import finding_key, relative_result
 from counteraudit.evaluate.discovery.stage import (auditor_params, findings_dir, findings_key,
                                                    load_findings, load_suite_findings, planned,
-                                                   suite_auditors)
+                                                   search_panel, suite_auditors)
 from counteraudit.explain.stage import _item_context
 from counteraudit.train.checkpoint import model_dir
-from counteraudit.train.core.artifacts import (atomic_save_npz, atomic_write_json, read_json,
+from counteraudit.train.core.artifacts import (atomic_write_json, read_json,
                                                stable_hash, store_dir)
 from counteraudit.train.core.keyed_store import KeyedArtifact
 from counteraudit.train.core.stage import executor_config, plan_stage, run_stage, stage_item
@@ -41,7 +41,6 @@ from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds import build_world
 
 REFERENCE_FINDINGS = "reference-findings"
-PREDICTIONS = "subgroup-predictions"
 REFERENCE_FINDINGS_STORE = KeyedArtifact(payload="findings.json", marker="params.json",
                                          digest_field="findings_sha256",
                                          what="a reference's findings on a model's subgroups",
@@ -56,52 +55,6 @@ def reference_findings_key(findings_key: dict[str, Any], reference: ModelSpec) -
 def reference_findings_dir(runs_root, key: dict[str, Any]) -> Path:
     return (store_dir(runs_root) / REFERENCE_FINDINGS / key["findings"]["auditor"]
             / stable_hash(key, length=16))
-
-
-class PredictionCache:
-    """One reference's predictions on generated subgroups, read from and added to its folder.
-
-    ``get(subgroup)`` -> (probabilities, labels) or None; ``put`` keeps new ones in memory until
-    ``save`` writes them as one more batch file (atomic; a batch never changes once written)."""
-
-    def __init__(self, directory: Path):
-        self.directory = Path(directory)
-        self.known: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        self.new: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for batch in sorted(self.directory.glob("batch-*.npz")):
-            with np.load(batch) as arrays:
-                for name in arrays.files:
-                    if name.startswith("p_"):
-                        key = name[2:]
-                        self.known[key] = (arrays[name], arrays["l_" + key])
-
-    @staticmethod
-    def key(subgroup: Subgroup) -> str:
-        return stable_hash(subgroup.to_dict(), length=20)
-
-    def get(self, subgroup: Subgroup) -> tuple[np.ndarray, np.ndarray] | None:
-        key = self.key(subgroup)
-        return self.known.get(key) or self.new.get(key)
-
-    def put(self, subgroup: Subgroup, probabilities: np.ndarray, labels: np.ndarray) -> None:
-        self.new[self.key(subgroup)] = (np.asarray(probabilities), np.asarray(labels))
-
-    def save(self) -> None:
-        if not self.new:
-            return
-        arrays = {}
-        for key, (probabilities, labels) in sorted(self.new.items()):
-            arrays["p_" + key], arrays["l_" + key] = probabilities, labels
-        self.directory.mkdir(parents=True, exist_ok=True)
-        atomic_save_npz(self.directory / f"batch-{stable_hash(sorted(self.new), length=16)}.npz",
-                        **arrays)
-        self.known.update(self.new)
-        self.new = {}
-
-
-def predictions_dir(runs_root, reference: ModelSpec, world: dict[str, Any]) -> Path:
-    return store_dir(runs_root) / PREDICTIONS / stable_hash({"reference_id": reference.key,
-                                                             "world": dict(world)}, length=16)
 
 
 def save_reference_findings(directory: Path, key: dict[str, Any], findings: list[Finding]) -> None:
@@ -191,7 +144,8 @@ def reference_values(results: dict[tuple[str, str], AuditResult], references: li
 
 
 def adaptive_results(suite: Suite, runs_root, auditors: list[str] | None = None,
-                     world=None) -> list[tuple[Any, ModelSpec, Path, dict[str, Any]]]:
+                     world=None, score: str = DEFAULT_SCORE
+                     ) -> list[tuple[Any, ModelSpec, Path, dict[str, Any]]]:
     """(auditor, model spec, findings directory, findings key) of every adaptive auditor's
     stored result in the suite: what the references must be evaluated on."""
     world = world or build_world(suite.world, runs_root=runs_root)
@@ -199,7 +153,8 @@ def adaptive_results(suite: Suite, runs_root, auditors: list[str] | None = None,
     for auditor, budget, seed in planned(suite, world, suite_auditors(suite, auditors)):
         if auditor.adaptive:
             for spec in suite.models:
-                key = findings_key(auditor.describe(), spec, suite.world, budget, seed)
+                key = findings_key(auditor.describe(), spec, suite.world, budget, seed,
+                                   search_panel(suite, auditor, spec, score))
                 out.append((auditor, spec, findings_dir(runs_root, key), key))
     return out
 
@@ -222,12 +177,12 @@ def scored_findings(suite: Suite, runs_root=None, auditors: list[str] | None = N
     (``score = "relative"``; references leave-one-out) or as stored (``"absolute"``)."""
     check_relative(suite, score)
     world = world or build_world(suite.world, runs_root=runs_root)
-    results = load_suite_findings(suite, runs_root, auditors, world)
+    results = load_suite_findings(suite, runs_root, auditors, world, score)
     if score == "absolute":
         return results
     references = [s.name for s in suite.references]
     stored = {}
-    for auditor, spec, _, key in adaptive_results(suite, runs_root, auditors, world):
+    for auditor, spec, _, key in adaptive_results(suite, runs_root, auditors, world, score):
         for reference in suite.references:
             if reference.name == spec.name:
                 continue

@@ -18,30 +18,23 @@ is one more reference" it is Student-t with R - 1 degrees of freedom (if the sta
 normal across seeds): ``p_value`` is the one-sided tail, and a finding is *significant* where
 Benjamini-Hochberg over the model's subgroups keeps it (``significant``).
 
-``score = "absolute"`` ([discover] in a suite) keeps the statistic as the seeds' papers ranked
-by; ``"relative"`` (the default) needs at least two references.
+Findings re-scored this way: ``relative_results.py``. ``score = "absolute"`` ([discover] in a
+suite) keeps the statistic as the seeds' papers ranked by; ``"relative"`` (the default) needs at
+least two references.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 from scipy.stats import t as student_t
 from statsmodels.stats.multitest import multipletests
 
-from counteraudit.evaluate.discovery.auditors.base import AuditResult, Finding, conditions_key, rank
-
 SCORES = ("relative", "absolute")
 DEFAULT_SCORE = "relative"
 MIN_REFERENCES = 2  # a spread needs two
 SIGNIFICANCE_FDR = 0.05  # Benjamini-Hochberg over one model's subgroups
-
-
-def finding_key(finding: Finding) -> tuple[str, str]:
-    """What identifies a finding across models: its subgroup and objective."""
-    return conditions_key(finding.conditions), finding.objective
 
 
 def baseline(reference_values: Sequence[float], floor: float) -> tuple[float, float, int]:
@@ -68,41 +61,7 @@ def p_value(score: float, references: int) -> float:
     return float(student_t.sf(score, df=references - 1))
 
 
-def relative_finding(finding: Finding, reference_values: Sequence[float], floor: float) -> Finding:
-    """The finding with its statistic and interval on the relative scale (the references' mean
-    and scale applied to the model's own interval)."""
-    mean, scale, _ = baseline(reference_values, floor)
-    if not np.isfinite(scale):
-        return replace(finding, statistic=float("nan"), low=float("nan"), high=float("nan"))
-    return replace(finding, statistic=(finding.statistic - mean) / scale,
-                   low=(finding.low - mean) / scale, high=(finding.high - mean) / scale)
-
-
-def relative_result(result: AuditResult, references: Mapping[str, Mapping[tuple[str, str], float]],
-                    floor: float, leave_out: str | None = None) -> AuditResult:
-    """``result`` re-scored against the references and re-ranked.
-
-    ``references``: reference name -> {finding_key: its statistic on the same images};
-    ``leave_out``: the model's own name where it is one of them (leave-one-out). A finding no
-    two references have a value for gets NaN and ranks last. The notes gain each finding's
-    reference count and p-value under ``relative``."""
-    others = {name: values for name, values in references.items() if name != leave_out}
-    findings, counts = [], []
-    for finding in result.findings:
-        key = finding_key(finding)
-        values = [values.get(key, float("nan")) for values in others.values()]
-        findings.append(relative_finding(finding, values, floor))
-        counts.append(sum(np.isfinite(v) for v in values))
-    ranked_findings = rank([f for f in findings if np.isfinite(f.statistic)])
-    ranked_findings += [f for f in findings if not np.isfinite(f.statistic)]
-    notes = {**result.notes, "relative": {"references": sorted(others), "leave_out": leave_out,
-                                          "floor": floor,
-                                          # the fewest: what bounds the p-values
-                                          "references_per_finding": min(counts, default=0)}}
-    return AuditResult(ranked_findings, result.images_used, notes, list(result.subgroups))
-
-
-def significant(findings: Sequence[Finding], references: int,
+def significant(findings: Sequence, references: int,
                 fdr: float = SIGNIFICANCE_FDR) -> list[bool]:
     """Which relative findings Benjamini-Hochberg keeps at ``fdr`` (their p-values against
     ``references`` references); NaN scores are never significant."""

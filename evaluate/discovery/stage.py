@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from counteraudit.evaluate.discovery.prediction_cache import PredictionCache, predictions_dir
 from counteraudit.evaluate.discovery.auditors import (AUDITORS, AuditResult, Finding, Subgroup,
                                                       build_auditor)
 from counteraudit.explain.stage import _item_context
@@ -42,10 +43,23 @@ FINDINGS_STORE = KeyedArtifact(payload=FINDINGS_FILE, marker=PARAMS_FILE,
 
 # ---------------------------------------------------------------- the store
 def findings_key(description: dict[str, Any], spec: ModelSpec, world: dict[str, Any],
-                 budget: int, seed: int) -> dict[str, Any]:
-    """What determines a result: ``Auditor.describe()``, the model key, world, budget, seed."""
-    return {**description, "model_id": spec.key, "world": dict(world), "budget": int(budget),
-            "seed": int(seed)}
+                 budget: int, seed: int, panel: list[ModelSpec] = ()) -> dict[str, Any]:
+    """What determines a result: ``Auditor.describe()``, the model key, world, budget, seed, and
+    for a search steered by the relative score the references it was steered against."""
+    key = {**description, "model_id": spec.key, "world": dict(world), "budget": int(budget),
+           "seed": int(seed)}
+    if panel:
+        key["steered_against"] = [reference.key for reference in panel]
+    return key
+
+
+def search_panel(suite: Suite, auditor, spec: ModelSpec, score: str) -> list[ModelSpec]:
+    """The references a search steers by (all but the model itself): only for an auditor that
+    ``searches_relative`` under the relative score, and with at least two of them."""
+    if score != "relative" or not auditor.searches_relative:
+        return []
+    panel = [reference for reference in suite.references if reference.name != spec.name]
+    return panel if len(panel) >= 2 else []
 
 
 def findings_dir(runs_root, key: dict[str, Any]) -> Path:
@@ -127,16 +141,31 @@ def discover_one(item: dict[str, Any]) -> dict[str, int]:
     world = build_world(suite.world, runs_root=runs_root)
     device = pick_device(item.get("device"))
     counts, model = {"computed": 0, "stored": 0}, None
+    score = item.get("score", "absolute")
+    panels: dict[str, tuple[Any, PredictionCache]] = {}  # the references, loaded once
+
+    def reference_panel(panel: list[ModelSpec]) -> list[tuple[Any, PredictionCache]]:
+        for reference in panel:
+            if reference.name not in panels:
+                panels[reference.name] = (
+                    load_trained_model(model_dir(runs_root, reference), reference, world, device),
+                    PredictionCache(predictions_dir(runs_root, reference, suite.world)))
+        return [panels[reference.name] for reference in panel]
     with _item_context(spec, device):
         for auditor, budget, seed in planned(suite, world, item["auditors"]):
-            key = findings_key(auditor.describe(), spec, suite.world, budget, seed)
+            panel = search_panel(suite, auditor, spec, score)
+            key = findings_key(auditor.describe(), spec, suite.world, budget, seed, panel)
             directory = findings_dir(runs_root, key)
 
             def audit() -> str:
                 nonlocal model
                 if model is None:  # once per item, and only if something is missing
                     model = load_trained_model(model_dir(runs_root, spec), spec, world, device)
-                save_findings(directory, key, auditor.run(model, world, budget, seed))
+                auditor.reference_panel = reference_panel(panel) if panel else None
+                result = auditor.run(model, world, budget, seed)
+                for _, cache in auditor.reference_panel or ():
+                    cache.save()  # the references' predictions, for the next model's search
+                save_findings(directory, key, result)
                 return "computed"
             # two runs that need the findings at once compute them once; the second reads them
             lock = lock_beside(directory, "discover", f"auditing {spec.name} with {auditor.name} "
@@ -166,8 +195,9 @@ def discover_suite(suite: Suite, args: argparse.Namespace, auditors: list[str] |
     print(f"[discover] {', '.join(f'{a.name} (budget {b} images)' for a, b, _ in plan)}; "
           f"planned in {time.perf_counter() - started:.1f}s", flush=True)
     audits = [Audit(spec, *planned_auditor) for spec in specs for planned_auditor in plan]
+    score = discover_score(suite, args)
     todo = plan_stage(audits, lambda audit: is_stored(*_where(
-        args.runs_dir, audit.auditor, audit.spec, suite, audit.budget, audit.seed)))
+        args.runs_dir, audit.auditor, audit.spec, suite, audit.budget, audit.seed, score)))
 
     def to_items(missing: list[Audit]) -> list[dict[str, Any]]:
         """One item per model, with every auditor it lacks (the model is loaded once)."""
@@ -175,7 +205,7 @@ def discover_suite(suite: Suite, args: argparse.Namespace, auditors: list[str] |
         for audit in missing:
             lacking.setdefault(audit.spec.name, []).append(audit.auditor.name)
         return [stage_item(suite, args.runs_dir, model=model, auditors=auditor_names,
-                           device=getattr(args, "device", None))
+                           device=getattr(args, "device", None), score=score)
                 for model, auditor_names in lacking.items()]
     outcome = run_stage("discover", discover_one, todo, executor_config(suite, args, "discover"),
                         to_items=to_items,
@@ -183,19 +213,23 @@ def discover_suite(suite: Suite, args: argparse.Namespace, auditors: list[str] |
     return {"computed": outcome.total("computed"), "stored": todo.stored}
 
 
-def _where(runs_root, auditor, spec, suite, budget, seed) -> tuple[Path, dict[str, Any]]:
-    key = findings_key(auditor.describe(), spec, suite.world, budget, seed)
+def _where(runs_root, auditor, spec, suite, budget, seed,
+           score: str) -> tuple[Path, dict[str, Any]]:
+    key = findings_key(auditor.describe(), spec, suite.world, budget, seed,
+                       search_panel(suite, auditor, spec, score))
     return findings_dir(runs_root, key), key
 
 
 def load_suite_findings(suite: Suite, runs_root=None, auditors: list[str] | None = None,
-                        world=None) -> dict[tuple[str, str], AuditResult]:
-    """(auditor, model) -> stored result, for every usable auditor and model of the suite."""
+                        world=None, score: str = "absolute") -> dict[tuple[str, str], AuditResult]:
+    """(auditor, model) -> stored result, for every usable auditor and model of the suite (a
+    search steered by the relative score is another result than one steered by its
+    statistic: ``score`` says which)."""
     world = world or build_world(suite.world, runs_root=runs_root)
     out = {}
     for auditor, budget, seed in planned(suite, world, suite_auditors(suite, auditors)):
         for spec in suite.models:
-            directory, key = _where(runs_root, auditor, spec, suite, budget, seed)
+            directory, key = _where(runs_root, auditor, spec, suite, budget, seed, score)
             if not is_stored(directory, key):
                 raise FileNotFoundError(f"no {auditor.name} findings for {spec.name}; run "
                                         f"python evaluate/discover.py --suite {suite.name}")

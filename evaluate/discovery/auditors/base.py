@@ -33,6 +33,16 @@ from counteraudit.train.core.registries import AUDITORS
 PREDICT_BATCH = 256
 
 
+def probabilities(model: torch.nn.Module, images: torch.Tensor) -> np.ndarray:
+    """Softmax probabilities (N, classes) as float64, in batches, on the model's device."""
+    device = next(model.parameters()).device
+    out = []
+    for start in range(0, len(images), PREDICT_BATCH):
+        logits = model(images[start:start + PREDICT_BATCH].to(device))
+        out.append(torch.softmax(logits.float(), dim=1).double().cpu())
+    return torch.cat(out).numpy() if out else np.zeros((0, 0))
+
+
 def build_auditor(name: str, params: Mapping[str, Any] | None = None) -> "Auditor":
     return AUDITORS.get(name)(params)
 
@@ -118,6 +128,10 @@ class Auditor(ABC):
     # its reference-relative score. False: every model gets the same subgroups on the same
     # images, so the references' own results already hold their statistics.
     adaptive: ClassVar[bool] = False
+    # True when the auditor chooses what to evaluate next by the scores seen so far (a search):
+    # under a relative score it then needs the references during ``find`` (``reference_panel``),
+    # or it would steer toward what is hard for every model.
+    searches_relative: ClassVar[bool] = False
     # The least spread of the references' statistic the relative score divides by (on the
     # statistic's own scale): where every reference gives the same value, a tiny difference would
     # otherwise be an infinite score. A failure rate's: 0.05 (one image in 20).
@@ -132,6 +146,10 @@ class Auditor(ABC):
         # A model's stored predictions by subgroup (get / put), set where a model is evaluated
         # on subgroups other models chose (the references, ``reevaluate``): each once.
         self.prediction_cache = None
+        # The references' (model, PredictionCache) pairs, set by the discover stage where the
+        # score is relative and the auditor ``searches_relative``: its search then steers by the
+        # relative score (``reference_predictions``); None: by the statistic itself.
+        self.reference_panel = None
         self.notes: dict[str, Any] = {}
 
     def check(self) -> None:
@@ -197,12 +215,22 @@ class Auditor(ABC):
         if self._budget is not None and self._used > self._budget:
             raise RuntimeError(f"auditor {self.name} evaluated {self._used} images, more than its "
                                f"budget of {self._budget}: a bug in its find()")
-        device = next(model.parameters()).device
+        return probabilities(model, images)
+
+    def reference_predictions(self, world, subgroup: Subgroup) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each model of ``reference_panel`` on one subgroup's images: (probabilities, labels),
+        from its prediction cache or predicted now (not counted against the budget, which is
+        the audited model's images)."""
         out = []
-        for start in range(0, len(images), PREDICT_BATCH):
-            logits = model(images[start:start + PREDICT_BATCH].to(device))
-            out.append(torch.softmax(logits.float(), dim=1).double().cpu())
-        return torch.cat(out).numpy() if out else np.zeros((0, 0))
+        for model, cache in self.reference_panel or ():
+            cached = cache.get(subgroup)
+            if cached is None:
+                images = world.generate(dict(subgroup.conditions), subgroup.n, subgroup.seed)
+                cached = (probabilities(model, images.load(range(len(images)))),
+                          np.asarray(images.labels))
+                cache.put(subgroup, *cached)
+            out.append(cached)
+        return out
 
     def evaluate_subgroup(self, model, world, conditions: Mapping[str, str], n: int,
                           seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -22,8 +22,9 @@ import numpy as np
 from statsmodels.stats.proportion import proportion_confint
 
 from counteraudit.evaluate.discovery.auditors.base import (AUDITORS, Auditor, BudgetError, Finding,
-                                                           conditions_key)
+                                                           Subgroup, conditions_key)
 from counteraudit.evaluate.discovery.covering_arrays import cached_covering_array
+from counteraudit.evaluate.discovery.relative import relative_score
 from counteraudit.evaluate.discovery.selection import SELECTIONS, BudgetBelowInitial, Subdomains, search
 
 OBJECTIVE = "failure_rate"
@@ -56,6 +57,7 @@ class SurrogateSearch(Auditor):
     # 2: bo's surrogate is a Bayesian ridge (the seed's Lasso bootstrap: bo_lasso_bootstrap)
     version = 2
     objective = OBJECTIVE
+    searches_relative = True  # under a relative score, it steers by it
     adaptive = True  # which subdomains are evaluated depends on the model's failure rates
     statistic_ceiling = 1.0  # a failure rate
     test_params = {"factors": ("class", "face", "size"), "images_per_subdomain": 4, "initial": 3}
@@ -115,10 +117,17 @@ class SurrogateSearch(Auditor):
         found: dict[int, Finding] = {}
 
         def score(position: int) -> float:
+            """The subdomain's failure rate, or, with a reference panel, its relative score (what
+            the selection function steers by; the findings keep the rate)."""
             conditions = subdomains.rows[position]
             found[position], = self.score_subgroup(conditions, *self.evaluate_subgroup(
                 model, world, conditions, self.params.images_per_subdomain, IMAGE_SEED))
-            return found[position].statistic
+            if not self.reference_panel:
+                return found[position].statistic
+            subgroup = Subgroup(dict(conditions), self.params.images_per_subdomain, IMAGE_SEED)
+            rates = [self.score_subgroup(conditions, *predicted)[0].statistic
+                     for predicted in self.reference_predictions(world, subgroup)]
+            return relative_score(found[position].statistic, rates, self.spread_floor)
 
         try:
             state = search(subdomains, score, self.params.selection,
@@ -127,6 +136,7 @@ class SurrogateSearch(Auditor):
             raise BudgetError(f"surrogate_search: {error}; the minimum is "
                               f"{self.minimum_budget(world)} images") from None
         self.notes = {"selection": self.params.selection, "subdomains": len(subdomains),
+                      "steered_by": "relative" if self.reference_panel else "failure_rate",
                       "evaluated": [subdomains.rows[p] for p in state.evaluated]}
         return [found[p] for p in state.evaluated]
 
