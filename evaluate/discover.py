@@ -25,7 +25,7 @@ import time
 
 from counteraudit.evaluate.discovery.auditors import AUDITORS
 from counteraudit.evaluate.discovery.search_study import search_study
-from counteraudit.evaluate.discovery.equal_budgets import equal_budget_table
+from counteraudit.evaluate.discovery.equal_budgets import equal_budget_table, selections_over_models
 from counteraudit.evaluate.discovery.reference_evaluations import (adaptive_results, check_relative,
                                                                    evaluate_references,
                                                                    scored_findings)
@@ -135,6 +135,13 @@ def main(args: argparse.Namespace) -> dict:
               "of the explored subdomains, each surrogate's Spearman correlation on the subdomains "
               "NOT explored (held out), by share explored\n")
         print(to_markdown(study["tables"]["search-selection-comparison"], float_format="{:.3f}"))
+        overview = {"search-selections-over-models": selections_over_models(
+            study["tables"]["search-selection-comparison"])}
+        write_tables(suite, overview, args.runs_dir)
+        tables.update(overview)
+        print("\nThe same over models: each model's coverage (mean over seeds), averaged over the "
+              "models, sd over models\n")
+        print(to_markdown(overview["search-selections-over-models"], float_format="{:.2f}"))
         print("\nBudget curves -- images each auditor needs to rank the planted slice first "
               "(top 1) and in the top 3, at every larger budget of the curve (mean over the seeds "
               "that reach it; "

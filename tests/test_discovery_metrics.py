@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from counteraudit.evaluate.discovery.auditors import AuditResult, Finding, rank
+from counteraudit.evaluate.discovery.auditors import AuditResult, Finding, build_auditor, rank
 from counteraudit.evaluate.discovery.budget_curves import images_to_rank
-from counteraudit.evaluate.discovery.equal_budgets import equal_budget_table
+from counteraudit.evaluate.discovery.equal_budgets import equal_budget_table, selections_over_models
 from counteraudit.evaluate.discovery.exhaustive import worst_subdomains
 from counteraudit.evaluate.discovery.reference_evaluations import check_relative
 from counteraudit.evaluate.discovery.relative import p_value, relative_score, significant
@@ -130,9 +130,13 @@ def test_relative_ranking_puts_the_excess_over_the_references_first():
 
 def test_recovery_rates_count_a_slice_never_found_as_a_miss():
     recovery = pd.DataFrame({
-        "auditor": "twise", "arity": [2, 2, 2, 2, 1], "strength": [1.0, 1.0, 1.0, 1.0, 0.5],
+        "auditor": "twise", "family": "planted_slice", "arity": [2, 2, 2, 2, 1], "strength": [1.0, 1.0, 1.0, 1.0, 0.5],
         "status": ["ranked", "ranked", "ranked", "not found", "ranked"],
         "rank": pd.array([1, 3, 7, pd.NA, 1], dtype="Int64")})
+    # a sixth model whose implant did not take: no defect to find, left out
+    recovery = pd.concat([recovery.assign(implant_took=True), pd.DataFrame({
+        "auditor": ["twise"], "family": ["planted_slice"], "arity": [2], "strength": [1.0], "status": ["not found"],
+        "rank": pd.array([pd.NA], dtype="Int64"), "implant_took": [False]})], ignore_index=True)
     rates = recovery_rates(recovery).set_index(["arity", "strength"])
     row = rates.loc[(2, 1.0)]
     assert row["n_models"] == 4 and row["top1"] == 0.25 and row["top5"] == 0.5
@@ -169,3 +173,43 @@ def test_auditors_at_equal_budgets_by_hand():
     assert table.loc[("b", 400), "top1_rate"] == 1.0
     low, high = table.loc[("a", 100), ["low", "high"]]
     assert 0 < low < 0.5 < high < 1  # Wilson for 1 of 2
+
+
+class FactorsOnly:
+    """What ``expresses`` reads of a world: its factors and their values."""
+    @staticmethod
+    def factors():
+        return {"class": ["disk", "star"], "colour": ["red", "grey"], "face": ["present", "absent"],
+                "size": ["small", "large"]}
+
+
+def test_table_4_says_when_a_slice_is_beyond_an_auditors_reach():
+    tiny_world = FactorsOnly()
+    surrogate = build_auditor("surrogate_search", {"factors": ("class", "face", "size")})
+    assert surrogate.expresses({"class": "disk", "face": "present"}, tiny_world)
+    assert not surrogate.expresses({"class": "disk", "colour": "red"}, tiny_world)  # not in grid
+    ratio = build_auditor("error_ratio")
+    assert ratio.expresses({"colour": "red"}, tiny_world)
+    assert ratio.expresses({"class": "disk", "colour": "red"}, tiny_world)  # per class
+    assert not ratio.expresses({"size": "large", "colour": "red"}, tiny_world)  # no class
+    assert not ratio.expresses({"class": "disk", "size": "large", "colour": "red"}, tiny_world)
+    assert not build_auditor("error_ratio", {"breakdown": "global"}).expresses(
+        {"class": "disk", "colour": "red"}, tiny_world)
+    caption = build_auditor("caption_lift", {"captioner": "partial", "described_factors": ["face"]})
+    assert caption.expresses({"class": "disk", "face": "present"}, tiny_world)
+    assert not caption.expresses({"class": "disk", "size": "large"}, tiny_world)
+
+
+def test_selections_over_models_average_each_models_seed_mean():
+    comparison = pd.DataFrame({
+        "model": ["m1"] * 4 + ["m2"] * 4,
+        "selection": ["bo", "bo", "random", "random"] * 2,
+        "explored": [20, 40] * 4,
+        "explored_share": [0.2, 0.4] * 4,
+        "coverage_mean": [0.5, 0.9, 0.1, 0.3, 0.7, 1.0, 0.3, 0.5]})
+    table = selections_over_models(comparison, shares=(0.2, 0.4)).set_index(
+        ["selection", "explored_share"])
+    assert table.loc[("bo", 0.2), "coverage_mean"] == pytest.approx(0.6)
+    assert table.loc[("bo", 0.2), "coverage_sd_over_models"] == pytest.approx(0.1414, abs=1e-4)
+    assert table.loc[("random", 0.4), "coverage_mean"] == pytest.approx(0.4)
+    assert (table["models"] == 2).all()

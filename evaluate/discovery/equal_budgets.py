@@ -61,3 +61,26 @@ def interval(per_model: np.ndarray) -> tuple[float, float]:
         return float("nan"), float("nan")
     half = student_t.ppf(0.975, count - 1) * per_model.std(ddof=1) / np.sqrt(count)
     return float(max(0.0, per_model.mean() - half)), float(min(1.0, per_model.mean() + half))
+
+
+SHARES = (0.2, 0.4, 0.5)  # the seed's checkpoints: a fifth, two fifths, half of the grid explored
+
+
+def selections_over_models(comparison: pd.DataFrame, shares=SHARES) -> pd.DataFrame:
+    """The seed's comparison over many models: per selection function and share explored, the
+    mean over models of each model's coverage of its 10% worst subdomains (itself a mean over
+    search seeds), the sd over models and their count."""
+    if not len(comparison):
+        return pd.DataFrame()
+    rows = []
+    for share in shares:
+        # each (model, selection)'s checkpoint closest to the share (steps are whole subdomains)
+        distance = (comparison["explored_share"] - share).abs()
+        at = comparison.loc[distance.groupby([comparison["model"],
+                                              comparison["selection"]]).idxmin()]
+        for selection, group in at.groupby("selection", sort=True):
+            rows.append({"selection": selection, "explored_share": share,
+                         "models": group["model"].nunique(),
+                         "coverage_mean": group["coverage_mean"].mean(),
+                         "coverage_sd_over_models": group["coverage_mean"].std(ddof=1)})
+    return pd.DataFrame(rows)

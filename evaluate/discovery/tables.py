@@ -155,7 +155,8 @@ def table3(detections: pd.DataFrame, family_order: list[str]) -> pd.DataFrame:
 def recovery_frame(results: dict[tuple[str, str], AuditResult], references: list[str],
                    slices: dict[str, Any], families: dict[str, str], factors: dict[str, list[str]],
                    not_expressible: str, strengths: dict[str, Any] | None = None,
-                   searchable: dict[str, list[str]] | None = None) -> pd.DataFrame:
+                   expresses: dict[str, Any] | None = None,
+                   took: dict[str, bool | None] | None = None) -> pd.DataFrame:
     """Table 4: one row per (auditor, anomalous model): the planted slice, its rank in the
     model's ranking and in each reference's, and precision@k."""
     rows = []
@@ -173,8 +174,8 @@ def recovery_frame(results: dict[tuple[str, str], AuditResult], references: list
             if any(f not in factors for f in planted):
                 rows.append({**row, "planted_slice": label, "status": "not in this world"})
                 continue
-            reach = (searchable or {}).get(auditor, factors)
-            if any(f not in reach for f in planted):  # e.g. a surrogate grid without the factor
+            reach = (expresses or {}).get(auditor)
+            if reach is not None and not reach(planted):  # e.g. a surrogate grid without it
                 rows.append({**row, "planted_slice": label, "arity": len(planted),
                              "strength": (strengths or {}).get(model, np.nan),
                              "status": OUTSIDE_GRID})
@@ -185,6 +186,7 @@ def recovery_frame(results: dict[tuple[str, str], AuditResult], references: list
             rank = slice_rank(result, objective, planted)
             row.update(planted_slice=label, arity=len(planted),
                        strength=(strengths or {}).get(model, np.nan),
+                       implant_took=(took or {}).get(model),
                        status="ranked" if np.isfinite(rank) else "not found",
                        rank=rank, best_reference_rank=np.nanmin(reference_ranks)
                        if np.isfinite(reference_ranks).any() else np.nan,
@@ -205,12 +207,16 @@ def recovery_frame(results: dict[tuple[str, str], AuditResult], references: list
 def recovery_rates(recovery: pd.DataFrame) -> pd.DataFrame:
     """Table 4 over many models: per auditor, slice arity and strength, the share of models whose
     planted slice ranks first (top-1) and within the first five (top-5), with 95% Wilson
-    intervals. A slice no finding lies in counts as a miss."""
+    intervals. A slice no finding lies in counts as a miss; a model whose implant check failed
+    (``implant_took`` False: no defect to find) is left out."""
     rankable = recovery[recovery["status"].isin(RANKABLE)] if "status" in recovery else recovery
+    if "implant_took" in rankable:  # a slice whose implant did not take holds no defect to find
+        rankable = rankable[rankable["implant_took"].fillna(True).astype(bool)]
     rows = []
-    for (auditor, arity, strength), group in rankable.groupby(["auditor", "arity", "strength"],
-                                                               sort=True, dropna=False):
-        row = {"auditor": auditor, "arity": int(arity), "strength": strength,
+    # a family's strength is on its own scale (a share of the slice, a blur radius): by family
+    for (auditor, family, arity, strength), group in rankable.groupby(
+            ["auditor", "family", "arity", "strength"], sort=True, dropna=False):
+        row = {"auditor": auditor, "family": family, "arity": int(arity), "strength": strength,
                "n_models": len(group)}
         ranks = group["rank"].astype("float64")
         for k in TOP_K:
@@ -327,10 +333,12 @@ def discovery_tables(suite, results: dict[tuple[str, str], AuditResult], world,
     families, order = suite.table_rows()  # a family, or a row of one (adversarial_linf)
     slices = planted_slices(suite, world, runs_root)
     detections = detection_frame(results, references, families, held_out, score)
-    searchable = {auditor.name: auditor.searchable_factors(world)
-                  for auditor, _, _ in planned(suite, world, sorted({a for a, _ in results}))}
+    expresses = {auditor.name: (lambda planted, auditor=auditor: auditor.expresses(planted, world))
+                 for auditor, _, _ in planned(suite, world, sorted({a for a, _ in results}))}
+    took = {spec.name: (read_implant(suite, spec, runs_root) or {}).get("passed")
+            for spec in suite.anomalies}
     recovery = recovery_frame(results, references, slices, families, world.factors(),
-                              NOT_EXPRESSIBLE, model_strengths(suite), searchable)
+                              NOT_EXPRESSIBLE, model_strengths(suite), expresses, took)
     return {"discovery-detection": table3(detections, order),
             "discovery-detection-per-model": detections,
             "discovery-recovery": recovery,

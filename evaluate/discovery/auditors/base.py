@@ -160,10 +160,14 @@ class Auditor(ABC):
                 "params": recorded_params(self.params)}
 
     def searchable_factors(self, world) -> list[str]:
-        """The factors this auditor's subgroups can fix (default: every factor of the world). A
-        planted slice on another factor is outside its reach: Table 4 says so instead of
-        counting a miss."""
+        """The factors this auditor's subgroups can fix (default: every factor of the world)."""
         return list(world.factors())
+
+    def expresses(self, conditions: Mapping[str, str], world) -> bool:
+        """Whether one of this auditor's subgroups can lie inside the slice ``conditions`` (it
+        fixes every factor the slice fixes). One that cannot is outside its reach: Table 4 says
+        so instead of counting a miss. Default: every factor of the slice is searchable."""
+        return set(conditions) <= set(self.searchable_factors(world))
 
     def minimum_budget(self, world) -> int:
         """The fewest images that give one finding."""

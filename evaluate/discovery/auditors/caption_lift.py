@@ -318,6 +318,10 @@ class CaptionLift(Auditor):
                                  f"{', '.join(factors)}")
         return list(self.params.described_factors)
 
+    def searchable_factors(self, world) -> list[str]:
+        """The class and the factors its captioner describes."""
+        return ["class", *self.described(world)]
+
     def baseline_images(self, world) -> int:
         return self.params.images_per_class * len(world.factors()["class"])
 

@@ -151,6 +151,16 @@ class ErrorRatio(Auditor):
                          f"or metaclasses; the {world.name} world has neither: use "
                          "breakdown = \"global\"")
 
+    def expresses(self, conditions, world) -> bool:
+        """One factor value (the global ratios), or a class and one factor value (the per-class
+        ones): nothing of arity 3, and no pair without the class."""
+        if not set(conditions) <= set(world.factors()):
+            return False
+        global_ok = self.params.breakdown in ("global", "both") and len(conditions) == 1
+        per_class_ok = (self.params.breakdown in ("per_class", "both") and len(conditions) <= 2
+                        and "class" in conditions)
+        return global_ok or per_class_ok
+
     def find(self, model, world, budget, seed):
         val = world.split("val")
         pool = self.annotated(world)

@@ -76,6 +76,9 @@ class SurrogateSearch(Auditor):
                              "(0, 1] (0.4 recommended: where the seed's bo had every one of the "
                              "10% worst subdomains)")
 
+    def searchable_factors(self, world) -> list[str]:
+        return list(self.grid(world))  # the demo's: class, face, size, background
+
     def grid(self, world) -> dict[str, list[str]]:
         factors = world.factors()
         names = list(self.params.factors) or list(factors)

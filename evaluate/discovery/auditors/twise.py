@@ -99,6 +99,9 @@ class Twise(Auditor):
         """Whether the class is fixed per array (the promptattack design, covering mode)."""
         return self.params.design == "promptattack" and self.params.mode == "covering"
 
+    def searchable_factors(self, world) -> list[str]:
+        return list(self.grid(world))
+
     def grid(self, world) -> dict[str, list[str]]:
         factors = world.factors()
         names = list(self.params.factors) or list(factors)
