@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from counteraudit.evaluate.discovery.prediction_cache import PredictionCache, predictions_dir
+from counteraudit.evaluate.discovery.relative import DEFAULT_SCORE
 from counteraudit.evaluate.discovery.auditors import (AUDITORS, AuditResult, Finding, Subgroup,
                                                       build_auditor)
 from counteraudit.explain.stage import _item_context
@@ -98,7 +99,7 @@ def auditor_params(suite: Suite, name: str) -> dict[str, Any]:
 def discover_score(suite: Suite, args: argparse.Namespace | None = None) -> str:
     """--score, else the suite's [discover] score, else relative."""
     return (getattr(args, "score", None) or suite.tables.get("discover", {}).get("score")
-            or "relative")
+            or DEFAULT_SCORE)
 
 
 def discover_seed(suite: Suite) -> int:

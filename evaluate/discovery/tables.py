@@ -297,13 +297,21 @@ def top_findings(results: dict[tuple[str, str], AuditResult], count: int = 5) ->
     return pd.DataFrame(rows)
 
 
-def planted_slices(suite, world, runs_root=None) -> dict[str, Any]:
-    """Each anomalous model's planted slice (``AnomalyFamily.planted_slice``)."""
+def planted_slices(suite, world, runs_root=None,
+                   implants: dict[str, dict | None] | None = None) -> dict[str, Any]:
+    """Each anomalous model's planted slice (``AnomalyFamily.planted_slice``), from its implant
+    record (``implants``: already read, by model name; else read here)."""
+    implants = implants if implants is not None else implant_records(suite, runs_root)
     slices = {}
     for spec in suite.anomalies:
         family = FAMILIES.get(spec.family)(spec.params, world, spec.seed)
-        slices[spec.name] = family.planted_slice(read_implant(suite, spec, runs_root))
+        slices[spec.name] = family.planted_slice(implants[spec.name])
     return slices
+
+
+def implant_records(suite, runs_root=None) -> dict[str, dict | None]:
+    """Each anomalous model's stored implant record (None: not checked yet)."""
+    return {spec.name: read_implant(suite, spec, runs_root) for spec in suite.anomalies}
 
 
 def localizable(slices: dict[str, Any], factors: dict[str, list[str]]) -> list[str]:
@@ -331,12 +339,12 @@ def discovery_tables(suite, results: dict[tuple[str, str], AuditResult], world,
     references = [s.name for s in suite.references]
     held_out = [s.name for s in suite.held_out]
     families, order = suite.table_rows()  # a family, or a row of one (adversarial_linf)
-    slices = planted_slices(suite, world, runs_root)
+    implants = implant_records(suite, runs_root)
+    slices = planted_slices(suite, world, runs_root, implants)
     detections = detection_frame(results, references, families, held_out, score)
     expresses = {auditor.name: (lambda planted, auditor=auditor: auditor.expresses(planted, world))
                  for auditor, _, _ in planned(suite, world, sorted({a for a, _ in results}))}
-    took = {spec.name: (read_implant(suite, spec, runs_root) or {}).get("passed")
-            for spec in suite.anomalies}
+    took = {name: (record or {}).get("passed") for name, record in implants.items()}
     recovery = recovery_frame(results, references, slices, families, world.factors(),
                               NOT_EXPRESSIBLE, model_strengths(suite), expresses, took)
     return {"discovery-detection": table3(detections, order),

@@ -43,6 +43,13 @@ def probabilities(model: torch.nn.Module, images: torch.Tensor) -> np.ndarray:
     return torch.cat(out).numpy() if out else np.zeros((0, 0))
 
 
+def subgroup_images(world, subgroup: Subgroup) -> tuple[torch.Tensor, np.ndarray]:
+    """(images (n, 3, H, W) in [0, 1], labels (n,)) of one subgroup, from the world's generator
+    (deterministic in the subgroup's conditions, n and seed)."""
+    images = world.generate(dict(subgroup.conditions), subgroup.n, subgroup.seed)
+    return images.load(range(len(images))), np.asarray(images.labels)
+
+
 def build_auditor(name: str, params: Mapping[str, Any] | None = None) -> "Auditor":
     return AUDITORS.get(name)(params)
 
@@ -225,16 +232,15 @@ class Auditor(ABC):
         """Each model of ``reference_panel`` on one subgroup's images: (probabilities, labels),
         from its prediction cache or predicted now (not counted against the budget, which is
         the audited model's images)."""
-        out = []
-        for model, cache in self.reference_panel or ():
-            cached = cache.get(subgroup)
-            if cached is None:
-                images = world.generate(dict(subgroup.conditions), subgroup.n, subgroup.seed)
-                cached = (probabilities(model, images.load(range(len(images)))),
-                          np.asarray(images.labels))
-                cache.put(subgroup, *cached)
-            out.append(cached)
-        return out
+        panel = list(self.reference_panel or ())
+        found = [cache.get(subgroup) for _, cache in panel]
+        if any(predicted is None for predicted in found):
+            pixels, labels = subgroup_images(world, subgroup)  # once for every reference
+            for k, (model, cache) in enumerate(panel):
+                if found[k] is None:
+                    found[k] = (probabilities(model, pixels), labels)
+                    cache.put(subgroup, *found[k])
+        return found
 
     def evaluate_subgroup(self, model, world, conditions: Mapping[str, str], n: int,
                           seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -245,8 +251,8 @@ class Auditor(ABC):
         cached = self.prediction_cache.get(subgroup) if self.prediction_cache is not None else None
         if cached is not None:
             return cached
-        images = world.generate(dict(conditions), n, seed)
-        predicted = self.predict(model, images.load(range(len(images)))), np.asarray(images.labels)
+        pixels, labels = subgroup_images(world, subgroup)
+        predicted = self.predict(model, pixels), labels
         if self.prediction_cache is not None:
             self.prediction_cache.put(subgroup, *predicted)
         return predicted
