@@ -24,7 +24,9 @@ import time
 from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, prepare
 from counteraudit.anomalies.image_sets import DETECTION, set_sources
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
+from counteraudit.evaluate.scoring.baseline import DETECTION_VERSUS_CAPTION
 from counteraudit.evaluate.scoring.detection import margin_wide
+from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME, EXPLAIN_TIME_CAPTION, explain_time_table
 from counteraudit.evaluate.scoring.stage import detection_scores, tables_dir
 from counteraudit.evaluate.scoring.tables import detection_tables
 from counteraudit.evaluate.scoring.verdicts import findings
@@ -47,6 +49,7 @@ def main(args: argparse.Namespace) -> dict:
     implants = {s.name: read_implant(suite, s, args.runs_dir) for s in suite.anomalies}
     tables = detection_tables(suite, scores, distance_name, implants=implants,
                               test=args.p_value)
+    tables[EXPLAIN_TIME] = explain_time_table(suite, methods, args.runs_dir)
     summary, per_model = tables[f"detection-{distance_name}"], tables[f"detection-per-model-{distance_name}"]
     write_tables(suite, tables, args.runs_dir, only_methods=args.method)
     anomalous = per_model[per_model["role"] == "anomalous"]
@@ -73,9 +76,10 @@ def main(args: argparse.Namespace) -> dict:
         print(to_markdown(intervals))
     ratios = tables.get(f"detection-vs-outputs-{distance_name}")
     if ratios is not None:
-        print("\nAgainst the outputs-only control: margin(method) / margin(outputs_only) (> 1: the "
-              "explanation sets the model further from the references than the outputs do)\n")
-        print(to_markdown(ratios, float_format="{:.2f}"))
+        print(f"\n{DETECTION_VERSUS_CAPTION}\n")
+        print(to_markdown(ratios))
+    print(f"\n{EXPLAIN_TIME_CAPTION}\n")
+    print(to_markdown(tables[EXPLAIN_TIME], float_format="{:.3g}"))
     print(f"\ntables: {tables_dir(suite, args.runs_dir, args.method)}/")
     return tables
 

@@ -45,6 +45,7 @@ from counteraudit.evaluate.reporting.page import DEFAULT_EXAMPLES, DEFAULT_IMAGE
 from counteraudit.evaluate.reporting.sensitivity import stored_sensitivity
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores, only_methods_label
+from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME, explain_time_table
 from counteraudit.evaluate.scoring.tables import detection_tables, localization_tables, zoo_summary_tables
 from counteraudit.evaluate.scoring.zoo import summary_caption
 from counteraudit.evaluate.studies.dose_response import suite_dose
@@ -78,6 +79,7 @@ def main(args: argparse.Namespace) -> Path | None:
     implants = {s.name: read_implant(suite, s, args.runs_dir) for s in suite.anomalies}
     tables = detection_tables(suite, detection, distance_name, implants=implants,
                               test=args.p_value)
+    tables[EXPLAIN_TIME] = explain_time_table(suite, methods, args.runs_dir)
     localization = None
     if localizable(suite):
         localization = localization_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)

@@ -351,17 +351,23 @@ class AttributionMethod(ExplanationMethod):
         """Raw output + images (n, 3, H, W) in [0, 1] -> uint8 (n, H', W', 3)."""
         return self.renderer.render(raw, images)
 
+    def attribute_batch(self, model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
+                        context: BatchContext) -> torch.Tensor:
+        """One batch's raw attributions: ``attribute`` on the batch, or image by image under
+        per-image RNGs (``seeded_per_image``). Override only when the raw output needs where the
+        batch sits (its positions, the model's key)."""
+        if not self.seeded_per_image:
+            return self.attribute(model, images, targets)
+        seed = getattr(self.params, "seed", 0)
+        rows = []
+        for row, position in enumerate(context.positions):
+            with seeded_rng(derive_seed(seed, position)):
+                rows.append(self.attribute(model, images[row:row + 1], targets[row:row + 1]))
+        return torch.cat(rows)
+
     def explain_batch(self, model: nn.Module, images: torch.Tensor, targets: torch.Tensor,
                       context: BatchContext) -> BatchOutput:
-        if self.seeded_per_image:
-            seed = getattr(self.params, "seed", 0)
-            rows = []
-            for row, position in enumerate(context.positions):
-                with seeded_rng(derive_seed(seed, position)):
-                    rows.append(self.attribute(model, images[row:row + 1], targets[row:row + 1]))
-            raw = torch.cat(rows)
-        else:
-            raw = self.attribute(model, images, targets)
+        raw = self.attribute_batch(model, images, targets, context)
         raw = np.asarray(raw.detach().cpu() if isinstance(raw, torch.Tensor) else raw, np.float32)
         return BatchOutput(images=self.render(raw, images.detach().cpu().numpy()), raw=raw)
 

@@ -37,6 +37,7 @@ the message says about how much the unfinished items need (``space_needed``).
 from __future__ import annotations
 
 import argparse
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -284,6 +285,17 @@ def _item_context(spec: ModelSpec, device) -> Iterator[None]:
             torch.set_num_threads(threads)
 
 
+@contextmanager
+def timed(images: int) -> Iterator[dict[str, float]]:
+    """The ``TIMING`` record of the block: filled in on exit with its wall seconds and this
+    process's CPU seconds (every thread's), for ``images`` images explained."""
+    timing: dict[str, float] = {"images": images}
+    wall, cpu = time.perf_counter(), time.process_time()
+    yield timing
+    timing.update(seconds=round(time.perf_counter() - wall, 3),
+                  cpu_seconds=round(time.process_time() - cpu, 3))
+
+
 class _Item:
     """What a work item needs, loaded in the process that runs it."""
 
@@ -352,12 +364,14 @@ def explain_one(item: dict[str, Any]) -> dict[str, int]:
             def explain_set() -> str:
                 prefix = shared_rows(work.runs_root, work.description, work.spec.key, image_set,
                                      batch)
-                explanation = explain_after(prefix, len(image_set.images),
-                                            lambda start: work.run_from(image_set, start))
                 reused = 0 if prefix is None else len(prefix.targets)
+                with timed(len(image_set.images) - reused) as timing:
+                    explanation = explain_after(prefix, len(image_set.images),
+                                                lambda start: work.run_from(image_set, start))
                 counts["reused_images"] += reused
                 counts["explained_images"] += len(image_set.images) - reused
-                save_explanation(directory, explanation, work.spec.key, image_set.id)
+                save_explanation(directory, explanation, work.spec.key, image_set.id,
+                                 timing=timing if len(image_set.images) > reused else None)
                 gather_parts(directory, key, [])  # removes parts a chunked run may have left
                 return "computed"
             done = find_or_make(lambda: "stored" if is_stored(directory, key) else None,
@@ -377,10 +391,10 @@ def explain_part(item: dict[str, Any]) -> dict[str, int]:
                                                          part_key(key, start, stop))
 
     def explain_range() -> dict[str, int]:
-        with _item_context(work.spec, work.device):
+        with _item_context(work.spec, work.device), timed(stop - start) as timing:
             explanation = work.run_from(image_set, start, stop)
         save_explanation(folder, explanation, work.spec.key, image_set.id,
-                         image_range=None if whole else (start, stop))
+                         image_range=None if whole else (start, stop), timing=timing)
         return {"computed": 1, "stored": 0, "explained_images": stop - start}
 
     def stored() -> dict[str, int] | None:

@@ -7,7 +7,9 @@ A result lives in one folder as two files, both written atomically (train/core/a
 - ``params.json``: the result key (method, its recorded parameters, renderer version, model id,
   image set id), the SHA-256 of ``explanation.npz`` (a file that does not match it, e.g. a
   truncated one, is set aside and the result recomputed), plus shapes and layers, for people
-  browsing the run folder.
+  browsing the run folder, and ``timing``: what computing it cost where it ran (wall and
+  process CPU seconds, and the images explained, rows taken from a stored result not counted),
+  outside the key, so a rerun elsewhere reuses the result and keeps its first cost.
 ``params.json`` is removed before and written after the arrays, so it marks completion: a folder
 without it, or whose key differs from the one asked for, is recomputed.
 
@@ -33,6 +35,7 @@ ARRAYS_FILE = "explanation.npz"
 PARAMS_FILE = "params.json"
 DIAGNOSTIC_PREFIX = "diag_"
 PARTS_DIR = "parts"
+TIMING = "timing"  # params.json's field: {"seconds", "cpu_seconds", "images"}
 RANGE_KEY = "image_range"  # [start, stop) of a part, in its key only
 # One result (or part): its arrays, marked by params.json.
 VISUALIZATION = KeyedArtifact(payload=ARRAYS_FILE, marker=PARAMS_FILE,
@@ -56,10 +59,11 @@ def part_key(key: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
 
 
 def save_explanation(directory: str | os.PathLike, explanation: Explanation, model_id: str,
-                     image_set_id: str,
-                     image_range: tuple[int, int] | None = None) -> dict[str, Any]:
+                     image_set_id: str, image_range: tuple[int, int] | None = None,
+                     timing: dict[str, float] | None = None) -> dict[str, Any]:
     """Write one result into ``directory`` (a part's folder with ``image_range``, the images
-    [start, stop) of the set, which its key then records); returns what params.json holds."""
+    [start, stop) of the set, which its key then records); ``timing`` is what computing it cost
+    (``TIMING``), None where nothing was computed. Returns what params.json holds."""
     arrays: dict[str, np.ndarray] = {"images": explanation.images,
                                      "targets": explanation.targets.astype(np.int64)}
     if explanation.raw is not None:
@@ -74,7 +78,24 @@ def save_explanation(directory: str | os.PathLike, explanation: Explanation, mod
     return VISUALIZATION.save(directory, key, lambda path: atomic_save_npz(path, **arrays), {
         "images_shape": list(explanation.images.shape),
         "layers": list(explanation.layers) if explanation.layers is not None else None,
+        **({TIMING: timing} if timing is not None else {}),
     })
+
+
+def stored_timing(directory: str | os.PathLike) -> dict[str, float] | None:
+    """What computing the result in ``directory`` cost (``TIMING``), or None: not stored, or
+    stored by a version that did not record it, or made of stored rows alone."""
+    record = VISUALIZATION.read_marker(directory)
+    return record.get(TIMING) if record else None
+
+
+def total_timing(timings: list[dict[str, float] | None]) -> dict[str, float] | None:
+    """The sum of the recorded costs (``TIMING``), None when none was recorded."""
+    recorded = [t for t in timings if t is not None]
+    if not recorded:
+        return None
+    return {field: sum(float(t[field]) for t in recorded)
+            for field in ("seconds", "cpu_seconds", "images")}
 
 
 def is_stored(directory: str | os.PathLike, key: dict[str, Any]) -> bool:
@@ -126,7 +147,8 @@ def gather_parts(directory: str | os.PathLike, key: dict[str, Any],
         return False
     explanation = concatenate([load_explanation(f) for f in folders], f"the parts in "
                               f"{directory / PARTS_DIR}")
-    save_explanation(directory, explanation, key["model_id"], key["image_set_id"])
+    save_explanation(directory, explanation, key["model_id"], key["image_set_id"],
+                     timing=total_timing([stored_timing(f) for f in folders]))
     shutil.rmtree(directory / PARTS_DIR, ignore_errors=True)
     return True
 

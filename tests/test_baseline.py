@@ -6,9 +6,12 @@ import pytest
 from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 
-from counteraudit.evaluate.scoring.baseline import (ADDS, LESS, SAME, detection_margin_ratios,
-                                            fraction_intervals, localization_versus_baseline,
-                                            paired_delta_interval)
+from scipy.stats import binomtest
+
+from counteraudit.evaluate.scoring.baseline import (ADDS, LESS, SAME, detection_versus_baseline,
+                                                    fraction_intervals, localization_versus_baseline,
+                                                    mcnemar_exact_p, paired_delta_interval)
+from counteraudit.evaluate.scoring.detection import detection_table
 from counteraudit.evaluate.scoring.localization import bootstrap_auroc_interval
 
 
@@ -118,10 +121,66 @@ def detection_frame() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def test_margin_ratios_divide_by_the_controls_margin():
-    ratios = detection_margin_ratios(detection_frame()).set_index("model")
-    assert ratios["gradcam"].to_dict() == pytest.approx({"bd-1": 2.0, "bd-2": 0.6, "smooth": 0.5})
-    assert "outputs_only" not in ratios.columns
+REFERENCES = [f"ref-{i}" for i in range(4)]
+
+
+def per_image_scores(rng, shifts: dict[str, float], n: int = 36) -> pd.DataFrame:
+    """A tidy detection score frame: 4 references and model "bd" on n images; each method's
+    scores share each image's base (lognormal), and "bd" is ``shifts[method]`` times higher."""
+    base = rng.lognormal(size=n)
+    rows = []
+    for method, shift in shifts.items():
+        for model in [*REFERENCES, "bd"]:
+            own = rng.lognormal(sigma=0.2, size=n)
+            factor = shift if model == "bd" else 1.0
+            rows += [{"method": method, "model": model, "image": i, "layer": "", "flag": "ok",
+                      "score": base[i] * own[i] * factor} for i in range(n)]
+    return pd.DataFrame(rows)
+
+
+def test_paired_detection_comparison_gives_table_1s_margins_and_their_ratio():
+    frame = per_image_scores(np.random.default_rng(7), {"outputs_only": 1.2, "sharper": 3.0,
+                                                        "blunter": 0.6})
+    copy = frame[frame["method"] == "outputs_only"].assign(method="copy")
+    frame = pd.concat([frame, copy], ignore_index=True)
+    per_model = detection_table(frame, REFERENCES)
+    versus = detection_versus_baseline(frame, per_model).set_index("method")
+    margins = per_model[per_model["role"] == "anomalous"].set_index("method")["margin"]
+    for method in ("sharper", "blunter", "copy"):
+        row = versus.loc[method]
+        assert row["margin"] == pytest.approx(margins[method])
+        assert row["baseline_margin"] == pytest.approx(margins["outputs_only"])
+        assert row["margin_ratio"] == pytest.approx(margins[method] / margins["outputs_only"])
+        assert row["ratio_low"] <= row["margin_ratio"] <= row["ratio_high"]
+        assert row["n_images"] == 36 and row["model"] == "bd"
+    assert versus.loc["sharper", "verdict"] == ADDS
+    assert versus.loc["blunter", "verdict"] == LESS
+    # the control against itself, on the same resamples: a ratio of exactly 1, no width
+    assert versus.loc["copy", ["margin_ratio", "ratio_low", "ratio_high"]].tolist() == [1, 1, 1]
+    assert versus.loc["copy", "verdict"] == SAME
+    assert "outputs_only" not in versus.index
+    assert versus.loc["sharper", "detected"] and versus.loc["sharper", "baseline_detected"]
+
+
+def test_paired_detection_leaves_out_an_image_flagged_for_either_method():
+    frame = per_image_scores(np.random.default_rng(8), {"outputs_only": 1.2, "sharper": 3.0})
+    flagged = (frame["method"] == "outputs_only") & (frame["model"] == "ref-2") \
+        & (frame["image"] == 5)
+    frame.loc[flagged, ["score", "flag"]] = [np.nan, "zero_reference_spread"]
+    row = detection_versus_baseline(frame, detection_table(frame, REFERENCES)).iloc[0]
+    assert row["n_images"] == 35
+    kept = frame[frame["image"] != 5]
+    margins = detection_table(kept, REFERENCES).query("role == 'anomalous'").set_index("method")
+    assert row["margin"] == pytest.approx(margins.loc["sharper", "margin"])
+
+
+def test_mcnemar_is_the_exact_binomial_test_on_the_discordant_models():
+    # 5 models only the method detects, 1 only the control, 6 both or neither
+    method = [True] * 5 + [False] + [True] * 3 + [False] * 3
+    control = [False] * 5 + [True] + [True] * 3 + [False] * 3
+    assert mcnemar_exact_p(method, control) == pytest.approx(binomtest(1, 6, 0.5).pvalue)
+    assert mcnemar_exact_p(method, control) == pytest.approx(2 * 7 / 64)  # 2 P(X <= 1), X~B(6, 1/2)
+    assert mcnemar_exact_p([True, False], [True, False]) == 1.0
 
 
 def test_table1_intervals_are_clopper_pearsons_for_families_of_two_or_more():

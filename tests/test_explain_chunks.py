@@ -23,7 +23,8 @@ from counteraudit.explain.base import build_method
 from counteraudit.explain.run import get_args_parser
 from counteraudit.explain.stage import (chunk_images, explain_suite, image_ranges, load_results, part_size,
                                         result_dir, sets_for)
-from counteraudit.explain.store import ARRAYS_FILE, PARAMS_FILE, PARTS_DIR
+from counteraudit.evaluate.scoring.explain_time import explain_time_table
+from counteraudit.explain.store import ARRAYS_FILE, PARAMS_FILE, PARTS_DIR, TIMING
 from counteraudit.slurm.errors import ItemsFailedError
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.suite import load_suite
@@ -79,14 +80,35 @@ def unchunked(trained, tmp_path_factory) -> Path:
     return runs
 
 
+def test_each_result_records_what_computing_it_cost(trained, unchunked):
+    """The explain-time table sums every result's recorded cost: each model's 8 images, wall and
+    CPU seconds; results stored without a timing (an older version's) are counted apart."""
+    suite = load_suite(trained[0])
+    times = explain_time_table(suite, METHODS, unchunked).set_index("method")
+    assert times["images"].to_dict() == {"guided_backprop": 3 * 8, "caricature": 3 * 8}
+    assert (times["results"] == 3).all() and (times["timed_results"] == 3).all()
+    assert (times["seconds"] > 0).all() and (times["cpu_seconds"] > 0).all()
+    assert times.loc["caricature", "cpu_seconds"] > times.loc["guided_backprop", "cpu_seconds"]
+    assert times["cpu_seconds_per_image"].tolist() == pytest.approx(
+        (times["cpu_seconds"] / times["images"]).tolist())
+
+
 def sets(done: dict) -> dict:
     """The counts of results (not images) of an explain run."""
     return {key: done[key] for key in ("computed", "stored", "parts")}
 
 
+def without_timing(params_file: Path) -> dict:
+    """params.json but its ``timing``, which records what this run's computing cost."""
+    params = json.loads(params_file.read_text())
+    params.pop(TIMING, None)
+    return params
+
+
 def assert_same_results(suite_path: Path, expected_runs: Path, runs: Path, methods=METHODS,
                         models=None) -> None:
-    """Same files, same params.json, bit-identical arrays (same dtypes), no parts left."""
+    """Same files, same params.json (but the timing), bit-identical arrays (same dtypes), no
+    parts left."""
     suite = load_suite(suite_path)
     specs = [suite.model(m) for m in models] if models else suite.models
     for method in methods:
@@ -95,8 +117,7 @@ def assert_same_results(suite_path: Path, expected_runs: Path, runs: Path, metho
                 want = result_dir(suite.root(expected_runs), method, spec.name, set_name)
                 got = result_dir(suite.root(runs), method, spec.name, set_name)
                 assert sorted(p.name for p in got.iterdir()) == [ARRAYS_FILE, PARAMS_FILE], got
-                assert json.loads((got / PARAMS_FILE).read_text()) == \
-                    json.loads((want / PARAMS_FILE).read_text())
+                assert without_timing(got / PARAMS_FILE) == without_timing(want / PARAMS_FILE)
                 with np.load(want / ARRAYS_FILE) as a, np.load(got / ARRAYS_FILE) as b:
                     assert sorted(a.files) == sorted(b.files)
                     for name in a.files:
@@ -290,6 +311,10 @@ def test_a_suite_with_more_images_explains_only_the_images_it_adds(trained, unch
             "reference-00/guided_backprop/detection/6-9",
             "reference-00/guided_backprop/detection/9-11"]
     assert_same_results(longer, scratch, runs)
+    # each result's recorded cost counts the images computed for it, not the stored rows
+    times = explain_time_table(load_suite(longer), METHODS, runs).set_index("method")
+    assert times["images"].to_dict() == {"guided_backprop": 3 * 5, "caricature": 3 * 3}
+    assert (times["timed_results"] == 3).all() and (times["cpu_seconds"] > 0).all()
     # and the smaller set after the larger: its rows are all in the larger one's batches but the
     # last of guided backprop's, which shares its batch with other images there
     runs = copy_of(scratch, tmp_path / "smaller-after-larger")

@@ -255,16 +255,23 @@ def test_fullgrad_pairs_every_bias_with_its_own_gradient(model, images):
                for layer, gradient in zip(cam.target_layers, gradients))
 
 
-def test_random_map_depends_on_the_image_and_seed_never_the_model(model, images, explanations):
+def test_random_map_depends_on_the_image_seed_and_key_never_the_model(model, images, explanations):
     torch.manual_seed(5)
     other_model = build_model("small_resnet", num_classes=10, mean=(0.4,) * 3, std=(0.3,) * 3).eval()
     reference = explanations["random_map"]
     other = build_method("random_map").run(other_model, images, batch_size=3)
-    np.testing.assert_array_equal(other.raw, reference.raw)
+    np.testing.assert_array_equal(other.raw, reference.raw)  # other weights, same (no) key
     np.testing.assert_array_equal(other.images, reference.images)
     assert not np.allclose(reference.raw[0], reference.raw[1], atol=0.05)  # another image
     other_seed = build_method("random_map", {"seed": 1}).run(model, images[:1])
     assert not np.allclose(other_seed.raw[0], reference.raw[0], atol=0.05)
+    # Each model key its own draw, whatever the weights: references' maps then differ (a spread
+    # the anomaly score can divide by), and a model's maps are exchangeable with theirs.
+    keyed = [build_method("random_map").run(m, images, model_id=key).raw
+             for m, key in [(model, "reference-00"), (other_model, "reference-00"),
+                            (model, "reference-01")]]
+    np.testing.assert_array_equal(keyed[0], keyed[1])
+    assert all(not np.allclose(a, b, atol=0.05) for a, b in zip(keyed[0], keyed[2]))
 
 
 def test_outputs_only_raw_is_softmax(model, images, explanations):

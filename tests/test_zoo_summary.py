@@ -71,6 +71,27 @@ def test_summary_counts_ranks_and_puts_controls_last_with_the_null_rate():
     assert table.loc[["gradcam", "lime", "saliency"], "null_rate"].isna().all()
 
 
+def test_summary_carries_table_1s_paired_comparison():
+    """detection_adds/same/less count the paired margin verdicts of anomalous models only;
+    mcnemar_p tests each method's detections against the control's on the same models."""
+    paired = pd.DataFrame([{"method": m, "model": f, "role": r, "verdict": v} for m, f, r, v in [
+        ("gradcam", "a", "anomalous", "same"), ("gradcam", "b", "anomalous", "adds"),
+        ("gradcam", "c", "anomalous", "adds"), ("gradcam", "held-out", "null", "adds"),
+        ("lime", "a", "anomalous", "less"), ("lime", "b", "anomalous", "adds"),
+        ("lime", "c", "anomalous", "adds"),
+    ]])
+    table = zoo_summary(DETECTIONS, VERSUS, 4, detection_versus=paired).set_index("method")
+    assert table.loc["gradcam", ["detection_adds", "detection_same", "detection_less"]].tolist() \
+        == [2, 1, 0]
+    assert table.loc["lime", ["detection_adds", "detection_same", "detection_less"]].tolist() \
+        == [2, 0, 1]
+    assert table.loc["saliency", "detection_adds"] == 0  # no paired rows: nothing counted
+    # lime: b, c only lime, a only outputs-only; 3 discordant, 1 the other way: 2 P(X <= 1) = 1
+    assert table.loc["lime", "mcnemar_p"] == pytest.approx(1.0)
+    assert table.loc["saliency", "mcnemar_p"] == 1.0  # the same detections as the control
+    assert pd.isna(table.loc["outputs_only", "mcnemar_p"])
+
+
 def test_summary_is_written_only_when_detection_and_the_comparison_are_both_there():
     tables = {"detection-per-model-l2": DETECTIONS,
               "localization-vs-outputs-per-model-l2": VERSUS}

@@ -7,7 +7,9 @@ from html import escape
 from counteraudit.anomalies.image_sets import DETECTION
 from counteraudit.evaluate.reporting.html import (fmt, fraction_class, html_table, is_detected, legend,
                                                   margin_class, median_image)
+from counteraudit.evaluate.scoring.baseline import DETECTION_VERSUS_CAPTION as VERSUS_CAPTION
 from counteraudit.evaluate.scoring.detection import margin_wide
+from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME, EXPLAIN_TIME_CAPTION
 from counteraudit.evaluate.reporting.svg import (ANOMALOUS_COLOR, MISSED_COLOR, REFERENCE_COLOR, StripRow,
                                                  strip_plot)
 
@@ -32,10 +34,7 @@ def detection_section(report) -> str:
             f"more ({where})")))
     ratios = report.tables.get(f"detection-vs-outputs-{report.distance_name}")
     if ratios is not None:
-        parts.append(html_table(ratios, float_format="{:.2f}", caption=(
-            f"Against the outputs-only control: margin(method) / margin(outputs_only) per "
-            f"anomalous model (above 1: the explanation sets the model further from the "
-            f"references than the outputs do; {where})")))
+        parts.append(html_table(ratios, caption=f"{VERSUS_CAPTION} ({where})"))
     nulls = report.tables.get(f"detection-null-{report.distance_name}")
     if nulls is not None:
         parts.append(html_table(nulls, caption=(
@@ -50,6 +49,9 @@ def detection_section(report) -> str:
                                 caption=f"Margin per anomalous model, Abar(f) / max_i Abar(g_i) ({where}; "
                                         "above 1: detected; printed with the digits it takes to show "
                                         "which side of 1 it is on)"))
+    times = report.tables.get(EXPLAIN_TIME)
+    if times is not None:
+        parts.append(html_table(times, float_format="{:.3g}", caption=EXPLAIN_TIME_CAPTION))
     parts.append("<details><summary>Per-model detection table (every model, every method)</summary>"
                  + html_table(per_model, caption=f"Per-model detection ({where})") + "</details>")
     for method in dict.fromkeys(per_layer["method"]):

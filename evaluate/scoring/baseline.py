@@ -10,7 +10,12 @@ lies above 0, ``less`` when it lies below, and ``same`` when it holds 0: on thos
 explanation localizes no better than the outputs would.
 
 Detection: the margin ratio margin(method) / margin(outputs_only) per anomalous model; above 1 the
-method separates the model from the references by more than the outputs do.
+method separates the model from the references by more than the outputs do. Its *paired* interval
+(``detection_versus_baseline``) resamples the detection images once for both methods and for the
+model and every reference alike, and recomputes both margins on each draw: the verdict is
+``adds`` when the ratio's interval lies above 1, ``less`` below, ``same`` when it holds 1. Over the
+anomalous models, McNemar's exact test (statsmodels) asks whether the method's detections and
+the control's differ more than chance would make them (the discordant models alone count).
 
 Table 1's fractions: a family's fraction of models detected is k of n; with n >= 2 its exact
 (Clopper-Pearson) 95% interval says how little a 1 of 2 tells.
@@ -22,9 +27,10 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 from scipy.stats import binomtest
+from statsmodels.stats.contingency_tables import mcnemar
 
-from counteraudit.evaluate.scoring.detection import (ROLE_ANOMALOUS, check_columns, detection_fractions,
-                                                     with_layer_column)
+from counteraudit.evaluate.scoring.detection import (ROLE_ANOMALOUS, ROLE_NULL, check_columns,
+                                                     detection_fractions, with_layer_column)
 from counteraudit.evaluate.scoring.localization import DEFAULT_LEVEL, DEFAULT_RESAMPLES, _clean, _interval
 from counteraudit.train.core.artifacts import derive_seed
 
@@ -120,13 +126,15 @@ def localization_versus_baseline(scores: pd.DataFrame, *, baseline: str = BASELI
                                        "n_normal"])
 
 
-def delta_table(versus: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
-    """Rows = method, columns = model, cells "+0.05 [-0.02, 0.11] same"."""
+def delta_table(versus: pd.DataFrame, digits: int = 2, *, value: str = "delta_auroc",
+                low: str = "delta_low", high: str = "delta_high", signed: bool = True) -> pd.DataFrame:
+    """Rows = method, columns = model, cells "+0.05 [-0.02, 0.11] same" (``value`` with its
+    interval ``low``-``high`` and the verdict; ``signed=False`` for ratios: "1.30 [1.05, 1.61]")."""
+    sign = "+" if signed else ""
     cells = versus.assign(cell=[
         "n/a" if not np.isfinite(d) else
-        f"{d:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}] {v}"
-        for d, lo, hi, v in zip(versus["delta_auroc"], versus["delta_low"], versus["delta_high"],
-                                versus["verdict"])])
+        f"{d:{sign}.{digits}f} [{lo:{sign}.{digits}f}, {hi:{sign}.{digits}f}] {v}"
+        for d, lo, hi, v in zip(versus[value], versus[low], versus[high], versus["verdict"])])
     wide = cells.pivot(index="method", columns="model", values="cell")
     wide = wide.reindex(index=list(dict.fromkeys(cells["method"])),
                         columns=list(dict.fromkeys(cells["model"])))
@@ -134,20 +142,116 @@ def delta_table(versus: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
     return wide.reset_index()
 
 
-def detection_margin_ratios(per_model: pd.DataFrame, *, baseline: str = BASELINE) -> pd.DataFrame:
-    """Per (family, model) of the anomalous models: each method's margin divided by the
-    ``baseline``'s (> 1: the method sets the model further apart from the references than the
-    outputs do)."""
-    check_columns(per_model, ["method", "model", "family", "role", "margin"], "detection table")
-    anomalous = per_model[per_model["role"] == ROLE_ANOMALOUS]
-    wide = anomalous.pivot_table(index=["family", "model"], columns="method", values="margin",
-                                 sort=False)
-    if baseline not in wide.columns:
-        raise ValueError(f"the margin ratio needs the {baseline!r} control; the detection table "
-                         f"holds {list(wide.columns)}")
-    ratios = wide.drop(columns=[baseline]).div(wide[baseline], axis=0)
-    ratios.columns.name = None
-    return ratios.reset_index()
+def _margins(abars: np.ndarray) -> np.ndarray:
+    """Margins Abar(f) / max_i Abar(g_i) from rows [model, reference_1, ...] (last axis)."""
+    highest = abars[..., 1:].max(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(highest > 0, abars[..., 0] / highest, np.nan)
+
+
+def paired_margin_ratio_interval(method_scores, baseline_scores, *,
+                                 n_resamples: int = DEFAULT_RESAMPLES,
+                                 level: float = DEFAULT_LEVEL,
+                                 seed: int = 0) -> tuple[float, float, float, float, float]:
+    """(margin, baseline margin, their ratio, low, high) for one model: each argument is an
+    (1 + n, N) array of per-image anomaly scores, row 0 the model's, rows 1.. the references'
+    leave-one-out ones, column i one detection image for both methods. Each bootstrap resample
+    draws N images with replacement and recomputes both margins on that draw; the interval is the
+    percentile interval of their ratio."""
+    a = np.asarray(method_scores, dtype=np.float64)
+    b = np.asarray(baseline_scores, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 2 or a.shape[0] < 2 or a.shape[1] == 0:
+        raise ValueError(f"paired margins need (1 + n references, N images) scores of the same "
+                         f"images for both methods; got {a.shape} and {b.shape}")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise ValueError("paired margins need finite scores; drop flagged images first")
+    n_images = a.shape[1]
+    margin, baseline_margin = _margins(a.mean(axis=1)), _margins(b.mean(axis=1))
+    counts = np.random.default_rng(seed).multinomial(
+        n_images, np.full(n_images, 1 / n_images), size=n_resamples) / n_images
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_ratios = np.log(_margins(counts @ a.T)) - np.log(_margins(counts @ b.T))
+        ratio = float(margin / baseline_margin)
+    log_ratios = log_ratios[np.isfinite(log_ratios)]
+    if not np.isfinite(ratio) or len(log_ratios) == 0:
+        return float(margin), float(baseline_margin), np.nan, np.nan, np.nan
+    low, high = _interval(log_ratios, level)
+    return float(margin), float(baseline_margin), ratio, float(np.exp(low)), float(np.exp(high))
+
+
+DETECTION_VERSUS_CAPTION = (
+    "Against the outputs-only control, paired: margin(method) / margin(outputs_only) per "
+    "anomalous model, with its 95% interval from resampling the detection images once for both "
+    "methods and every model; adds: the interval lies above 1 (the explanation sets the model "
+    "further from the references than the outputs do on the same images), less: below 1, "
+    "same: it holds 1")
+DETECTION_VERSUS_COLUMNS = ["method", "model", "role", "detected", "baseline_detected", "margin",
+                            "baseline_margin", "margin_ratio", "ratio_low", "ratio_high", "verdict",
+                            "n_images"]
+
+
+def detection_versus_baseline(scores: pd.DataFrame, per_model: pd.DataFrame, *,
+                              baseline: str = BASELINE, n_resamples: int = DEFAULT_RESAMPLES,
+                              level: float = DEFAULT_LEVEL, seed: int = 0) -> pd.DataFrame:
+    """Per (method, anomalous or held-out model): both margins, their ratio with its paired
+    bootstrap interval (``paired_margin_ratio_interval``) and verdict (``adds``: above 1), both
+    detections, and n_images, the detection images every model scored finitely under both
+    methods (images flagged for either are left out of both, and the margins are recomputed on
+    those). Layered methods are averaged over their layers per image, as Table 2 does.
+
+    ``scores``: the tidy frame Table 1 comes from; ``per_model``: Table 1's per-model rows (role,
+    detected), which say which models are the references and which are scored."""
+    check_columns(scores, ["method", "model", "image", "score"], "scores")
+    check_columns(per_model, ["method", "model", "role", "detected"], "detection table")
+    frame = with_layer_column(scores)
+    frame = (frame.groupby(["method", "model", "image"], sort=False)
+             .agg(score=("score", "mean")).reset_index())
+    methods = list(dict.fromkeys(frame["method"]))
+    if baseline not in methods:
+        raise ValueError(f"the comparison needs the {baseline!r} control's scores; the scores hold "
+                         f"{methods}: add {baseline!r} to the suite's [explain] methods")
+    references = list(dict.fromkeys(per_model[per_model["role"] == "reference"]["model"]))
+    scored = per_model[per_model["role"].isin([ROLE_ANOMALOUS, ROLE_NULL])]
+    detected = scored.set_index(["method", "model"])["detected"]
+    wide = frame.pivot_table(index=["method", "model"], columns="image", values="score",
+                             sort=False, dropna=False)
+    rows = []
+    for method in methods:
+        if method == baseline:
+            continue
+        for model, role in dict.fromkeys(zip(scored[scored["method"] == method]["model"],
+                                             scored[scored["method"] == method]["role"])):
+            names = [model, *references]
+            a = wide.loc[[(method, name) for name in names]].to_numpy(float)
+            b = wide.loc[[(baseline, name) for name in names]].to_numpy(float)
+            finite = np.isfinite(a).all(axis=0) & np.isfinite(b).all(axis=0)
+            row = {"method": method, "model": model, "role": role,
+                   "detected": bool(detected.get((method, model), False)),
+                   "baseline_detected": bool(detected.get((baseline, model), False)),
+                   "n_images": int(finite.sum())}
+            if not finite.any():
+                rows.append({**row, "margin": np.nan, "baseline_margin": np.nan,
+                             "margin_ratio": np.nan, "ratio_low": np.nan, "ratio_high": np.nan,
+                             "verdict": "n/a"})
+                continue
+            margin, baseline_margin, ratio, low, high = paired_margin_ratio_interval(
+                a[:, finite], b[:, finite], n_resamples=n_resamples, level=level,
+                seed=derive_seed(seed, "detection-versus-baseline", method, model))
+            rows.append({**row, "margin": margin, "baseline_margin": baseline_margin,
+                         "margin_ratio": ratio, "ratio_low": low, "ratio_high": high,
+                         "verdict": "n/a" if not np.isfinite(ratio)
+                         else verdict(np.log(low), np.log(high))})
+    return pd.DataFrame(rows, columns=DETECTION_VERSUS_COLUMNS)
+
+
+def mcnemar_exact_p(detected: Sequence[bool], baseline_detected: Sequence[bool]) -> float:
+    """McNemar's exact p-value (statsmodels) for paired detections of the same models: whether
+    the models only the method detects and those only the control detects differ in number by
+    more than chance (1.0 when no model is discordant)."""
+    a = np.asarray(detected, dtype=bool)
+    b = np.asarray(baseline_detected, dtype=bool)
+    table = [[int((a & b).sum()), int((a & ~b).sum())], [int((~a & b).sum()), int((~a & ~b).sum())]]
+    return float(mcnemar(table, exact=True).pvalue)
 
 
 def fraction_intervals(per_model: pd.DataFrame, *, level: float = DEFAULT_LEVEL) -> pd.DataFrame:

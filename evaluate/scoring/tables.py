@@ -5,12 +5,14 @@ from __future__ import annotations
 import pandas as pd
 
 from counteraudit.anomalies.image_sets import DEFAULT_LOCALIZATION_IMAGES, set_sizes
-from counteraudit.evaluate.scoring.baseline import (BASELINE, delta_table, detection_margin_ratios,
+from counteraudit.evaluate.scoring.baseline import (BASELINE, delta_table, detection_versus_baseline,
                                                     fraction_intervals, fraction_table,
                                                     localization_versus_baseline, null_rate_table)
-from counteraudit.evaluate.scoring.detection import NO_LAYER, NULL_FAMILY, detection_table, null_rates, table1
+from counteraudit.evaluate.scoring.detection import (NO_LAYER, NULL_FAMILY, ROLE_ANOMALOUS, detection_table,
+                                                     null_rates, table1)
 from counteraudit.evaluate.scoring.localization import (localization_table, paper_layout,
                                                         replicate_localization_table, table2)
+from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME
 from counteraudit.evaluate.scoring.zoo import zoo_summary
 from counteraudit.evaluate.scoring.verdicts import (calibration, family_verdicts, method_power,
                                                     model_verdicts, null_plan, verdict_table)
@@ -54,7 +56,11 @@ def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str, *,
               f"detection-intervals-{distance_name}": fraction_table(fraction_intervals(per_model),
                                                                      order)}
     if BASELINE in set(per_model["method"]) and len(set(per_model["method"])) > 1:
-        tables[f"detection-vs-outputs-{distance_name}"] = detection_margin_ratios(per_model)
+        versus = detection_versus_baseline(scores, per_model)
+        tables[f"detection-vs-outputs-per-model-{distance_name}"] = versus
+        tables[f"detection-vs-outputs-{distance_name}"] = delta_table(
+            versus[versus["role"] == ROLE_ANOMALOUS], value="margin_ratio", low="ratio_low",
+            high="ratio_high", signed=False)
     plan = null_plan(suite, test)
     if plan is not None:
         tables.update(verdict_tables(suite, per_model, plan, distance_name, implants or {}))
@@ -145,7 +151,13 @@ def zoo_summary_tables(tables: dict[str, pd.DataFrame], distance_name: str,
     and localize beyond outputs-only) where ``tables`` holds both Table 1's per-model rows and the
     localization comparison with outputs-only, else nothing."""
     per_model = tables.get(f"detection-per-model-{distance_name}")
-    versus = tables.get(f"localization-vs-outputs-per-model-{distance_name}")
-    if per_model is None or versus is None or BASELINE not in set(per_model["method"]):
+    detection = tables.get(f"detection-vs-outputs-per-model-{distance_name}")
+    localization = tables.get(f"localization-vs-outputs-per-model-{distance_name}")
+    if per_model is None or localization is None or BASELINE not in set(per_model["method"]):
         return {}
-    return {f"zoo-summary-{distance_name}": zoo_summary(per_model, versus, n_references)}
+    summary = zoo_summary(per_model, localization, n_references, detection_versus=detection)
+    times = tables.get(EXPLAIN_TIME)
+    if times is not None:  # each method's cost beside what it finds
+        summary = summary.merge(times[["method", "cpu_seconds"]].rename(
+            columns={"cpu_seconds": "explain_cpu_seconds"}), on="method", how="left")
+    return {f"zoo-summary-{distance_name}": summary}

@@ -3,6 +3,10 @@ zoo suite): per method, from Table 1's per-model rows and the paired comparison 
 
 - ``detected``: anomalous models the paper's rule detects with the method;
 - ``detected_beyond_outputs``: of those, the ones outputs-only does not detect (the same model);
+- ``detection_adds`` / ``_same`` / ``_less``: anomalous models where the method's margin is above,
+  level with or below outputs-only's on the same images (the paired interval of their ratio,
+  ``baseline.detection_versus_baseline``), and ``mcnemar_p``, McNemar's exact test of the
+  method's detections against the control's over the same models: Table 1's paired comparison;
 - ``localized_adds`` / ``_same`` / ``_less``: localizable models where the method's AUROC is above,
   level with or below outputs-only's (the paired interval's verdict, ``baseline.verdict``);
 - ``beyond_outputs`` = detected_beyond_outputs + localized_adds, what the ranking sorts by (ties:
@@ -19,23 +23,33 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from counteraudit.evaluate.scoring.baseline import ADDS, BASELINE, LESS, SAME
+from counteraudit.evaluate.scoring.baseline import ADDS, BASELINE, LESS, SAME, mcnemar_exact_p
 from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS, check_columns
 
 RANDOM_MAP = "random_map"
 CONTROLS = (BASELINE, RANDOM_MAP)
 COLUMNS = ["method", "rank", "beyond_outputs", "detected", "detected_beyond_outputs",
+           "detection_adds", "detection_same", "detection_less", "mcnemar_p",
            "localized_adds", "localized_same", "localized_less", "n_models", "detection_rate",
            "null_rate"]
 
 
+def verdict_counts(versus: pd.DataFrame | None, method: str, prefix: str) -> dict[str, int]:
+    """How many of a method's models a paired comparison says ``adds``, ``same`` and ``less``
+    (``<prefix>_adds`` ...); zeros where there is no comparison."""
+    said = (versus[versus["method"] == method]["verdict"].value_counts() if versus is not None
+            else pd.Series(dtype=int))
+    return {f"{prefix}_{name}": int(said.get(name, 0)) for name in (ADDS, SAME, LESS)}
+
+
 def zoo_summary(per_model: pd.DataFrame, localization_versus: pd.DataFrame | None,
-                n_references: int, *, baseline: str = BASELINE,
-                controls: Sequence[str] = CONTROLS) -> pd.DataFrame:
+                n_references: int, *, detection_versus: pd.DataFrame | None = None,
+                baseline: str = BASELINE, controls: Sequence[str] = CONTROLS) -> pd.DataFrame:
     """One row per method (``COLUMNS``), ranked; controls last with ``null_rate`` = 1/(n+1).
     ``per_model``: the detection-per-model table (method, model, role, detected);
     ``localization_versus``: localization-vs-outputs-per-model (method, model, verdict), or None
-    for a suite with no localizable model."""
+    for a suite with no localizable model; ``detection_versus``: detection-vs-outputs-per-model
+    (method, model, role, verdict), or None (its columns are then 0)."""
     check_columns(per_model, ["method", "model", "role", "detected"], "detection table")
     anomalous = per_model[per_model["role"] == ROLE_ANOMALOUS]
     detected = anomalous.assign(detected=anomalous["detected"].astype(bool))
@@ -44,17 +58,17 @@ def zoo_summary(per_model: pd.DataFrame, localization_versus: pd.DataFrame | Non
                          f"holds {sorted(set(detected['method']))}: add {baseline!r} to the "
                          "suite's [explain] methods")
     outputs_detected = set(detected[(detected["method"] == baseline) & detected["detected"]]["model"])
-    verdicts = (localization_versus if localization_versus is not None
-                else pd.DataFrame(columns=["method", "model", "verdict"]))
+    if detection_versus is not None:
+        detection_versus = detection_versus[detection_versus["role"] == ROLE_ANOMALOUS]
     rows = []
     for method, group in detected.groupby("method", sort=False):
         found = group[group["detected"]]
-        said = verdicts[verdicts["method"] == method]["verdict"].value_counts()
         rows.append({"method": method, "detected": len(found),
                      "detected_beyond_outputs": int((~found["model"].isin(outputs_detected)).sum()),
-                     "localized_adds": int(said.get(ADDS, 0)),
-                     "localized_same": int(said.get(SAME, 0)),
-                     "localized_less": int(said.get(LESS, 0)),
+                     **verdict_counts(detection_versus, method, "detection"),
+                     "mcnemar_p": (np.nan if method == baseline else mcnemar_exact_p(
+                         group["detected"], group["model"].isin(outputs_detected))),
+                     **verdict_counts(localization_versus, method, "localized"),
                      "n_models": group["model"].nunique()})
     table = pd.DataFrame(rows)
     table["beyond_outputs"] = table["detected_beyond_outputs"] + table["localized_adds"]
@@ -75,6 +89,10 @@ def summary_caption(distance_name: str) -> str:
     return ("Methods ranked by the defects they find beyond the outputs-only control: "
             "beyond_outputs = anomalous models detected where outputs-only was not "
             "(detected_beyond_outputs) + localizable models where the paired AUROC interval lies "
-            "above outputs-only's (localized_adds); ties share a rank. Controls last, their "
+            "above outputs-only's (localized_adds); ties share a rank. Table 1's paired "
+            "comparison beside it: detection_adds / same / less, anomalous models where the "
+            "method's margin is above, level with or below outputs-only's on the same resampled "
+            "images (95% paired bootstrap of their ratio), and mcnemar_p, McNemar's exact test "
+            "of its detections against outputs-only's. Controls last, their "
             "detection_rate beside null_rate = 1/(n+1), what a method that sees nothing detects "
             f"({distance_name})")
