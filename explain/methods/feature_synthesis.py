@@ -59,10 +59,11 @@ class FeatureSynthesis(VisualizationMethod):
 
     @dataclass(frozen=True)
     class Params:
-        """steps: Adam steps per class (lucent's render_vis: 512 thresholds; the zoo suite sets
-        fewer, see train/suites/zoo.toml). Measured on the demo's small_resnet at 64 px, one
-        thread, "fused" transforms, AMD EPYC (2 cores): about 2.4 ms a step, so 512 steps cost
-        1.2 s per class (see zoo.toml for the measurement).
+        """steps: Adam steps per class (lucent's render_vis: 512 thresholds, kept by the zoo
+        suite). Measured on a 10-class small_resnet at 64 px, one thread, "fused" transforms, on
+        a shared 2-core AMD EPYC (2026-11-26): 1.48 CPU s per class at 512 steps (2.9 ms a
+        step; evaluate/benchmarks/methods.py measured 1.83), so the zoo's 10 classes x 17
+        models cost 4.2 to 5.2 CPU minutes; "lucent" transforms cost about 1.4x as much.
         learning_rate: Adam's, lucent's 5e-2.
         seed: each class's random start and augmentation draws come from (seed, class index),
         the same for every model (a paired design).
