@@ -327,6 +327,31 @@ def normal_images(suite: Suite, spec: ModelSpec, world: World,
     return name, np.arange(set_sizes(suite)[1])
 
 
+CLASSES = "classes"  # the pseudo set of model-level methods: one row per class of the world
+CLASS_CANVAS = 128  # its pixels' value (uint8): a constant the methods never look at
+
+
+def classes_recipe(suite: Suite) -> dict[str, Any]:
+    """What determines the ``classes`` set: the world alone (its [world] table fixes its classes
+    and image size), so every suite of one world shares its id, and the model-level results keyed
+    by it (explain/store.py, ``result_key``)."""
+    return {"kind": CLASSES, "world": suite.world}
+
+
+def classes_set_id(suite: Suite) -> str:
+    return stable_hash(classes_recipe(suite))
+
+
+def classes_set(suite: Suite, world: World) -> ImageSet:
+    """The pseudo image set a model-level method (``ExplanationMethod.model_level``, e.g. feature
+    synthesis) explains: row c is class c (its label), its pixels a constant canvas at the world's
+    image size, never looked at. Made in memory, never stored: it is a function of the world."""
+    count, side = world.num_classes, world.image_size
+    return ImageSet(CLASSES, classes_set_id(suite),
+                    np.full((count, side, side, 3), CLASS_CANVAS, np.uint8),
+                    np.full(count, -1), np.arange(count), classes_recipe(suite))
+
+
 def build_image_sets(suite: Suite, world: World, root: Path,
                      implants: dict[str, dict]) -> dict[str, ImageSet]:
     """Every set the suite needs: detection + one abnormal set per localizable anomaly (+ its

@@ -23,7 +23,7 @@ import time
 from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, prepare
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.anomalies.image_sets import set_sources
-from counteraudit.evaluate.scoring.stage import localization_scores, tables_dir
+from counteraudit.evaluate.scoring.stage import localization_scores, model_level_methods, tables_dir
 from counteraudit.evaluate.scoring.tables import (chance_band_note, localization_power_note,
                                                   localization_tables)
 from counteraudit.train.core.stage import run_cli
@@ -40,14 +40,19 @@ def main(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     scores = localization_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
     print(f"scored in {time.perf_counter() - started:.0f}s")
-    tables = localization_tables(scores, distance_name, suite)
+    tables = localization_tables(scores, distance_name, suite,
+                                 not_applicable=model_level_methods(methods))
     summary = tables[f"localization-{distance_name}"]
     per_model = tables[f"localization-per-model-{distance_name}"]
     write_tables(suite, tables, args.runs_dir, only_methods=args.method)
     print(f"\nTable 2 -- localization AUROC, abnormal vs normal inputs "
           f"({describe_distance(distance_name)}; {suite.name} suite; images: {set_sources(suite)})\n")
     print(to_markdown(summary, float_format="{:.2f}"))
-    print(f"\n{chance_band_note(per_model)}")
+    if model_level_methods(methods):
+        print(f"\n{', '.join(model_level_methods(methods))}: not applicable (a model-level "
+              "method explains the model, one image per class, not an input; detection only)")
+    if not per_model.empty:
+        print(f"\n{chance_band_note(per_model)}")
     replicated = tables.get(f"localization-replicates-{distance_name}")
     if replicated is not None:
         print("\nTable 2 over replicates: each configuration's mean AUROC over its seeds, 95% "

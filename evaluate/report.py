@@ -44,8 +44,9 @@ from counteraudit.evaluate.pipeline import pipeline_parser, prepare
 from counteraudit.evaluate.reporting.page import DEFAULT_EXAMPLES, DEFAULT_IMAGE_SIDE, Report
 from counteraudit.evaluate.reporting.sensitivity import stored_sensitivity
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
-from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores, only_methods_label
 from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME, explain_time_table
+from counteraudit.evaluate.scoring.stage import (detection_scores, localization_scores, model_level_methods,
+                                                only_methods_label)
 from counteraudit.evaluate.scoring.tables import detection_tables, localization_tables, zoo_summary_tables
 from counteraudit.evaluate.scoring.zoo import summary_caption
 from counteraudit.evaluate.studies.dose_response import suite_dose
@@ -83,8 +84,10 @@ def main(args: argparse.Namespace) -> Path | None:
     localization = None
     if localizable(suite):
         localization = localization_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
-        tables.update(localization_tables(localization, distance_name, suite))
-        tables.update(zoo_summary_tables(tables, distance_name, len(suite.references)))
+        tables.update(localization_tables(localization, distance_name, suite,
+                                          not_applicable=model_level_methods(methods)))
+        tables.update(zoo_summary_tables(tables, distance_name, len(suite.references),
+                                         not_localized=model_level_methods(methods)))
     if suite.sweeps:  # dose-response: one panel per sweep
         dose, limits = suite_dose(suite, detection, localization, implants)
         tables.update({f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits})
@@ -96,7 +99,9 @@ def main(args: argparse.Namespace) -> Path | None:
     report = Report(suite=suite, methods=methods, distance_name=distance_name, source=source,
                     detection=detection, localization=localization, tables=tables,
                     implants=implants,
-                    image_sets=load_image_sets(suite, args.runs_dir), runs_root=args.runs_dir,
+                    image_sets=load_image_sets(suite, args.runs_dir,
+                                               classes=bool(model_level_methods(methods))),
+                    runs_root=args.runs_dir,
                     examples=args.examples, image_side=args.image_side, discovery=discovery,
                     sensitivity=stored_sensitivity(suite, distance_name, args.runs_dir))
     # A --method run's report goes beside the suite's (report-method-<names>.html), as its tables do

@@ -182,6 +182,17 @@ def explained_classes(params: Any, model: nn.Module, images: torch.Tensor, batch
     return labels
 
 
+def model_level_classes(labels: Any, first_position: int, count: int) -> torch.Tensor:
+    """The classes a model-level method explains (int64, on the CPU): the rows' labels, or, with
+    none given, the rows' positions (row c of the ``classes`` set is class c)."""
+    if labels is None:
+        return torch.arange(first_position, first_position + count, dtype=torch.int64)
+    labels = torch.as_tensor(np.asarray(labels), dtype=torch.int64).flatten()
+    if len(labels) != count:
+        raise ValueError(f"{len(labels)} labels for {count} rows")
+    return labels
+
+
 def top_classes(model: nn.Module, images: torch.Tensor, batch_size: int) -> torch.Tensor:
     """argmax_c f_c(x) per image (int64, on the CPU)."""
     device = model_device(model)
@@ -217,6 +228,11 @@ class ExplanationMethod(ABC):
     batch_invariant: ClassVar[bool] = True
     # Bump when the method's algorithm changes its output: stored results then no longer match.
     version: ClassVar[int] = 1
+    # True for a method that explains the model, not an image (feature synthesis): it runs on the
+    # world's ``classes`` set (anomalies/image_sets.py: row c is class c, its pixels a constant
+    # canvas the method never looks at) and explains each row's class, its label; detection
+    # scores those rows, and localization does not apply to it (explain/stage.py, ``sets_for``).
+    model_level: ClassVar[bool] = False
 
     def __init__(self, params: Mapping[str, Any] | Any | None = None):
         self.params = parse_params(self.Params, params, self.name)
@@ -271,8 +287,10 @@ class ExplanationMethod(ABC):
         device = model_device(model)
         outputs = []
         with explainable(model, images[:1].to(device)) as safe_model:
-            targets = explained_classes(self.params, safe_model, images, batch_size, labels,
-                                        self.name)
+            targets = (model_level_classes(labels, first_position, len(images))
+                       if self.model_level else
+                       explained_classes(self.params, safe_model, images, batch_size, labels,
+                                         self.name))
             for start in range(0, len(images), batch_size):
                 stop = min(start + batch_size, len(images))
                 context = BatchContext(range(first_position + start, first_position + stop),

@@ -47,8 +47,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from counteraudit.anomalies.image_sets import (DETECTION, IMAGE_SET, IMPLANT_DETAILS, ImageSet,
-                                               abnormal_recipe, abnormal_set_name, build_image_sets,
+from counteraudit.anomalies.image_sets import (CLASSES, DETECTION, IMAGE_SET, IMPLANT_DETAILS,
+                                               ImageSet, abnormal_recipe, abnormal_set_name,
+                                               build_image_sets, classes_set, classes_set_id,
                                                detection_recipe, localizable, normal_set_name,
                                                same_lineage, set_sizes)
 from counteraudit.explain.base import METHODS, Explanation, ExplanationMethod, build_method
@@ -61,6 +62,7 @@ from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.artifacts import (artifact_lock, find_or_make, link_into_store, lock_beside,
                                                read_json, stable_hash, store_dir)
 from counteraudit.train.core.keyed_store import as_stored
+from counteraudit.train.core.registries import WORLDS
 from counteraudit.train.core.stage import StagePlan, executor_config, longest_first, run_stage, stage_item
 from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
 from counteraudit.train.implant_checks import read_implant
@@ -89,9 +91,24 @@ def method_batch_size(suite: Suite, name: str) -> int | None:
     return suite.tables.get("explain", {}).get("batch_sizes", {}).get(name)
 
 
-def sets_for(suite: Suite, spec: ModelSpec) -> list[str]:
+def is_model_level(method: str) -> bool:
+    """Whether a registered method explains models rather than images (``model_level``)."""
+    return METHODS.get(method).model_level
+
+
+def detection_set_for(method: str) -> str:
+    """The set a method's detection scores (Table 1) are computed on: the ``classes`` set for a
+    model-level method (one row per class), else the detection set."""
+    return CLASSES if is_model_level(method) else DETECTION
+
+
+def sets_for(suite: Suite, spec: ModelSpec, method: str | None = None) -> list[str]:
     """The image sets a model is explained on (a held-out reference: the detection set only);
-    a localizable model's normal set is the detection set unless [image_sets] gives it a folder."""
+    a localizable model's normal set is the detection set unless [image_sets] gives it a folder.
+    A model-level ``method`` explains every model on the ``classes`` set alone: it has no
+    localization."""
+    if method is not None and is_model_level(method):
+        return [CLASSES]
     names = [DETECTION]
     references = {s.name for s in suite.references}
     for anomaly in localizable(suite):
@@ -117,9 +134,11 @@ def stored_result_dir(runs_root, key: dict[str, Any]) -> Path:
     return store_dir(runs_root) / VISUALIZATIONS / key["method"] / stable_hash(key, length=16)
 
 
-def load_image_sets(suite: Suite, runs_root=None, world=None) -> dict[str, ImageSet]:
+def load_image_sets(suite: Suite, runs_root=None, world=None,
+                    classes: bool = False) -> dict[str, ImageSet]:
     """The suite's image sets, made in the store if missing (needs the implant checks for blurred
-    faces), each linked from ``runs/<suite>/image_sets/<name>``."""
+    faces), each linked from ``runs/<suite>/image_sets/<name>``; with ``classes``, the world's
+    ``classes`` set too (model-level methods; made in memory, not stored)."""
     world = world or build_world(suite.world, runs_root=runs_root)
     implants = {spec.name: read_implant(suite, spec, runs_root) for spec in localizable(suite)}
     store = store_dir(runs_root) / IMAGE_SETS
@@ -127,6 +146,8 @@ def load_image_sets(suite: Suite, runs_root=None, world=None) -> dict[str, Image
     for name, image_set in sets.items():
         link_into_store(suite.root(runs_root) / IMAGE_SETS / name, store / image_set.id, runs_root,
                         IMAGE_SET.marks(image_set.id))
+    if classes:
+        sets[CLASSES] = classes_set(suite, world)
     return sets
 
 
@@ -152,6 +173,11 @@ def linked_image_sets(suite: Suite, runs_root=None) -> dict[str, LinkedSet]:
         recipe = (index or {}).get("recipe", {})
         if index and all(recipe.get(k) == as_stored(v) for k, v in settings.items()):
             found[name] = LinkedSet(index["id"], int(index["count"]))
+    # The classes set is a function of the world, never stored: its id is known without it (its
+    # size, where the world lists its classes without being built; else 0, only a dry run's plan).
+    names = WORLDS.get(suite.world.get("name", "synthetic")).listed_class_names(
+        {k: v for k, v in suite.world.items() if k != "name"})
+    found[CLASSES] = LinkedSet(classes_set_id(suite), len(names or []))
     return found
 
 
@@ -308,7 +334,8 @@ class _Item:
         self.batch_size = method_batch_size(self.suite, item["method"])
         self.device = pick_device(item.get("device"))
         self.world = build_world(self.suite.world, runs_root=item.get("runs_dir"))
-        self.image_sets = load_image_sets(self.suite, item.get("runs_dir"), self.world)
+        self.image_sets = load_image_sets(self.suite, item.get("runs_dir"), self.world,
+                                          classes=self.method.model_level)
         self._model = None
 
     def target(self, set_name: str) -> tuple[ImageSet, Path, dict[str, Any]]:
@@ -358,7 +385,7 @@ def explain_one(item: dict[str, Any]) -> dict[str, int]:
     counts = {"computed": 0, "stored": 0, "explained_images": 0, "reused_images": 0}
     batch = work.batch_size or work.method.default_batch_size
     with _item_context(work.spec, work.device):
-        for set_name in sets_for(work.suite, work.spec):
+        for set_name in sets_for(work.suite, work.spec, work.method.name):
             image_set, directory, key = work.target(set_name)
 
             def explain_set() -> str:
@@ -449,7 +476,8 @@ def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
     for name in methods:
         method = build_method(name, method_params(suite, name))
         batch_size = method_batch_size(suite, name)
-        size = part_size(method, batch_size, chunk) if chunk else None
+        # A model-level result (one row per class) is small: one part, written whole.
+        size = part_size(method, batch_size, chunk) if chunk and not method.model_level else None
         items_before = len(items)
         for spec in specs:
             cost[(name, spec.name)] = method.passes_per_image(spec.architecture)
@@ -489,7 +517,7 @@ def _missing_results(suite: Suite, method: str, description: dict[str, Any], spe
     root = suite.root(runs_root)
     m, p = set_sizes(suite)
     missing, already = [], 0
-    for set_name in sets_for(suite, spec):
+    for set_name in sets_for(suite, spec, method):
         if image_sets is None:
             linked = linked_sets.get(set_name)
             key = None if linked is None else result_key(description, spec.key, linked.id)
@@ -548,15 +576,17 @@ def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | N
     chunk = chunk_images(suite, args)
     # Made once, here, so work items only read them; a dry run makes none, and reads the
     # results stored for the sets an earlier run made.
-    image_sets = None if config.dry_run else load_image_sets(suite, args.runs_dir)
+    image_sets = None if config.dry_run else load_image_sets(
+        suite, args.runs_dir, classes=any(is_model_level(name) for name in methods))
     linked = linked_image_sets(suite, args.runs_dir) if config.dry_run else None
     base_item = stage_item(suite, args.runs_dir, device=getattr(args, "device", None))
     plan = plan_explanations(suite, methods, specs, image_sets, chunk, base_item, linked)
 
     def describe(missing: list[dict[str, Any]]) -> str:  # a dry run's first line
-        unmade = (f"; {len(sets_needed(suite, specs)) - len(linked)} image set(s) not made yet "
+        not_made = sets_needed(suite, specs) - set(linked or {})
+        unmade = (f"; {len(not_made)} image set(s) not made yet "
                   "(a dry run makes none), so every result on them counts as missing"
-                  if linked is not None and len(linked) < len(sets_needed(suite, specs)) else "")
+                  if linked is not None and not_made else "")
         return (f"[dry-run] stage 'explain': {plan.stored} visualization set(s) already stored "
                 f"(not computed again), {len(missing)} work item(s) to compute the rest{unmade}")
 
@@ -634,7 +664,7 @@ def _images_left(suite: Suite, image_sets: dict[str, ImageSet], runs_root,
     method = build_method(item["method"], method_params(suite, item["method"]))
     description = method.describe(spec.architecture, method_batch_size(suite, item["method"]))
     left = 0
-    for set_name in sets_for(suite, spec):
+    for set_name in sets_for(suite, spec, item["method"]):
         key = result_key(description, spec.key, image_sets[set_name].id)
         if not is_stored(stored_result_dir(runs_root, key), key):
             left += len(image_sets[set_name].images)

@@ -28,6 +28,7 @@ NUM_IMAGES, SIZE = 3, 64
 SMALL_GRID = {"grid_cells": 4}
 FAST_PARAMS = {
     "caricature": {"steps": 6},
+    "feature_synthesis": {"steps": 3},
     # captum's sampling and perturbation methods (explain/methods/captum_*.py): tiny budgets
     "deep_lift_shap": {"baseline_samples": 2},
     "gradient_shap": {"baseline_samples": 2, "n_samples": 4},
@@ -114,7 +115,10 @@ def test_output_shape_dtype_and_record(name, explanations, targets):
     else:
         assert explanation.images.shape == (len(explanation.layers), NUM_IMAGES, SIZE, SIZE, 3)
     assert explanation.raw is None or explanation.raw.shape[0] == NUM_IMAGES
-    np.testing.assert_array_equal(explanation.targets, targets.numpy())  # the model's top class
+    if METHODS.get(name).model_level:  # row c explains class c (the rows of the classes set)
+        np.testing.assert_array_equal(explanation.targets, np.arange(NUM_IMAGES))
+    else:
+        np.testing.assert_array_equal(explanation.targets, targets.numpy())  # the model's top class
     assert explanation.params["method"] == name
     assert explanation.params["renderer_version"] == RENDERER_VERSION
     for values in explanation.diagnostics.values():
@@ -217,7 +221,8 @@ def test_feature_ablation_equals_captum_on_a_grid_of_square_cells(model, images,
     ("lime", {"n_samples": 0}, "n_samples"),
     ("kernel_shap", {"grid_cells": -1}, "grid_cells"),
     ("shapley_value_sampling", {"n_samples": 0}, "n_samples"),
-    ("smooth_grad", {"n_samples": 0}, "n_samples")])
+    ("smooth_grad", {"n_samples": 0}, "n_samples"),
+    ("feature_synthesis", {"steps": 0}, "steps")])
 def test_a_budget_that_is_not_positive_is_one_error_naming_it(name, params, key):
     with pytest.raises(ValueError, match=rf"^{key} = .*set {key}"):
         build_method(name, params)
@@ -299,6 +304,23 @@ def test_caricature_seed_and_batch_size_are_recorded_and_matter(model, images, e
     assert reference.params["method_params"]["seed"] == 0
     other_seed = build_method("caricature", {"steps": 6, "seed": 1}).run(model, images, batch_size=2)
     assert not np.array_equal(other_seed.images, reference.images)
+
+
+def test_feature_synthesis_raises_the_logit_of_each_rows_class():
+    """Row c maximises logit c (not the top class, not another row's): on a random linear model
+    of the pooled colours every row's logit rises, and logit c is higher on row c's image than
+    on any other row's, which a wrong sign or a wrong target would not give."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(2), torch.nn.Flatten(),
+                                torch.nn.Linear(12, 4)).eval()
+    result = build_method("feature_synthesis", {"steps": 20}).run(model, torch.full((4, 3, 32, 32), 0.5))
+    gains = result.diagnostics["logit_final"] - result.diagnostics["logit_initial"]
+    assert (gains > 0.1).all(), gains
+    rendered = torch.from_numpy(result.images).permute(0, 3, 1, 2).float() / 255
+    with torch.no_grad():
+        logits = model(rendered)  # logits[row, class]
+    assert logits.argmax(dim=0).tolist() == [0, 1, 2, 3]  # class c's best image: row c
+    np.testing.assert_array_equal(result.targets, [0, 1, 2, 3])
 
 
 def test_staged_forward_gives_each_layer_group_its_full_forward_features(model):

@@ -10,6 +10,7 @@ from counteraudit.evaluate.reporting.html import (fmt, fraction_class, html_tabl
 from counteraudit.evaluate.scoring.baseline import DETECTION_VERSUS_CAPTION as VERSUS_CAPTION
 from counteraudit.evaluate.scoring.detection import margin_wide
 from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME, EXPLAIN_TIME_CAPTION
+from counteraudit.explain.stage import detection_set_for
 from counteraudit.evaluate.reporting.svg import (ANOMALOUS_COLOR, MISSED_COLOR, REFERENCE_COLOR, StripRow,
                                                  strip_plot)
 
@@ -77,6 +78,7 @@ def detection_examples(report) -> str:
              "model's over all images.</p>"]
     for method in report.methods:
         layer = report.shown_layer(method)
+        shown_set = detection_set_for(method)  # a model-level method: the classes' rows
         rows = []
         for spec in report.anomalies:
             scores = report.image_scores(report.detection, method, layer, spec.name)
@@ -92,14 +94,16 @@ def detection_examples(report) -> str:
                            + ('<span class="fail">detected</span>' if is_detected(v["detected"])
                               else "not detected"))
             reference_figure = report.figure(
-                report.visualization(method, reference, DETECTION, position),
+                report.visualization(method, reference, shown_set, position),
                 f"{method} {reference} image {position}", f"{escape(reference)}<br>A = {fmt(reference_score)}")
             model_figure = report.figure(
-                report.visualization(method, spec.name, DETECTION, position),
+                report.visualization(method, spec.name, shown_set, position),
                 f"{method} {spec.name} image {position}",
                 f"<b>{escape(spec.name)}</b><br>A = {fmt(scores.get(position))}")
+            shown_input = (report.input_figure(DETECTION, position, "input") if shown_set == DETECTION
+                           else f"class {position}<br><small>(model-level: no input)</small>")
             rows.append(f"<tr><th>{escape(spec.name)}<br><small>{escape(spec.family)}</small>{summary}</th>"
-                        f"<td>{report.input_figure(DETECTION, position, 'input')}</td>"
+                        f"<td>{shown_input}</td>"
                         f"<td>{reference_figure}</td><td>{model_figure}</td></tr>")
         title = method + (f" (layer {layer})" if layer else "")
         parts.append(f'<h3>{escape(title)}</h3><div class="table-wrap"><table class="examples"><thead>'

@@ -81,7 +81,7 @@ def localization_examples(report) -> str:
         head = "".join(f'<th colspan="2">{report.input_figure(s, p, "abnormal input" if a else "normal input")}</th>'
                        for s, p, a in columns)
         rows = []
-        for method in report.methods:
+        for method in report.localized_methods:
             layer = report.shown_layer(method)
             cells = []
             for set_name, position, is_abnormal in columns:
@@ -117,7 +117,7 @@ def roc_section(report) -> str:
              "chance.</p>"]
     for spec in report.localizable:
         plots = []
-        for method in report.methods:
+        for method in report.localized_methods:
             rows = overall[(overall["model"] == spec.name) & (overall["method"] == method)]
             rows = rows[np.isfinite(rows["score"].to_numpy(dtype=float))]
             is_abnormal = rows["abnormal"].astype(bool).to_numpy()

@@ -21,7 +21,7 @@ from counteraudit.evaluate.reporting.sensitivity import SECTION_ID as SENSITIVIT
 from counteraudit.evaluate.reporting.sensitivity import TITLE as SENSITIVITY_TITLE
 from counteraudit.anomalies.image_sets import localizable
 from counteraudit.evaluate.scoring.detection import with_layer_column
-from counteraudit.explain.stage import load_results
+from counteraudit.explain.stage import detection_set_for, is_model_level, load_results
 from counteraudit.evaluate.scoring.detection import NO_LAYER
 from counteraudit.anomalies.image_sets import set_sizes, set_sources
 from counteraudit.evaluate.reporting.sensitivity import sensitivity_section
@@ -48,11 +48,18 @@ class Report:
         self.runs_root, self.examples, self.image_side = runs_root, examples, image_side
         self.references = [s.name for s in suite.references]
         self.anomalies = list(suite.anomalies)
-        self.localizable = list(localizable(suite)) if localization is not None else []
+        self.localizable = (list(localizable(suite)) if localization is not None and len(localization)
+                            else [])
         self.discovery = discovery  # (findings, tables, world) or None
         self.sensitivity = sensitivity  # evaluate/sensitivity.py's tables, or None
         self._explanations: dict[tuple[str, str, str], Any] = {}
         self.image_count = 0
+
+    @property
+    def localized_methods(self) -> list[str]:
+        """The methods localization applies to (not the model-level ones, e.g. feature
+        synthesis, whose Table 2 row reads "not applicable")."""
+        return [method for method in self.methods if not is_model_level(method)]
 
     # ---- data access
     def table(self, name: str) -> pd.DataFrame:
@@ -66,7 +73,7 @@ class Report:
 
     def shown_layer(self, method: str) -> str:
         """The layer whose images the examples show: the first of a layered method, else ''."""
-        layers = self.explanation(method, self.references[0], "detection").layers
+        layers = self.explanation(method, self.references[0], detection_set_for(method)).layers
         return str(layers[0]) if layers else NO_LAYER
 
     def visualization(self, method: str, model: str, image_set: str, position: int) -> np.ndarray:
@@ -194,7 +201,7 @@ class Report:
     def example_positions(self, spec) -> tuple[list[int], list[int]]:
         """The first ``examples`` normal (in its normal set) and abnormal positions of one model."""
         frame = self.localization
-        rows = frame[(frame["model"] == spec.name) & (frame["method"] == self.methods[0])]
+        rows = frame[(frame["model"] == spec.name) & (frame["method"] == self.localized_methods[0])]
         normal = sorted(set(rows.loc[~rows["abnormal"].astype(bool), "image"].astype(int)))[:self.examples]
         abnormal = sorted(set(rows.loc[rows["abnormal"].astype(bool), "image"].astype(int)))[:self.examples]
         return normal, abnormal

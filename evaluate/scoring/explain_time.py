@@ -39,7 +39,7 @@ def explain_time_table(suite: Suite, methods: Sequence[str], runs_root=None) -> 
     rows = []
     for method in methods:
         timings = [stored_timing(result_dir(root, method, spec.name, image_set))
-                   for spec in suite.models for image_set in sets_for(suite, spec)]
+                   for spec in suite.models for image_set in sets_for(suite, spec, method)]
         total = total_timing(timings) or {"seconds": np.nan, "cpu_seconds": np.nan, "images": 0}
         images = int(total["images"])
         rows.append({"method": method, "results": len(timings),

@@ -22,6 +22,9 @@ from counteraudit.train.core.artifacts import derive_seed
 
 DEFAULT_RESAMPLES = 2000
 DEFAULT_LEVEL = 0.95
+# What Table 2 and the zoo summary say of a method localization does not apply to (a model-level
+# method: feature synthesis explains the model, not an input).
+NOT_APPLICABLE = "not applicable"
 
 
 def _clean(values, what: str) -> np.ndarray:

@@ -19,8 +19,9 @@ import pandas as pd
 from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_images, normal_set_name
 from counteraudit.evaluate.scoring.detection import NO_LAYER
 from counteraudit.evaluate.scoring.distances import build_distance
-from counteraudit.evaluate.scoring.scores import anomaly_scores
-from counteraudit.explain.stage import load_image_sets, load_results, result_dir
+from counteraudit.evaluate.scoring.scores import SCORE_COLUMNS, anomaly_scores
+from counteraudit.explain.stage import (detection_set_for, is_model_level, load_image_sets,
+                                        load_results, result_dir)
 from counteraudit.explain.store import stored_key
 from counteraudit.train.core.artifacts import atomic_write_text, stable_hash
 from counteraudit.train.core.keyed_store import KeyedArtifact
@@ -192,18 +193,35 @@ def _score_missing(suite: Suite, distance, distance_name: str, plan: StagePlan[T
 
 def detection_scores(suite: Suite, distance, distance_name: str, methods: list[str],
                      runs_root=None, args: argparse.Namespace | None = None) -> pd.DataFrame:
-    """Every model's scores on the detection set, per method (missing tables: ``score_tables``)."""
+    """Every model's scores on the detection set, per method (missing tables: ``score_tables``);
+    a model-level method's on the ``classes`` set, one score per class (``detection_set_for``)."""
     models = [s.name for s in suite.models]
     return pd.concat(score_tables(suite, distance, distance_name,
-                                  [(method, DETECTION, models) for method in methods], runs_root,
-                                  args), ignore_index=True)
+                                  [(method, detection_set_for(method), models)
+                                   for method in methods], runs_root, args), ignore_index=True)
+
+
+def model_level_methods(methods: list[str]) -> list[str]:
+    """The model-level methods among ``methods`` (Table 2: "not applicable")."""
+    return [method for method in methods if is_model_level(method)]
+
+
+def localized_methods(methods: list[str]) -> list[str]:
+    """The methods localization applies to: all but the model-level ones (feature synthesis
+    explains the model, not an input; Table 2 marks it "not applicable")."""
+    return [method for method in methods if not is_model_level(method)]
 
 
 def localization_scores(suite: Suite, distance, distance_name: str, methods: list[str],
                         runs_root=None, args: argparse.Namespace | None = None) -> pd.DataFrame:
     """For each localizable anomaly: its scores on its abnormal set (abnormal = True) and on its
     normal images (abnormal = False): the detection images that count as normal for it, or its
-    own normal folder ([image_sets] <model>-normal)."""
+    own normal folder ([image_sets] <model>-normal). Model-level methods are left out
+    (``localized_methods``)."""
+    methods = localized_methods(methods)
+    if not methods:  # model-level methods only: nothing to localize
+        return pd.DataFrame(columns=["distance", "method", "layer", "image_set", *SCORE_COLUMNS,
+                                     "abnormal"])
     world = build_world(suite.world, runs_root=runs_root)
     image_sets = load_image_sets(suite, runs_root, world)
     models = [s.name for s in suite.models]

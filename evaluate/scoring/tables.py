@@ -2,15 +2,17 @@
 outputs-only comparisons, keyed by the file names ``write_tables`` gives them."""
 from __future__ import annotations
 
+from typing import Sequence
+
 import pandas as pd
 
-from counteraudit.anomalies.image_sets import DEFAULT_LOCALIZATION_IMAGES, set_sizes
+from counteraudit.anomalies.image_sets import DEFAULT_LOCALIZATION_IMAGES, localizable, set_sizes
 from counteraudit.evaluate.scoring.baseline import (BASELINE, delta_table, detection_versus_baseline,
                                                     fraction_intervals, fraction_table,
                                                     localization_versus_baseline, null_rate_table)
 from counteraudit.evaluate.scoring.detection import (NO_LAYER, NULL_FAMILY, ROLE_ANOMALOUS, detection_table,
                                                      null_rates, table1)
-from counteraudit.evaluate.scoring.localization import (localization_table, paper_layout,
+from counteraudit.evaluate.scoring.localization import (NOT_APPLICABLE, localization_table, paper_layout,
                                                         replicate_localization_table, table2)
 from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME
 from counteraudit.evaluate.scoring.zoo import zoo_summary
@@ -92,17 +94,29 @@ def verdict_tables(suite: Suite, per_model: pd.DataFrame, plan, distance_name: s
 
 
 def localization_tables(scores: pd.DataFrame, distance_name: str,
-                        suite: Suite | None = None) -> dict[str, pd.DataFrame]:
+                        suite: Suite | None = None,
+                        not_applicable: Sequence[str] = ()) -> dict[str, pd.DataFrame]:
     """Table 2 (Caricatures per layer, then their layer average), the per-model localization table
     (AUROC, bootstrap interval, chance band) and the per-layer rows of layered methods, keyed by the
     file names ``write_tables`` gives them. A ``suite`` with replicated configurations adds Table 2
     over replicates (``localization-replicates``): each configuration's mean AUROC, its interval
-    resampling models, then images."""
+    resampling models, then images. ``not_applicable``: methods localization does not apply to
+    (model-level ones, whose ``scores`` hold none): Table 2 gives each a row of
+    ``NOT_APPLICABLE``."""
+    if scores.empty:  # only model-level methods: nothing to localize
+        empty = localization_table(pd.DataFrame(columns=["method", "model", "image", "score",
+                                                         "abnormal"]))
+        models = [spec.name for spec in localizable(suite)] if suite is not None else []
+        return {f"localization-{distance_name}": with_not_applicable(
+                    pd.DataFrame(columns=["method", *models]), not_applicable),
+                f"localization-per-model-{distance_name}": empty,
+                f"localization-per-layer-{distance_name}": empty.assign(layer=NO_LAYER)}
     per_model = localization_table(scores)
     per_layer = localization_table(scores, per_layer=True)
     per_layer = per_layer[per_layer["layer"] != NO_LAYER]
     # the paper's layout: Caricatures one row per layer, their layer average an extra row
-    tables = {f"localization-{distance_name}": table2(paper_layout(per_model, per_layer)),
+    tables = {f"localization-{distance_name}": with_not_applicable(
+                  table2(paper_layout(per_model, per_layer)), not_applicable),
               f"localization-per-model-{distance_name}": per_model,
               f"localization-per-layer-{distance_name}": per_layer}
     if suite is not None and any(spec.replicate is not None for spec in suite.anomalies):
@@ -113,6 +127,20 @@ def localization_tables(scores: pd.DataFrame, distance_name: str,
         tables[f"localization-vs-outputs-per-model-{distance_name}"] = versus
         tables[f"localization-vs-outputs-{distance_name}"] = delta_table(versus)
     return tables
+
+
+def with_not_applicable(table: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
+    """Table 2 (``table2``: a "method" column, one column per model) with a row per method of
+    ``methods`` reading ``NOT_APPLICABLE`` in every model's column (or in a column "localization"
+    where the table has no model column): visibly not computed, never a NaN that reads like a
+    failed run."""
+    if not methods:
+        return table
+    models = [column for column in table.columns if column != "method"] or ["localization"]
+    rows = pd.DataFrame([{"method": method, **{model: NOT_APPLICABLE for model in models}}
+                         for method in methods])
+    return pd.concat([table.astype({model: object for model in models if model in table}), rows],
+                     ignore_index=True)
 
 
 # The paper's mark of a localization success (SPEC.md), true where the chance band lies below it.
@@ -146,16 +174,19 @@ def localization_power_note(suite: Suite) -> str | None:
 
 
 def zoo_summary_tables(tables: dict[str, pd.DataFrame], distance_name: str,
-                       n_references: int) -> dict[str, pd.DataFrame]:
+                       n_references: int,
+                       not_localized: Sequence[str] = ()) -> dict[str, pd.DataFrame]:
     """``zoo-summary-<distance>`` (``zoo.zoo_summary``: methods ranked by the defects they detect
     and localize beyond outputs-only) where ``tables`` holds both Table 1's per-model rows and the
-    localization comparison with outputs-only, else nothing."""
+    localization comparison with outputs-only, else nothing. ``not_localized``: the model-level
+    methods, whose localization columns read "not applicable"."""
     per_model = tables.get(f"detection-per-model-{distance_name}")
     detection = tables.get(f"detection-vs-outputs-per-model-{distance_name}")
     localization = tables.get(f"localization-vs-outputs-per-model-{distance_name}")
     if per_model is None or localization is None or BASELINE not in set(per_model["method"]):
         return {}
-    summary = zoo_summary(per_model, localization, n_references, detection_versus=detection)
+    summary = zoo_summary(per_model, localization, n_references, detection_versus=detection,
+                          not_localized=not_localized)
     times = tables.get(EXPLAIN_TIME)
     if times is not None:  # each method's cost beside what it finds
         summary = summary.merge(times[["method", "cpu_seconds"]].rename(

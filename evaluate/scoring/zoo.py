@@ -10,7 +10,8 @@ zoo suite): per method, from Table 1's per-model rows and the paired comparison 
 - ``localized_adds`` / ``_same`` / ``_less``: localizable models where the method's AUROC is above,
   level with or below outputs-only's (the paired interval's verdict, ``baseline.verdict``);
 - ``beyond_outputs`` = detected_beyond_outputs + localized_adds, what the ranking sorts by (ties:
-  more detected first), ``rank`` shared by ties.
+  more detected first), ``rank`` shared by ties. A model-level method (feature synthesis) has no
+  localization: its ``localized_*`` columns read "not applicable" and it ranks by detection alone.
 
 The controls (outputs-only, random maps) are listed last, unranked, with their detection rate
 beside the null rate 1/(n+1): the chance that a model exchangeable with the n references scores
@@ -25,6 +26,7 @@ import pandas as pd
 
 from counteraudit.evaluate.scoring.baseline import ADDS, BASELINE, LESS, SAME, mcnemar_exact_p
 from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS, check_columns
+from counteraudit.evaluate.scoring.localization import NOT_APPLICABLE
 
 RANDOM_MAP = "random_map"
 CONTROLS = (BASELINE, RANDOM_MAP)
@@ -44,12 +46,15 @@ def verdict_counts(versus: pd.DataFrame | None, method: str, prefix: str) -> dic
 
 def zoo_summary(per_model: pd.DataFrame, localization_versus: pd.DataFrame | None,
                 n_references: int, *, detection_versus: pd.DataFrame | None = None,
-                baseline: str = BASELINE, controls: Sequence[str] = CONTROLS) -> pd.DataFrame:
+                baseline: str = BASELINE, controls: Sequence[str] = CONTROLS,
+                not_localized: Sequence[str] = ()) -> pd.DataFrame:
     """One row per method (``COLUMNS``), ranked; controls last with ``null_rate`` = 1/(n+1).
     ``per_model``: the detection-per-model table (method, model, role, detected);
     ``localization_versus``: localization-vs-outputs-per-model (method, model, verdict), or None
     for a suite with no localizable model; ``detection_versus``: detection-vs-outputs-per-model
-    (method, model, role, verdict), or None (its columns are then 0)."""
+    (method, model, role, verdict), or None (its columns are then 0); ``not_localized``: the
+    methods localization does not apply to (model-level), their ``localized_*`` columns
+    ``NOT_APPLICABLE``."""
     check_columns(per_model, ["method", "model", "role", "detected"], "detection table")
     anomalous = per_model[per_model["role"] == ROLE_ANOMALOUS]
     detected = anomalous.assign(detected=anomalous["detected"].astype(bool))
@@ -81,7 +86,12 @@ def zoo_summary(per_model: pd.DataFrame, localization_versus: pd.DataFrame | Non
     ranked = ranked.assign(rank=[1 + sum(other > key for other in keys) for key in keys],
                            null_rate=np.nan)
     control_rows = table[is_control].assign(rank=pd.NA, null_rate=1 / (n_references + 1))
-    return pd.concat([ranked, control_rows], ignore_index=True)[COLUMNS]
+    summary = pd.concat([ranked, control_rows], ignore_index=True)[COLUMNS]
+    if not_localized:  # counted as 0 above (no adds); said as what they are
+        localized = ["localized_adds", "localized_same", "localized_less"]
+        summary = summary.astype({column: object for column in localized})
+        summary.loc[summary["method"].isin(list(not_localized)), localized] = NOT_APPLICABLE
+    return summary
 
 
 def summary_caption(distance_name: str) -> str:
