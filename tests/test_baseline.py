@@ -8,7 +8,7 @@ from sklearn.metrics import roc_auc_score
 
 from scipy.stats import binomtest
 
-from counteraudit.evaluate.scoring.baseline import (ADDS, LESS, SAME, detection_versus_baseline,
+from counteraudit.evaluate.scoring.baseline import (ADDS, LESS, NEITHER, SAME, detection_versus_baseline,
                                                     fraction_intervals, localization_versus_baseline,
                                                     mcnemar_exact_p, paired_delta_interval)
 from counteraudit.evaluate.scoring.detection import detection_table
@@ -160,6 +160,15 @@ def test_paired_detection_comparison_gives_table_1s_margins_and_their_ratio():
     assert versus.loc["copy", "verdict"] == SAME
     assert "outputs_only" not in versus.index
     assert versus.loc["sharper", "detected"] and versus.loc["sharper", "baseline_detected"]
+
+
+def test_margins_of_a_model_neither_method_detects_compare_nothing():
+    """Both below 1 (the control's far below): the ratio is reported, but no adds."""
+    frame = per_image_scores(np.random.default_rng(9), {"outputs_only": 0.5, "near": 0.97})
+    versus = detection_versus_baseline(frame, detection_table(frame, REFERENCES)).iloc[0]
+    assert not versus["detected"] and not versus["baseline_detected"]
+    assert versus["ratio_low"] > 1  # the margins differ ...
+    assert versus["verdict"] == NEITHER  # ... but neither sets the model apart
 
 
 def test_paired_detection_leaves_out_an_image_flagged_for_either_method():

@@ -13,7 +13,11 @@ Detection: the margin ratio margin(method) / margin(outputs_only) per anomalous 
 method separates the model from the references by more than the outputs do. Its *paired* interval
 (``detection_versus_baseline``) resamples the detection images once for both methods and for the
 model and every reference alike, and recomputes both margins on each draw: the verdict is
-``adds`` when the ratio's interval lies above 1, ``less`` below, ``same`` when it holds 1. Over the
+``adds`` when the ratio's interval lies above 1, ``less`` below, ``same`` when it holds 1, and
+``neither`` when neither method detects the model: a margin below 1 says where the highest
+reference sits, not how far the model is from the references, so two of them compare nothing
+(a random map "adds" to outputs-only wherever the outputs set a model closer to the references
+than the references are to each other). Over the
 anomalous models, McNemar's exact test (statsmodels) asks whether the method's detections and
 the control's differ more than chance would make them (the discordant models alone count).
 
@@ -36,6 +40,7 @@ from counteraudit.train.core.artifacts import derive_seed
 
 BASELINE = "outputs_only"
 ADDS, SAME, LESS = "adds", "same", "less"
+NEITHER = "neither"  # neither method detects the model: its margins compare nothing
 
 
 def _wins(abnormal: np.ndarray, normal: np.ndarray) -> np.ndarray:
@@ -184,7 +189,8 @@ DETECTION_VERSUS_CAPTION = (
     "anomalous model, with its 95% interval from resampling the detection images once for both "
     "methods and every model; adds: the interval lies above 1 (the explanation sets the model "
     "further from the references than the outputs do on the same images), less: below 1, "
-    "same: it holds 1")
+    "same: it holds 1; neither: neither method detects the model, so their margins (below 1: "
+    "where the highest reference sits) compare nothing")
 DETECTION_VERSUS_COLUMNS = ["method", "model", "role", "detected", "baseline_detected", "margin",
                             "baseline_margin", "margin_ratio", "ratio_low", "ratio_high", "verdict",
                             "n_images"]
@@ -194,10 +200,11 @@ def detection_versus_baseline(scores: pd.DataFrame, per_model: pd.DataFrame, *,
                               baseline: str = BASELINE, n_resamples: int = DEFAULT_RESAMPLES,
                               level: float = DEFAULT_LEVEL, seed: int = 0) -> pd.DataFrame:
     """Per (method, anomalous or held-out model): both margins, their ratio with its paired
-    bootstrap interval (``paired_margin_ratio_interval``) and verdict (``adds``: above 1), both
-    detections, and n_images, the detection images every model scored finitely under both
-    methods (images flagged for either are left out of both, and the margins are recomputed on
-    those). Layered methods are averaged over their layers per image, as Table 2 does.
+    bootstrap interval (``paired_margin_ratio_interval``) and verdict (``adds``: above 1;
+    ``neither`` where neither method detects the model, module docstring), both detections,
+    and n_images, the detection images every model scored finitely under both methods (images
+    flagged for either are left out of both, and the margins are recomputed on those). Layered
+    methods are averaged over their layers per image, as Table 2 does.
 
     ``scores``: the tidy frame Table 1 comes from; ``per_model``: Table 1's per-model rows (role,
     detected), which say which models are the references and which are scored."""
@@ -237,10 +244,12 @@ def detection_versus_baseline(scores: pd.DataFrame, per_model: pd.DataFrame, *,
             margin, baseline_margin, ratio, low, high = paired_margin_ratio_interval(
                 a[:, finite], b[:, finite], n_resamples=n_resamples, level=level,
                 seed=derive_seed(seed, "detection-versus-baseline", method, model))
+            said = ("n/a" if not np.isfinite(ratio)
+                    else NEITHER if not (row["detected"] or row["baseline_detected"])
+                    else verdict(np.log(low), np.log(high)))
             rows.append({**row, "margin": margin, "baseline_margin": baseline_margin,
                          "margin_ratio": ratio, "ratio_low": low, "ratio_high": high,
-                         "verdict": "n/a" if not np.isfinite(ratio)
-                         else verdict(np.log(low), np.log(high))})
+                         "verdict": said})
     return pd.DataFrame(rows, columns=DETECTION_VERSUS_COLUMNS)
 
 

@@ -5,8 +5,9 @@ zoo suite): per method, from Table 1's per-model rows and the paired comparison 
 - ``detected_beyond_outputs``: of those, the ones outputs-only does not detect (the same model);
 - ``detection_adds`` / ``_same`` / ``_less``: anomalous models where the method's margin is above,
   level with or below outputs-only's on the same images (the paired interval of their ratio,
-  ``baseline.detection_versus_baseline``), and ``mcnemar_p``, McNemar's exact test of the
-  method's detections against the control's over the same models: Table 1's paired comparison;
+  ``baseline.detection_versus_baseline``; a model neither detects is in none), and
+  ``mcnemar_p``, McNemar's exact test of the method's detections against the control's over the
+  same models: Table 1's paired comparison;
 - ``localized_adds`` / ``_same`` / ``_less``: localizable models where the method's AUROC is above,
   level with or below outputs-only's (the paired interval's verdict, ``baseline.verdict``);
 - ``beyond_outputs`` = detected_beyond_outputs + localized_adds, what the ranking sorts by (ties:
@@ -102,7 +103,8 @@ def summary_caption(distance_name: str) -> str:
             "above outputs-only's (localized_adds); ties share a rank. Table 1's paired "
             "comparison beside it: detection_adds / same / less, anomalous models where the "
             "method's margin is above, level with or below outputs-only's on the same resampled "
-            "images (95% paired bootstrap of their ratio), and mcnemar_p, McNemar's exact test "
+            "images (95% paired bootstrap of their ratio; models neither detects are not counted), "
+            "and mcnemar_p, McNemar's exact test "
             "of its detections against outputs-only's. Controls last, their "
             "detection_rate beside null_rate = 1/(n+1), what a method that sees nothing detects "
             f"({distance_name})")
