@@ -40,16 +40,16 @@ def main(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     scores = localization_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
     print(f"scored in {time.perf_counter() - started:.0f}s")
-    tables = localization_tables(scores, distance_name, suite,
-                                 not_applicable=model_level_methods(methods))
+    model_level = model_level_methods(methods)
+    tables = localization_tables(scores, distance_name, suite, not_applicable=model_level)
     summary = tables[f"localization-{distance_name}"]
     per_model = tables[f"localization-per-model-{distance_name}"]
     write_tables(suite, tables, args.runs_dir, only_methods=args.method)
     print(f"\nTable 2 -- localization AUROC, abnormal vs normal inputs "
           f"({describe_distance(distance_name)}; {suite.name} suite; images: {set_sources(suite)})\n")
     print(to_markdown(summary, float_format="{:.2f}"))
-    if model_level_methods(methods):
-        print(f"\n{', '.join(model_level_methods(methods))}: not applicable (a model-level "
+    if model_level:
+        print(f"\n{', '.join(model_level)}: not applicable (a model-level "
               "method explains the model, one image per class, not an input; detection only)")
     if not per_model.empty:
         print(f"\n{chance_band_note(per_model)}")

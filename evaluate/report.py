@@ -81,13 +81,14 @@ def main(args: argparse.Namespace) -> Path | None:
     tables = detection_tables(suite, detection, distance_name, implants=implants,
                               test=args.p_value)
     tables[EXPLAIN_TIME] = explain_time_table(suite, methods, args.runs_dir)
+    model_level = model_level_methods(methods)
     localization = None
     if localizable(suite):
         localization = localization_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
         tables.update(localization_tables(localization, distance_name, suite,
-                                          not_applicable=model_level_methods(methods)))
+                                          not_applicable=model_level))
         tables.update(zoo_summary_tables(tables, distance_name, len(suite.references),
-                                         not_localized=model_level_methods(methods)))
+                                         not_localized=model_level))
     if suite.sweeps:  # dose-response: one panel per sweep
         dose, limits = suite_dose(suite, detection, localization, implants)
         tables.update({f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits})
@@ -99,8 +100,7 @@ def main(args: argparse.Namespace) -> Path | None:
     report = Report(suite=suite, methods=methods, distance_name=distance_name, source=source,
                     detection=detection, localization=localization, tables=tables,
                     implants=implants,
-                    image_sets=load_image_sets(suite, args.runs_dir,
-                                               classes=bool(model_level_methods(methods))),
+                    image_sets=load_image_sets(suite, args.runs_dir, classes=bool(model_level)),
                     runs_root=args.runs_dir,
                     examples=args.examples, image_side=args.image_side, discovery=discovery,
                     sensitivity=stored_sensitivity(suite, distance_name, args.runs_dir))

@@ -21,7 +21,8 @@ from counteraudit.evaluate.reporting.sensitivity import SECTION_ID as SENSITIVIT
 from counteraudit.evaluate.reporting.sensitivity import TITLE as SENSITIVITY_TITLE
 from counteraudit.anomalies.image_sets import localizable
 from counteraudit.evaluate.scoring.detection import with_layer_column
-from counteraudit.explain.stage import detection_set_for, is_model_level, load_results
+from counteraudit.evaluate.scoring.stage import localized_methods
+from counteraudit.explain.stage import detection_set_for, load_results
 from counteraudit.evaluate.scoring.detection import NO_LAYER
 from counteraudit.anomalies.image_sets import set_sizes, set_sources
 from counteraudit.evaluate.reporting.sensitivity import sensitivity_section
@@ -57,9 +58,8 @@ class Report:
 
     @property
     def localized_methods(self) -> list[str]:
-        """The methods localization applies to (not the model-level ones, e.g. feature
-        synthesis, whose Table 2 row reads "not applicable")."""
-        return [method for method in self.methods if not is_model_level(method)]
+        """The methods localization applies to (``scoring.stage.localized_methods``)."""
+        return localized_methods(self.methods)
 
     # ---- data access
     def table(self, name: str) -> pd.DataFrame:

@@ -33,7 +33,7 @@ import pandas as pd
 from scipy.stats import binomtest
 from statsmodels.stats.contingency_tables import mcnemar
 
-from counteraudit.evaluate.scoring.detection import (ROLE_ANOMALOUS, ROLE_NULL, check_columns,
+from counteraudit.evaluate.scoring.detection import (ROLE_ANOMALOUS, ROLE_NULL, ROLE_REFERENCE, check_columns,
                                                      detection_fractions, with_layer_column)
 from counteraudit.evaluate.scoring.localization import DEFAULT_LEVEL, DEFAULT_RESAMPLES, _clean, _interval
 from counteraudit.train.core.artifacts import derive_seed
@@ -76,13 +76,19 @@ def verdict(low: float, high: float) -> str:
     return ADDS if low > 0 else LESS if high < 0 else SAME
 
 
-def _image_scores(scores: pd.DataFrame, abnormal_column: str) -> pd.DataFrame:
-    """One score per (method, model, image, abnormal): layered methods averaged over their
-    layers, as Table 2 ranks them; flagged (NaN) images dropped."""
+def _image_scores(scores: pd.DataFrame, keys: Sequence[str] = ()) -> pd.DataFrame:
+    """One score per (method, model, image, *keys): layered methods averaged over their layers,
+    as Table 2 ranks them; flagged (NaN) images dropped."""
+    by = ["method", "model", "image", *keys]
     frame = with_layer_column(scores)
-    frame = (frame.groupby(["method", "model", "image", abnormal_column], sort=False)
-             .agg(score=("score", "mean")).reset_index())
+    frame = frame.groupby(by, sort=False).agg(score=("score", "mean")).reset_index()
     return frame[np.isfinite(frame["score"].to_numpy(dtype=float))]
+
+
+def _require_baseline(methods: Sequence[str], baseline: str) -> None:
+    if baseline not in methods:
+        raise ValueError(f"the comparison needs the {baseline!r} control's scores; the scores hold "
+                         f"{list(methods)}: add {baseline!r} to the suite's [explain] methods")
 
 
 def localization_versus_baseline(scores: pd.DataFrame, *, baseline: str = BASELINE,
@@ -96,13 +102,10 @@ def localization_versus_baseline(scores: pd.DataFrame, *, baseline: str = BASELI
     ``scores`` is the tidy frame Table 2 comes from (``localization_scores``); images flagged for
     either method are left out of both, so the two AUROCs are on the same images."""
     check_columns(scores, ["method", "model", "image", "score", abnormal_column], "scores")
-    frame = _image_scores(scores, abnormal_column)
+    frame = _image_scores(scores, [abnormal_column])
     if models is not None:
         frame = frame[frame["model"].isin(list(models))]
-    methods = list(dict.fromkeys(frame["method"]))
-    if baseline not in methods:
-        raise ValueError(f"the comparison needs the {baseline!r} control's scores; the scores hold "
-                         f"{methods}: add {baseline!r} to the suite's [explain] methods")
+    _require_baseline(list(dict.fromkeys(frame["method"])), baseline)
     keys = ["model", "image", abnormal_column]
     reference = frame[frame["method"] == baseline]
     rows = []
@@ -210,14 +213,10 @@ def detection_versus_baseline(scores: pd.DataFrame, per_model: pd.DataFrame, *,
     detected), which say which models are the references and which are scored."""
     check_columns(scores, ["method", "model", "image", "score"], "scores")
     check_columns(per_model, ["method", "model", "role", "detected"], "detection table")
-    frame = with_layer_column(scores)
-    frame = (frame.groupby(["method", "model", "image"], sort=False)
-             .agg(score=("score", "mean")).reset_index())
+    frame = _image_scores(scores)  # flagged images dropped: missing (NaN) in the pivot below
     methods = list(dict.fromkeys(frame["method"]))
-    if baseline not in methods:
-        raise ValueError(f"the comparison needs the {baseline!r} control's scores; the scores hold "
-                         f"{methods}: add {baseline!r} to the suite's [explain] methods")
-    references = list(dict.fromkeys(per_model[per_model["role"] == "reference"]["model"]))
+    _require_baseline(methods, baseline)
+    references = list(dict.fromkeys(per_model[per_model["role"] == ROLE_REFERENCE]["model"]))
     scored = per_model[per_model["role"].isin([ROLE_ANOMALOUS, ROLE_NULL])]
     detected = scored.set_index(["method", "model"])["detected"]
     wide = frame.pivot_table(index=["method", "model"], columns="image", values="score",
@@ -229,8 +228,8 @@ def detection_versus_baseline(scores: pd.DataFrame, per_model: pd.DataFrame, *,
         for model, role in dict.fromkeys(zip(scored[scored["method"] == method]["model"],
                                              scored[scored["method"] == method]["role"])):
             names = [model, *references]
-            a = wide.loc[[(method, name) for name in names]].to_numpy(float)
-            b = wide.loc[[(baseline, name) for name in names]].to_numpy(float)
+            a = wide.reindex([(method, name) for name in names]).to_numpy(float)
+            b = wide.reindex([(baseline, name) for name in names]).to_numpy(float)
             finite = np.isfinite(a).all(axis=0) & np.isfinite(b).all(axis=0)
             row = {"method": method, "model": model, "role": role,
                    "detected": bool(detected.get((method, model), False)),
