@@ -26,6 +26,9 @@ if __package__ in (None, ""):
     # modules (train.py, ...) must not shadow other packages of the same name.
     sys.path.pop(0)
 
+# First, before torch and NumPy load: the numeric mode (train/core/numerics.py).
+import counteraudit.train  # noqa: E402, F401, I001
+
 import argparse
 import time
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import counteraudit.train  # noqa: F401, I001  (first: the numeric mode, before torch and NumPy load)
 import pytest
 import torch
 

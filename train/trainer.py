@@ -35,6 +35,7 @@ from torch import nn
 from tqdm import tqdm
 
 from counteraudit.train.architectures import Classifier, build_model
+from counteraudit.train.core import numerics
 from counteraudit.train.core.artifacts import atomic_write_json, derive_seed
 from counteraudit.train.core.registries import FAMILIES
 from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME, METRICS_NAME,
@@ -494,7 +495,8 @@ def _evaluate_and_save(spec: ModelSpec, directory: Path, model: Classifier, worl
                             device=device)
     metrics = {"name": spec.name, "key": spec.key, "family": spec.family, "seed": spec.seed,
                "val_accuracy": val["accuracy"], "val_per_class_accuracy": val["per_class_accuracy"],
-               "device": str(device), "torch": torch.__version__, "host": platform.node(), **extra}
+               "device": str(device), "torch": torch.__version__, "host": platform.node(),
+               "numerics": numerics.record(device), **extra}
     if processes.writes:
         metrics = save_trained_model(directory, model.backbone, metrics)
     return metrics

@@ -22,6 +22,7 @@ from typing import Any, Generic, TypeVar
 from counteraudit.slurm.errors import ExecutorError, disk_usage_near, out_of_space, size_text
 from counteraudit.slurm.executor import default_local_jobs, executor_config_from, run_items
 from counteraudit.slurm.stage_run import default_item_name
+from counteraudit.train.core import numerics
 from counteraudit.train.core.artifacts import runs_dir
 from counteraudit.train.core.suite import ModelSpec, Suite, available_suites, load_suite
 
@@ -55,6 +56,11 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "each suite writes under <runs-dir>/<suite>/")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bars (for logs and CI)")
+    parser.add_argument("--numerics", choices=numerics.MODES, default=None,
+                        help="portable: the same bits on every x86-64 CPU (its kernels capped at "
+                             "AVX2); native: each library's fastest kernels, results this kind of "
+                             f"CPU's own, stored apart (default: ${numerics.ENV_VAR}, else "
+                             f"{numerics.DEFAULT_MODE})")
     return parser
 
 
@@ -68,6 +74,12 @@ def run_cli(main, parser: argparse.ArgumentParser, args: argparse.Namespace | No
     command line by ``parser``). Finished work is stored as it goes, so a rerun continues."""
     args = parser.parse_args() if args is None else args
     try:
+        numerics.configure(getattr(args, "numerics", None))  # before any kernel runs
+        try:
+            numerics.check_in_effect()
+        except numerics.NumericsError:
+            numerics.restart_in_effect()  # replaces this process; returns if it already did once
+            raise
         runs_dir(getattr(args, "runs_dir", None))  # a runs folder that is a file fails first
         if hasattr(args, "suite"):
             args.suite = suite_name(args)  # --quick: every later step reads the quick suite

@@ -22,6 +22,7 @@ from pydantic import Field
 
 from counteraudit.slurm.errors import ExecutorConfigError
 from counteraudit.slurm.executor_config import executor_config_from
+from counteraudit.train.core import numerics
 from counteraudit.train.core.artifacts import (atomic_write_text, derive_seed, inside_runs, runs_dir,
                                                stable_hash)
 from counteraudit.train.core.registries import (ARCHITECTURES, AUDITORS, DISTANCES, FAMILIES, METHODS,
@@ -178,12 +179,13 @@ class ModelSpec:
         return self.configuration or self.name
 
     def identity(self) -> dict[str, Any]:
-        """Everything that determines the weights (the name does not)."""
+        """Everything that determines the weights (the name does not), and, in native numerics,
+        the instruction set whose kernels made them (numerics.key_tag: nothing when portable)."""
         return {"family": self.family, "seed": self.seed, "world": self.world,
                 "architecture": self.architecture,
                 "architecture_version": ARCHITECTURES.get(self.architecture).version,
                 "recipe": self.recipe.identity(),
-                "params": self.weight_params, "checkpoint": self.checkpoint}
+                "params": self.weight_params, "checkpoint": self.checkpoint, **numerics.key_tag()}
 
     @property
     def weight_params(self) -> dict[str, Any]:
