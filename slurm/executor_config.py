@@ -77,7 +77,8 @@ class ExecutorConfig:
         object.__setattr__(self, "slurm_extra", _checked_slurm_extra(self.slurm_extra))
         if self.log_dir is not None:
             object.__setattr__(self, "log_dir", Path(self.log_dir))
-            _check_path_text(self.log_dir, "log_dir (--log-dir)")
+            if self.executor == "slurm":
+                _check_path_text(self.log_dir, "log_dir (--log-dir)")
 
     @property
     def effective_tasks_per_node(self) -> int:

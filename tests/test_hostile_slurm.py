@@ -249,3 +249,21 @@ def write_srun(tmp_path: Path) -> Path:
     (folder / "srun").write_text("#!/bin/sh\nexit 1\n")
     (folder / "srun").chmod(0o755)
     return folder
+
+
+def test_a_log_folder_with_a_line_break_is_refused_before_anything_is_submitted(tmp_path, fake_slurm,
+                                                                                monkeypatch):
+    """The log folder is written into the script too (--output, --error); a suite cannot choose
+    it, but a runs folder or working folder can hold a line break."""
+    with pytest.raises(ExecutorConfigError, match=r"log_dir \(--log-dir\) must be a path without line breaks"):
+        ExecutorConfig(executor="slurm", log_dir=tmp_path / "logs\nid")
+    working = tmp_path / "work\nid"
+    working.mkdir()
+    monkeypatch.chdir(working)
+    before = listing(tmp_path)
+    with pytest.raises(ExecutorConfigError) as raised:
+        submit_items(square, [1], ExecutorConfig(executor="slurm", partition="gpu"), "train")
+    assert str(raised.value).startswith("the Slurm log folder (--log-dir, or the runs folder it is under) must "
+                                        f"be a path without line breaks or other control characters, got "
+                                        f"{str(working / 'runs' / 'slurm-logs' / 'train')!r}")
+    assert listing(tmp_path) == before and list(fake_slurm.iterdir()) == []
