@@ -9,12 +9,14 @@ Values come from three places, later ones winning:
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from counteraudit.slurm.errors import ExecutorConfigError
+from counteraudit.slurm.sbatch_options import FEATURES, NAME, NAMES, SLURM_EXTRA_OPTIONS, option_name, option_problem
 
 EXECUTORS = ("local", "slurm")
 DEFAULT_LOG_DIR = Path("runs") / "slurm-logs"
@@ -54,35 +56,29 @@ class ExecutorConfig:
             raise ExecutorConfigError(
                 f"executor {self.executor!r} is unknown; use one of: {', '.join(EXECUTORS)} (--executor)"
             )
-        for name, minimum in (
-            ("gpus_per_node", 0),
-            ("nodes", 1),
-            ("tasks_per_node", 1),
-            ("cpus_per_task", 1),
-            ("time_minutes", 1),
-            ("array_parallelism", 1),
-            ("local_jobs", 1),
-            ("max_timeout_requeues", 0),
-        ):
+        for name, (least, most) in _WHOLE_NUMBER_RANGES.items():
             value = getattr(self, name)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ExecutorConfigError(f"{name} ({_flag(name)}) must be a whole number >= {minimum}, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+                raise ExecutorConfigError(f"{name} ({_flag(name)}) must be a whole number from {least} to {most}, "
+                                          f"got {value!r}")
         if self.mem_gb is not None and (
-            isinstance(self.mem_gb, bool) or not isinstance(self.mem_gb, (int, float)) or self.mem_gb <= 0
+            isinstance(self.mem_gb, bool) or not isinstance(self.mem_gb, (int, float))
+            or not MEM_GB_RANGE[0] <= self.mem_gb <= MEM_GB_RANGE[1]  # False for nan too
         ):
-            raise ExecutorConfigError(f"mem_gb (--mem-gb) must be a number > 0, got {self.mem_gb!r}")
-        for name in ("partition", "account", "qos", "constraint"):
+            raise ExecutorConfigError(f"mem_gb (--mem-gb) must be a number of GB from {MEM_GB_RANGE[0]} to "
+                                      f"{MEM_GB_RANGE[1]} (1 MB to 1 PB per node), got {self.mem_gb!r}")
+        for name, (kind, where_listed) in _NAMED_OPTIONS.items():
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise ExecutorConfigError(f"{name} ({_flag(name)}) must be a non-empty string, got {value!r}")
-        if not isinstance(self.slurm_extra, Mapping):
-            raise ExecutorConfigError(
-                f"slurm_extra must be a table of sbatch options (key = value), got {self.slurm_extra!r}"
-            )
+            if value is not None and (not isinstance(value, str) or kind.problem(value) is not None):
+                raise ExecutorConfigError(f"{name} ({_flag(name)}) must be {kind.what}, got {value!r}; "
+                                          f"write it {where_listed}")
+        object.__setattr__(self, "slurm_extra", _checked_slurm_extra(self.slurm_extra))
         if self.log_dir is not None:
             object.__setattr__(self, "log_dir", Path(self.log_dir))
+            if self.executor == "slurm":
+                _check_path_text(self.log_dir, "log_dir (--log-dir)")
 
     @property
     def effective_tasks_per_node(self) -> int:
@@ -92,10 +88,63 @@ class ExecutorConfig:
 
     def stage_log_folder(self, stage_name: str) -> Path:
         """Absolute folder of one stage's Slurm scripts, pickles and logs (shared with the nodes)."""
-        return ((self.log_dir or DEFAULT_LOG_DIR) / stage_name).resolve()
+        folder = ((self.log_dir or DEFAULT_LOG_DIR) / stage_name).resolve()
+        _check_path_text(folder, "the Slurm log folder (--log-dir, or the runs folder it is under)")
+        return folder
 
     def with_changes(self, **changes: Any) -> ExecutorConfig:
         return replace(self, **changes)
+
+
+# The least and the most each whole-number key may ask: Slurm keeps per-node task and CPU counts
+# in 16 bits, MaxArraySize is at most 4000001, and a time limit beyond a year, more GPUs than
+# a node holds or more local processes than a machine runs is a typo, not a request.
+_WHOLE_NUMBER_RANGES = {
+    "gpus_per_node": (0, 1024),
+    "nodes": (1, 100_000),
+    "tasks_per_node": (1, 65_533),
+    "cpus_per_task": (1, 65_533),
+    "time_minutes": (1, 525_600),
+    "array_parallelism": (1, 4_000_000),
+    "local_jobs": (1, 4096),
+    "max_timeout_requeues": (0, 1000),
+}
+# 0.001 GB is sbatch's 1 MB (less would be written as --mem=0, which asks for a whole node).
+MEM_GB_RANGE = (0.001, 1_048_576)
+# The cluster's names, each checked against what sbatch accepts for it, and where to look one up.
+_NAMED_OPTIONS = {
+    "partition": (NAMES, "as `sinfo -s` lists it"),
+    "account": (NAME, "as `sacctmgr show associations user=$USER` lists it"),
+    "qos": (NAME, "as `sacctmgr show qos` lists it"),
+    "constraint": (FEATURES, "with the features `sinfo -o %f` lists"),
+}
+
+
+def _checked_slurm_extra(extra: Any) -> dict[str, Any]:
+    """slurm_extra with its keys as sbatch spells them ('mail_type' -> 'mail-type'); raises
+    unless each key is an option sbatch_options.SLURM_EXTRA_OPTIONS lists and each value one it
+    takes."""
+    if not isinstance(extra, Mapping):
+        raise ExecutorConfigError(f"slurm_extra must be a table of sbatch options (key = value), got {extra!r}")
+    checked = {}
+    for key, value in extra.items():
+        problem = option_problem(key)
+        if problem is not None:
+            raise ExecutorConfigError(f"slurm_extra (--slurm-extra) key {key!r}: {problem}")
+        name = option_name(key)
+        problem = SLURM_EXTRA_OPTIONS[name].problem(value)
+        if problem is not None:
+            raise ExecutorConfigError(f"slurm_extra (--slurm-extra) {name} must be {problem}, got {value!r}")
+        checked[name] = value
+    return checked
+
+
+def _check_path_text(path: Path, what: str) -> None:
+    """A path goes into the sbatch script too (--output, --error): no line break or other control
+    character may end its line."""
+    if any(ord(character) < 32 or ord(character) == 127 for character in str(path)):
+        raise ExecutorConfigError(f"{what} must be a path without line breaks or other control characters, "
+                                  f"got {str(path)!r}")
 
 
 def _flag(field_name: str) -> str:
@@ -183,6 +232,9 @@ def _values_from_suite_table(table: Mapping[str, Any], where: str) -> dict[str, 
                 f"{where} has unknown key {key!r}; valid keys: {', '.join(sorted(_SUITE_KEY_TO_FIELD))} "
                 "(sub-tables named after a stage, e.g. [slurm.train], override them for that stage)"
             )
+        if key == "slurm_extra" and not isinstance(value, Mapping):
+            raise ExecutorConfigError(f"{where}: slurm_extra must be a table of sbatch options (key = value), "
+                                      f"e.g. slurm_extra = {{ reservation = \"ours\" }}; got {value!r}")
         values[_SUITE_KEY_TO_FIELD[key]] = value
     return values
 
@@ -204,6 +256,12 @@ def executor_config_from(
     values = _values_from_suite_table(
         {key: value for key, value in suite_table.items() if key not in stage_tables}, "the suite's [slurm] table"
     )
+    for name in stage_tables:
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+            raise ExecutorConfigError(
+                f"the suite's [slurm] table has a sub-table {name!r}: a sub-table is named after a stage "
+                "(letters, digits, '_', '-', '.'), e.g. [slurm.train]"
+            )
     values_by_stage = {
         name: _values_from_suite_table(table, f"the suite's [slurm.{name}] table")
         for name, table in stage_tables.items()

@@ -80,11 +80,11 @@ def test_unknown_suite_key_is_named_with_the_valid_ones():
 @pytest.mark.parametrize(
     ("suite_table", "message"),
     [
-        ({"gpus_per_node": -1}, r"gpus_per_node \(--gpus-per-node\) must be a whole number >= 0, got -1"),
-        ({"time": "2h"}, r"time_minutes \(--time\) must be a whole number >= 1, got '2h'"),
+        ({"gpus_per_node": -1}, r"gpus_per_node \(--gpus-per-node\) must be a whole number from 0 to 1024, got -1"),
+        ({"time": "2h"}, r"time_minutes \(--time\) must be a whole number from 1 to 525600, got '2h'"),
         ({"executor": "kubernetes"}, r"executor 'kubernetes' is unknown; use one of: local, slurm"),
-        ({"mem_gb": 0}, r"mem_gb \(--mem-gb\) must be a number > 0, got 0"),
-        ({"partition": ""}, r"partition \(--partition\) must be a non-empty string"),
+        ({"mem_gb": 0}, r"mem_gb \(--mem-gb\) must be a number of GB from 0.001 to 1048576 .*, got 0"),
+        ({"partition": ""}, r"partition \(--partition\) must be names of letters, .*, got ''"),
     ],
 )
 def test_bad_values_are_named(suite_table, message):
