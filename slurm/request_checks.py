@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from counteraudit.slurm import job_environment
 from counteraudit.slurm.cluster import Partition, list_partitions
 from counteraudit.slurm.errors import ExecutorConfigError, NoGpuError, UnknownPartitionError
 from counteraudit.slurm.executor_config import ExecutorConfig
@@ -123,4 +124,7 @@ def sbatch_parameters(config: ExecutorConfig, stage_name: str, dependency_ids: l
         additional["kill-on-invalid-dep"] = "yes"
     if additional:
         parameters["additional_parameters"] = additional
+    exports = job_environment.export_lines()
+    if exports:
+        parameters["setup"] = exports
     return parameters

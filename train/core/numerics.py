@@ -14,9 +14,10 @@ turn that into other weights, other explanations and other verdicts. Two modes:
 The mode is a property of the process and of every process it starts: the libraries read their
 settings from the environment when they first run, so ``configure()`` writes them into
 ``os.environ`` when ``counteraudit`` is first imported (``counteraudit.train``'s ``__init__``),
-before any kernel has run, and children (local workers, Slurm jobs, which also get them as
-``export`` lines in their batch script) inherit them. ``COUNTERAUDIT_NUMERICS`` (``portable`` or
-``native``) chooses; the entry scripts' ``--numerics`` sets it before they import anything else.
+before any kernel has run, and children inherit them: local workers, and Slurm jobs, which also
+get them as ``export`` lines of their batch script (slurm/job_environment.py).
+``COUNTERAUDIT_NUMERICS`` (``portable`` or ``native``) chooses; an entry script's ``--numerics``
+sets it before its first kernel runs (NumPy, loaded by then, keeps its caps in both modes).
 
 A GPU run is outside this mode: CUDA kernels are not pinned, and a model trained on a GPU records
 the device it was trained on instead.
@@ -30,6 +31,8 @@ import platform
 import sys
 from pathlib import Path
 from typing import Any
+
+from counteraudit.slurm import job_environment
 
 ENV_VAR = "COUNTERAUDIT_NUMERICS"
 MODES = ("portable", "native")
@@ -118,6 +121,7 @@ def configure(mode: str | None = None) -> str:
             raise NumericsError(f"numeric mode {mode!r} is unknown; use one of: {', '.join(MODES)}")
         os.environ[ENV_VAR] = mode
     mode = requested_mode()
+    job_environment.carry(ENV_VAR, *NUMPY_ENVIRONMENT, *PORTABLE_ENVIRONMENT)
     if "numpy" not in sys.modules:
         os.environ.update(NUMPY_ENVIRONMENT)
     if mode == "native":
@@ -230,11 +234,3 @@ def record(device: Any = None) -> dict[str, Any]:
         facts["mode"] = "gpu"
         facts["device"] = torch.cuda.get_device_name(device)
     return facts
-
-
-def sbatch_exports() -> list[str]:
-    """The batch script's lines that give a Slurm job this process's mode, also on a cluster that
-    does not pass the submitting environment on (``--export=NONE``). Constants of this module
-    only: nothing a suite file says reaches them."""
-    names = [ENV_VAR, *(PORTABLE_ENVIRONMENT if is_portable() else ())]
-    return [f"export {name}='{os.environ[name]}'" for name in names if name in os.environ]
