@@ -114,7 +114,7 @@ def inside_runs(path: str | os.PathLike, runs_root: str | os.PathLike | None = N
     if reading and not (absolute.is_relative_to(folder) or absolute.is_relative_to(resolved_folder)):
         return path
     link = _escaping_link(path, folder, resolved_folder)
-    through = f" through the symbolic link {link} -> {os.readlink(link)}" if link else ""
+    through = f", through the symbolic link {link} -> {os.readlink(link)}" if link else ""
     fix = (f"remove the link ({link}) or use another --runs-dir" if link else
            "check the names in the suite file and any symbolic links in the runs folder")
     raise RunsFolderError(
