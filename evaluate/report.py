@@ -54,7 +54,7 @@ from counteraudit.evaluate.scoring.tables import detection_tables, localization_
 from counteraudit.evaluate.scoring.zoo import summary_caption
 from counteraudit.evaluate.studies.dose_response import suite_dose
 from counteraudit.explain.stage import load_image_sets
-from counteraudit.train.core.artifacts import atomic_write_text, store_dir
+from counteraudit.train.core.artifacts import atomic_write_text, inside_runs, store_dir
 from counteraudit.train.core.stage import run_cli
 from counteraudit.train.implant_checks import read_implant
 from counteraudit.train.worlds import build_world
@@ -73,12 +73,24 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
+def report_path(suite, args: argparse.Namespace) -> Path:
+    """Where the report goes: --output as given, else in the suite's report/ folder, checked to
+    lie in the runs folder. A --method run's report goes beside the suite's
+    (report-method-<names>.html), as its tables do."""
+    if args.output:
+        return Path(args.output)
+    label = only_methods_label(args.method)
+    return inside_runs(suite.root(args.runs_dir) / "report" /
+                       (f"report-{label}.html" if label else "report.html"))
+
+
 def main(args: argparse.Namespace) -> Path | None:
     if args.examples < 1 or args.image_side < 8:
         raise ValueError(f"--examples {args.examples} must be >= 1 and --image-side {args.image_side} >= 8")
     suite, methods, distance, distance_name, source = prepare(args)
     if getattr(args, "dry_run", False):
         return None
+    output = report_path(suite, args)  # a link in its way fails before scoring and rendering
     detection = detection_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
     implants = {s.name: read_implant(suite, s, args.runs_dir) for s in suite.anomalies}
     tables = detection_tables(suite, detection, distance_name, implants=implants,
@@ -107,12 +119,8 @@ def main(args: argparse.Namespace) -> Path | None:
                     runs_root=args.runs_dir,
                     examples=args.examples, image_side=args.image_side, discovery=discovery,
                     sensitivity=stored_sensitivity(suite, distance_name, args.runs_dir))
-    # A --method run's report goes beside the suite's (report-method-<names>.html), as its tables do
-    label = only_methods_label(args.method)
-    default = suite.root(args.runs_dir) / "report" / (f"report-{label}.html" if label else "report.html")
-    output = Path(args.output) if args.output else default
     text = report.html()
-    atomic_write_text(output, text)
+    atomic_write_text(output, text, chosen_by_user=bool(args.output))
     print(f"\nreport ({len(text.encode()) / 1e6:.2f} MB, {report.image_count} images): {output}")
     return output
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from counteraudit.explain.base import Explanation
-from counteraudit.train.core.artifacts import atomic_save_npz
+from counteraudit.train.core.artifacts import atomic_save_npz, inside_runs
 from counteraudit.train.core.keyed_store import KeyedArtifact
 
 ARRAYS_FILE = "explanation.npz"
@@ -111,7 +111,7 @@ def load_explanation(directory: str | os.PathLike) -> Explanation:
     key.pop("model_id", None)
     key.pop("image_set_id", None)
     key.pop(RANGE_KEY, None)
-    with np.load(VISUALIZATION.payload_path(directory)) as data:
+    with np.load(inside_runs(VISUALIZATION.payload_path(directory), reading=True)) as data:
         return Explanation(
             images=data["images"],
             targets=data["targets"],
@@ -138,7 +138,7 @@ def gather_parts(directory: str | os.PathLike, key: dict[str, Any],
     arrays an unchunked run writes (``raw`` goes float16 -> float32 -> float16, which is exact) --
     and ``parts/`` is removed. Returns whether the full result is stored now; leftover parts of a
     result that is already stored are removed."""
-    directory = Path(directory)
+    directory = inside_runs(directory)  # parts/ is removed: never through a link that leads out
     if is_stored(directory, key):
         shutil.rmtree(directory / PARTS_DIR, ignore_errors=True)
         return True

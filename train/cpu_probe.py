@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from counteraudit.train.architectures import build_model
-from counteraudit.train.core.artifacts import atomic_write_json, read_json, stable_hash, store_dir
+from counteraudit.train.core.artifacts import atomic_write_json, inside_runs, read_json, stable_hash, store_dir
 from counteraudit.train.core.registries import WORLDS
 
 # Warn when the other precision trains more than this many times faster. Not lower: on one AMD
@@ -147,7 +147,8 @@ def check_cpu_precision(suite, runs_root: str | os.PathLike | None = None,
     settings = _probe_settings(suite)
     cache_key = stable_hash({"cpu": cpu_model_name(), "torch": torch.__version__,
                              "version": PROBE_VERSION, **settings})
-    cache = store_dir(runs_root) / "cpu-probe" / f"{cache_key}.json"
+    # checked before the read below, whose errors mean "measure again"
+    cache = inside_runs(store_dir(runs_root) / "cpu-probe" / f"{cache_key}.json")
     try:
         figures = read_json(cache)
     except (OSError, ValueError):  # missing, or corrupt (ValueError covers JSON and UTF-8 errors)

@@ -150,7 +150,7 @@ def main(args: argparse.Namespace) -> list[dict]:
           "random backbone")
     print(to_markdown(pd.DataFrame(results), float_format="{:.3g}"))
     if args.json:
-        atomic_write_json(args.json, results)
+        atomic_write_json(args.json, results, chosen_by_user=True)
     return results
 
 

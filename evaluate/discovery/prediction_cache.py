@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from counteraudit.evaluate.discovery.auditors.base import Subgroup
-from counteraudit.train.core.artifacts import atomic_save_npz, stable_hash, store_dir
+from counteraudit.train.core.artifacts import atomic_save_npz, inside_runs, stable_hash, store_dir
 from counteraudit.train.core.suite import ModelSpec
 
 PREDICTIONS = "subgroup-predictions"
@@ -27,8 +27,8 @@ class PredictionCache:
         self.directory = Path(directory)
         self.known: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.new: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for batch in sorted(self.directory.glob("batch-*.npz")):
-            with np.load(batch) as arrays:
+        for batch in sorted(inside_runs(self.directory, reading=True).glob("batch-*.npz")):
+            with np.load(inside_runs(batch, reading=True)) as arrays:
                 for name in arrays.files:
                     if name.startswith("p_"):
                         key = name[2:]
@@ -51,7 +51,6 @@ class PredictionCache:
         arrays = {}
         for key, (probabilities, labels) in sorted(self.new.items()):
             arrays["p_" + key], arrays["l_" + key] = probabilities, labels
-        self.directory.mkdir(parents=True, exist_ok=True)
         atomic_save_npz(self.directory / f"batch-{stable_hash(sorted(self.new), length=16)}.npz",
                         **arrays)
         self.known.update(self.new)

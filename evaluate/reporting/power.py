@@ -16,6 +16,7 @@ from counteraudit.evaluate.scoring.stage import detection_scores, localization_s
 from counteraudit.evaluate.studies.power import (detection_by_image_count, image_sizes,
                                                  localization_by_image_count, needed_text,
                                                  smallest_sufficient)
+from counteraudit.train.core.artifacts import inside_runs
 
 
 def power_tables(suite, methods: list[str], distance, distance_name: str, args: argparse.Namespace,
@@ -125,7 +126,7 @@ def power_section(tables_dir, distance_name: str, html_table, command: str) -> s
     """The report's power section from the power-* tables evaluate/reference_count.py wrote, or
     a line saying how to make them (``command``: the command line that does, for this suite)."""
     def read(name):
-        path = Path(tables_dir) / f"power-{name}-{distance_name}.csv"
+        path = inside_runs(Path(tables_dir) / f"power-{name}-{distance_name}.csv", reading=True)
         return pd.read_csv(path, keep_default_na=False, na_values=[""]) if path.is_file() else None
     needs = read("needs")
     if needs is None:

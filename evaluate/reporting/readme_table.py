@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from counteraudit.evaluate.reporting.tables import to_markdown
-from counteraudit.train.core.artifacts import runs_dir
+from counteraudit.train.core.artifacts import inside_runs, runs_dir
 from counteraudit.train.core.stage import run_cli
 
 # Table 2's row for a method with one AUROC per layer: the average over its layers.
@@ -53,7 +53,8 @@ def findings_table_from(tables: Path, distance: str = "l2") -> str:
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: run python evaluate/localize.py (it runs "
                                     "detection first) for this suite and distance")
-    return findings_table(pd.read_csv(detection), pd.read_csv(localization))
+    return findings_table(pd.read_csv(inside_runs(detection, reading=True)),
+                          pd.read_csv(inside_runs(localization, reading=True)))
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:

@@ -9,6 +9,7 @@ import pandas as pd
 
 from counteraudit.evaluate.scoring.stage import TABLES
 from counteraudit.evaluate.studies.sensitivity import CHANGED, side_by_side
+from counteraudit.train.core.artifacts import inside_runs
 
 SECTION_ID = "sensitivity"
 TITLE = "Sensitivity to protocol choices"
@@ -21,7 +22,7 @@ def stored_sensitivity(suite, distance_name: str, runs_root=None) -> dict[str, p
              for kind in ("detection", "localization")}
     if not all(path.is_file() for path in paths.values()):
         return None
-    return {kind: pd.read_csv(path, keep_default_na=False, na_values=[""])
+    return {kind: pd.read_csv(inside_runs(path, reading=True), keep_default_na=False, na_values=[""])
             for kind, path in paths.items()}
 
 

@@ -23,7 +23,7 @@ from counteraudit.evaluate.scoring.scores import SCORE_COLUMNS, anomaly_scores
 from counteraudit.explain.stage import (detection_set_for, is_model_level, load_image_sets,
                                         load_results, result_dir)
 from counteraudit.explain.store import stored_key
-from counteraudit.train.core.artifacts import atomic_write_text, stable_hash
+from counteraudit.train.core.artifacts import atomic_write_text, inside_runs, stable_hash
 from counteraudit.train.core.keyed_store import KeyedArtifact
 from counteraudit.train.core.stage import StagePlan, executor_config, plan_stage, run_stage, stage_item
 from counteraudit.train.core.suite import Suite, load_suite
@@ -81,7 +81,8 @@ def _is_scored(table_path: Path, key: dict[str, Any]) -> bool:
 def read_score_table(table_path: Path) -> pd.DataFrame:
     """A stored score table as ``score_set`` made it (the layer of a method without layers is
     "", ``NO_LAYER``, not NaN)."""
-    table = pd.read_csv(table_path, keep_default_na=False, na_values=[""], dtype={"layer": str})
+    table = pd.read_csv(inside_runs(table_path, reading=True), keep_default_na=False, na_values=[""],
+                        dtype={"layer": str})
     return table.fillna({"layer": NO_LAYER})
 
 

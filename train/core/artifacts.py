@@ -6,6 +6,8 @@ killed process never leaves a half-written file that a later run would take for 
 """
 from __future__ import annotations
 
+import errno
+import functools
 import hashlib
 import io
 import json
@@ -20,6 +22,8 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+
+from counteraudit.slurm.executor_config import DEFAULT_LOG_DIR
 
 DEFAULT_RUNS_DIR = "runs"
 
@@ -40,15 +44,90 @@ def runs_dir(explicit: str | os.PathLike | None = None) -> Path:
     return root
 
 
-def inside_runs(path: str | os.PathLike, runs_root: str | os.PathLike | None = None) -> Path:
+# ---------------------------------------------------------------- the runs folder's bound
+# Every path the tool writes, and every artifact it reads, under its runs folder goes through
+# ``inside_runs``: resolved (symbolic links and '..' followed), it must lie inside the resolved
+# runs folder. A shared runs folder may hold a stranger's links (at runs/worlds, a suite's tables,
+# a model's lock file, anywhere); a link that leads out is refused before anything is written
+# through it or read from it. The writers below (``_atomic``, ``make_folder``, ``artifact_lock``,
+# ``set_aside``) check every destination themselves, so the ~50 places that build paths pass no
+# root: each command sets its process's runs folder once (``runs_folder_bound``, in
+# ``stage.run_cli``) and ``stage.run_stage`` carries it into the processes and Slurm jobs that run
+# its work items (``bound_to_runs_folder``). Outside a command (a library call, a test writing to
+# a folder of its own) no runs folder is set and writers take paths as given.
+_RUNS_FOLDER: list[Path] = []  # the runs folder of this process's command, absolute; [] outside one
+
+
+@contextmanager
+def runs_folder_bound(runs_root: str | os.PathLike | None) -> Iterator[Path]:
+    """Within the block, every write and artifact read of this process must lie in the runs
+    folder ``runs_root`` (``runs_dir`` picks it: --runs-dir, $COUNTERAUDIT_RUNS, ./runs)."""
+    _RUNS_FOLDER.append(Path(os.path.abspath(runs_dir(runs_root))))
+    try:
+        yield _RUNS_FOLDER[-1]
+    finally:
+        _RUNS_FOLDER.pop()
+
+
+def _bound_call(runs_root: Path, function: Callable[[Any], Any], item: Any) -> Any:
+    with runs_folder_bound(runs_root):
+        return function(item)
+
+
+def bound_to_runs_folder(function: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``function``, carrying this process's runs folder to wherever it is called (a worker
+    process, a Slurm job: picklable when ``function`` is); itself when none is set."""
+    return functools.partial(_bound_call, _RUNS_FOLDER[-1], function) if _RUNS_FOLDER else function
+
+
+def _escaping_link(path: Path, folder: Path, resolved_folder: Path) -> Path | None:
+    """The first symbolic link on ``path``, below ``folder``, that leads outside it."""
+    absolute = Path(os.path.abspath(path))
+    for step in [*reversed(absolute.parents), absolute]:
+        if step.is_relative_to(folder) and step != folder and step.is_symlink() and \
+                not step.resolve().is_relative_to(resolved_folder):
+            return step
+    return None
+
+
+def inside_runs(path: str | os.PathLike, runs_root: str | os.PathLike | None = None, *,
+                reading: bool = False) -> Path:
     """``path`` if it lies inside the runs folder once resolved (symbolic links and '..'
-    followed); else a RunsFolderError. Every folder the tool writes is built through a check
-    like this, so no name in a suite file can reach outside the runs folder."""
-    path, root = Path(path), runs_dir(runs_root)
-    if not path.resolve().is_relative_to(root.resolve()):
-        raise RunsFolderError(f"{path} resolves to {path.resolve()}, outside the runs folder "
-                              f"{root.resolve()}; counteraudit writes only inside it (check the "
-                              "names in the suite file and any symbolic links in the runs folder)")
+    followed); else a RunsFolderError naming the path, where it leads and what to do.
+
+    The runs folder: ``runs_root`` (``runs_dir``) if given, else the one this process's command
+    set (``runs_folder_bound``); none: ``path`` is taken as given. ``reading``: a path that is
+    not in the runs folder by name (a user's image folder, a checkpoint) may be read anywhere;
+    one in it by name must not lead out of it (a stranger's link must not make the tool read
+    their file as its artifact)."""
+    path = Path(path)
+    if runs_root is not None:
+        folder = Path(os.path.abspath(runs_dir(runs_root)))
+    elif _RUNS_FOLDER:
+        folder = _RUNS_FOLDER[-1]
+    else:
+        return path
+    resolved_folder, resolved = folder.resolve(), path.resolve()
+    if resolved.is_relative_to(resolved_folder):
+        return path
+    absolute = Path(os.path.abspath(path))
+    if reading and not (absolute.is_relative_to(folder) or absolute.is_relative_to(resolved_folder)):
+        return path
+    link = _escaping_link(path, folder, resolved_folder)
+    through = f", through the symbolic link {link} -> {os.readlink(link)}" if link else ""
+    fix = (f"remove the link ({link}) or use another --runs-dir" if link else
+           "check the names in the suite file and any symbolic links in the runs folder")
+    raise RunsFolderError(
+        f"{path} resolves to {resolved}, outside the runs folder {resolved_folder}{through}; "
+        f"counteraudit {'reads' if reading else 'writes'} only inside it, and nothing was "
+        f"{'read' if reading else 'written'} there: {fix}")
+
+
+def make_folder(path: str | os.PathLike) -> Path:
+    """``path`` made (with its parents) once ``inside_runs`` allows it: how every folder the tool
+    creates in its runs folder is made, so that no link on the way makes it elsewhere."""
+    path = inside_runs(path)
+    path.mkdir(parents=True, exist_ok=True)
     return path
 
 
@@ -61,8 +140,13 @@ def _current_umask() -> int:
 _UMASK = _current_umask()
 
 
-def _atomic(path: Path, write: Callable[[io.BufferedWriter], None]) -> Path:
+def _atomic(path: Path, write: Callable[[io.BufferedWriter], None], chosen_by_user: bool) -> Path:
+    """``write`` into a temporary file beside ``path``, renamed into place; ``path`` must lie in
+    the runs folder (``inside_runs``) unless ``chosen_by_user`` (an output path given on the
+    command line, e.g. report.py --output: written where the user asked)."""
     path = Path(path)
+    if not chosen_by_user:
+        inside_runs(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -85,24 +169,25 @@ def _atomic(path: Path, write: Callable[[io.BufferedWriter], None]) -> Path:
     return path
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    return _atomic(Path(path), lambda h: h.write(data))
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, chosen_by_user: bool = False) -> Path:
+    return _atomic(Path(path), lambda h: h.write(data), chosen_by_user)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: str | os.PathLike, text: str, chosen_by_user: bool = False) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"), chosen_by_user)
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+def atomic_write_json(path: str | os.PathLike, obj: Any, chosen_by_user: bool = False) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n",
+                             chosen_by_user)
 
 
-def atomic_torch_save(path: str | os.PathLike, obj: Any) -> Path:
-    return _atomic(Path(path), lambda h: torch.save(obj, h))
+def atomic_torch_save(path: str | os.PathLike, obj: Any, chosen_by_user: bool = False) -> Path:
+    return _atomic(Path(path), lambda h: torch.save(obj, h), chosen_by_user)
 
 
 def atomic_save_npz(path: str | os.PathLike, **arrays: np.ndarray) -> Path:
-    return _atomic(Path(path), lambda h: np.savez(h, **arrays))
+    return _atomic(Path(path), lambda h: np.savez(h, **arrays), False)
 
 
 @contextmanager
@@ -117,9 +202,17 @@ def artifact_lock(directory: str | os.PathLike, name: str, stage: str, what: str
     (the ranks of one distributed training run), they must not take it: they would wait on each
     other. ``what`` completes "another process is ..." in the message."""
     import fcntl  # noqa: PLC0415  (POSIX only: imported here so that reading artifacts works everywhere)
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / name, "a") as handle:
+    path = inside_runs(make_folder(directory) / name)
+    try:  # O_NOFOLLOW: a link planted as the lock file (even a dangling one) is never followed
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o666)
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        raise RunsFolderError(f"{path} is a symbolic link (to {os.readlink(path)}), where counteraudit "
+                              "keeps a lock file of its own; it never opens a lock through a link: "
+                              "remove the link") from None
+    with os.fdopen(descriptor, "a") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -151,7 +244,7 @@ def find_or_make(find: Callable[[], Any], make: Callable[[], Any],
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    return json.loads(Path(path).read_text())
+    return json.loads(inside_runs(path, reading=True).read_text())
 
 
 def _json_default(obj: Any) -> Any:
@@ -185,6 +278,11 @@ def derive_seed(*parts: Any) -> int:
 # links named for people (models/<name>-<key>, visualizations/<method>/<model>/<set>) that point
 # into the store.
 STORE = "store"
+WORLDS_FOLDER = "worlds"  # <runs root>/worlds/: the worlds' generated caches
+SLURM_LOGS = DEFAULT_LOG_DIR.name  # <runs root>/<suite>/slurm-logs/, and ./runs/slurm-logs/ by default
+# The folders the tool keeps at the top of a runs folder, beside the suites' folders: no suite
+# may be named like one (its files would mix into them).
+OWN_FOLDERS = (STORE, WORLDS_FOLDER, SLURM_LOGS)
 
 
 def store_dir(runs_root: str | os.PathLike | None = None) -> Path:
@@ -218,7 +316,7 @@ def link_into_store(link: str | os.PathLike, target: str | os.PathLike,
     link, target = Path(link), Path(target)
     inside_runs(link.parent, runs_root)
     inside_runs(target, runs_root)
-    link.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(link.parent)
     relative = os.path.relpath(target, link.parent)
     if link.is_symlink():  # replacing a link never touches what it points to
         if os.readlink(link) == relative:
@@ -233,7 +331,7 @@ def link_into_store(link: str | os.PathLike, target: str | os.PathLike,
         if target.exists():
             shutil.rmtree(link)
         else:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            make_folder(target.parent)
             os.replace(link, target)
     tmp = link.parent / f".{link.name}.{os.getpid()}.link"
     tmp.unlink(missing_ok=True)
@@ -249,7 +347,7 @@ _DIGESTS: dict[tuple[str, int, int], str] = {}  # (path, size, mtime) -> digest:
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    path = Path(path)
+    path = inside_runs(path, reading=True)
     stat = path.stat()
     memo = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     if memo not in _DIGESTS:
@@ -264,7 +362,7 @@ def file_sha256(path: str | os.PathLike) -> str:
 def set_aside(path: str | os.PathLike, problem: str, what: str = "stored artifact") -> Path | None:
     """Move a corrupt file out of the way (``<name>.corrupt``, kept for a person to look at) and
     say which file and why, so the caller recomputes it; nothing else is touched."""
-    path = Path(path)
+    path = inside_runs(path)
     if not path.exists():
         return None
     aside = path.with_name(path.name + ".corrupt")
@@ -277,7 +375,7 @@ def set_aside(path: str | os.PathLike, problem: str, what: str = "stored artifac
 def intact(path: str | os.PathLike, expected_sha256: str | None, what: str = "stored artifact") -> bool:
     """Whether ``path`` exists and matches its recorded digest (None: recorded by an older version,
     taken as it is). A mismatch is set aside (``set_aside``) and reads as missing."""
-    path = Path(path)
+    path = inside_runs(path, reading=True)
     if not path.is_file():
         return False
     if expected_sha256 is None:
@@ -293,7 +391,7 @@ def intact(path: str | os.PathLike, expected_sha256: str | None, what: str = "st
 def read_marker(path: str | os.PathLike, what: str = "stored artifact") -> Any | None:
     """A JSON marker file (metrics.json, params.json, index.json, ...), or None if it is missing or
     unreadable (a corrupt one is set aside)."""
-    path = Path(path)
+    path = inside_runs(path, reading=True)
     if not path.is_file():
         return None
     try:

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from counteraudit.train.core.artifacts import atomic_write_json, file_sha256, intact, marker_says, read_marker
+from counteraudit.train.core.artifacts import (atomic_write_json, file_sha256, inside_runs, intact, marker_says,
+                                               read_marker)
 
 
 def as_stored(key: Any) -> Any:
@@ -56,7 +57,7 @@ class KeyedArtifact:
         atomically (e.g. ``atomic_save_npz``) and returns where it wrote; then the marker holds
         ``extra`` (fields for people browsing the folder), the key (``as_stored``) and the
         payload's digest. Returns the marker's fields."""
-        marker = self.marker_path(directory)
+        marker = inside_runs(self.marker_path(directory))
         marker.unlink(missing_ok=True)  # from here until the marker is back, it reads as missing
         written = write(self.payload_path(directory))
         record = {**(extra or {}), self.key_field: as_stored(key),

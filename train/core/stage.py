@@ -22,8 +22,16 @@ from typing import Any, Generic, TypeVar
 from counteraudit.slurm.errors import ExecutorError, disk_usage_near, out_of_space, size_text
 from counteraudit.slurm.executor import default_local_jobs, executor_config_from, run_items
 from counteraudit.slurm.stage_run import default_item_name
-from counteraudit.train.core import numerics
-from counteraudit.train.core.artifacts import runs_dir
+        numerics.configure(getattr(args, "numerics", None))  # before any kernel runs
+        try:
+            numerics.check_in_effect()
+        except numerics.NumericsError:
+            numerics.restart_in_effect()  # replaces this process; returns if it already did once
+            raise
+        with runs_folder_bound(getattr(args, "runs_dir", None)):
+            if hasattr(args, "suite"):
+                args.suite = suite_name(args)  # --quick: every later step reads the quick suite
+            return main(args)
 from counteraudit.train.core.suite import ModelSpec, Suite, available_suites, load_suite
 
 
@@ -71,9 +79,12 @@ USER_ERRORS = (ValueError, LookupError, FileNotFoundError, ExecutorError)
 def run_cli(main, parser: argparse.ArgumentParser, args: argparse.Namespace | None = None):
     """``main(args)`` with a user's mistake shown as one message and exit status 2, a full disk
     as one message saying what to free, and Ctrl-C as one line (``args`` None: parsed from the
-    command line by ``parser``). Finished work is stored as it goes, so a rerun continues."""
+    command line by ``parser``). Finished work is stored as it goes, so a rerun continues.
+    Every write and artifact read of the command stays in its runs folder (``runs_folder_bound``;
+    a runs folder that is a file fails first)."""
     args = parser.parse_args() if args is None else args
     try:
+<<<<<<< HEAD
         numerics.configure(getattr(args, "numerics", None))  # before any kernel runs
         try:
             numerics.check_in_effect()
@@ -84,6 +95,12 @@ def run_cli(main, parser: argparse.ArgumentParser, args: argparse.Namespace | No
         if hasattr(args, "suite"):
             args.suite = suite_name(args)  # --quick: every later step reads the quick suite
         return main(args)
+=======
+        with runs_folder_bound(getattr(args, "runs_dir", None)):
+            if hasattr(args, "suite"):
+                args.suite = suite_name(args)  # --quick: every later step reads the quick suite
+            return main(args)
+>>>>>>> path-safety
     except USER_ERRORS as error:
         message = error.args[0] if isinstance(error, LookupError) and error.args else error
         parser.exit(2, f"{parser.prog}: error: {message}\n")
@@ -127,8 +144,9 @@ def executor_config(suite: Suite, args: argparse.Namespace, stage: str):
     config = executor_config_from(args, suite.tables.get("slurm"), stage_name=stage)
     if config.local_jobs is None:
         config = config.with_changes(local_jobs=default_local_jobs())
-    if config.log_dir is None:
-        config = config.with_changes(log_dir=suite.root(args.runs_dir).resolve() / "slurm-logs")
+    if config.log_dir is None:  # (a --log-dir given on the command line is used as given)
+        config = config.with_changes(log_dir=suite.root(args.runs_dir).resolve() / SLURM_LOGS)
+        inside_runs(config.log_dir / stage, args.runs_dir)
     return config
 
 
@@ -190,7 +208,8 @@ def run_stage(name: str, work: Callable[[Any], Any], plan: StagePlan, config, *,
               f"[dry-run] stage '{name}': {plan.stored} already stored (not run again), "
               f"{len(plan.missing)} missing", flush=True)
     items = to_items(plan.missing)
-    results = run_items(work, items, config, name, item_name=item_name, space_needed=space_needed)
+    results = run_items(bound_to_runs_folder(work), items, config, name, item_name=item_name,
+                        space_needed=space_needed)
     return StageOutcome(items, results, plan.stored, config.dry_run)
 
 

@@ -23,8 +23,8 @@ from pydantic import Field
 from counteraudit.slurm.errors import ExecutorConfigError
 from counteraudit.slurm.executor_config import executor_config_from
 from counteraudit.train.core import numerics
-from counteraudit.train.core.artifacts import (atomic_write_text, derive_seed, inside_runs, runs_dir,
-                                               stable_hash)
+from counteraudit.train.core.artifacts import (OWN_FOLDERS, atomic_write_text, derive_seed, inside_runs,
+                                               runs_dir, stable_hash)
 from counteraudit.train.core.registries import (ARCHITECTURES, AUDITORS, DISTANCES, FAMILIES, METHODS,
                                                 NULL_TESTS, WORLDS, strength_families)
 from counteraudit.train.core.image_folders import DETECTION, ImageFolder, abnormal_name, normal_name
@@ -374,6 +374,10 @@ def _parse(table: dict[str, Any], path: Path, plugin_tables: bool = True) -> Sui
     table = dict(table)
     problems: list[str] = []
     name = table.pop("name")
+    if name.casefold() in OWN_FOLDERS:
+        problems.append(f"name = {name!r} (a suite's name, by default its file's) is the name of a folder the "
+                        f"runs folder keeps for every suite ({', '.join(OWN_FOLDERS)}), so this suite's "
+                        "files would mix into it; give the suite another name")
     world = table.pop("world", {"name": "synthetic"})
     # The world's options checked now, reading no data: a bad one fails before any job starts.
     world_class = WORLDS.get(world.get("name", "synthetic"))

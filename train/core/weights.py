@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from counteraudit.train.core.artifacts import inside_runs
+
 
 CONVERT_SCRIPT = "train/convert_checkpoint.py"
 
@@ -37,8 +39,9 @@ def load_weights_only(path: str | Path, mmap: bool = False) -> Any:
     """``torch.load(path, weights_only=True)`` on the CPU: only tensors, numbers, strings, lists
     and dicts are unpickled, never other objects (unpickling those can run code). ``mmap``: map
     the tensors' storage instead of reading it (zip-format files only), to check a file cheaply.
-    Raises CheckpointNotLoaded, a ValueError naming the file."""
-    path = Path(path)
+    Raises CheckpointNotLoaded, a ValueError naming the file; a RunsFolderError for a path in the
+    runs folder that a link leads out of it (``inside_runs``)."""
+    path = inside_runs(path, reading=True)
     try:
         with warnings.catch_warnings():  # torch's note on a file of another pickle protocol
             warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)

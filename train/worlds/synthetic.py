@@ -10,8 +10,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from counteraudit.train.core.artifacts import (artifact_lock, atomic_write_json, find_or_make, runs_dir,
-                                               stable_hash)
+from counteraudit.train.core.artifacts import (WORLDS_FOLDER, artifact_lock, atomic_write_json, find_or_make,
+                                               runs_dir, stable_hash)
 from counteraudit.train.worlds import synthetic_factors
 from counteraudit.train.worlds.base import WORLDS, Split, World
 from counteraudit.train.worlds.synthetic_factors import (PARTS, FactorPool, cached_generation,
@@ -41,7 +41,7 @@ class SyntheticWorld(World):
                              "objects legibly; use 32 or more (64 recommended)")
         self.image_size = self.config.image_size
         key = stable_hash({"version": GENERATOR_VERSION, **asdict(self.config)})
-        self.cache_dir = Path(cache_dir or runs_dir() / "worlds") / f"synthetic-{key}"
+        self.cache_dir = Path(cache_dir or runs_dir() / WORLDS_FOLDER) / f"synthetic-{key}"
         self.verbose = verbose
         self._splits: dict[str, InMemorySplit] = {}
 
@@ -56,7 +56,7 @@ class SyntheticWorld(World):
     @classmethod
     def from_config(cls, config: dict[str, Any], runs_root=None) -> "SyntheticWorld":
         cls.check_config(config)
-        return cls(SyntheticConfig(**config), cache_dir=runs_dir(runs_root) / "worlds")
+        return cls(SyntheticConfig(**config), cache_dir=runs_dir(runs_root) / WORLDS_FOLDER)
 
     def split(self, name: str, texture_randomized: bool = False) -> InMemorySplit:
         if name not in SPLIT_IDS:

@@ -32,7 +32,7 @@ from pydantic import Field
 
 from counteraudit.slurm.worker_pool import worker_pool
 from counteraudit.train.core.artifacts import (atomic_save_npz, atomic_write_json,
-                                          derive_seed, read_json)
+                                          derive_seed, inside_runs, read_json)
 from counteraudit.train.worlds.base import Batch, Split, part_bounds
 
 # Bump when rendering changes: it is part of the cache key, so old caches are never reused.
@@ -347,7 +347,7 @@ def map_in_processes(function: Callable, jobs: list, workers: int | None = None)
 
 def load_cached(arrays: Path, notes: Path) -> tuple[np.ndarray, np.ndarray, list[dict]] | None:
     """Cached (images, labels, annotations) of ``save_cached``; None while they are not there."""
-    if not (arrays.exists() and notes.exists()):
+    if not (inside_runs(arrays, reading=True).exists() and notes.exists()):
         return None
     with np.load(arrays) as data:
         return data["images"], data["labels"], read_json(notes)
