@@ -22,16 +22,9 @@ from typing import Any, Generic, TypeVar
 from counteraudit.slurm.errors import ExecutorError, disk_usage_near, out_of_space, size_text
 from counteraudit.slurm.executor import default_local_jobs, executor_config_from, run_items
 from counteraudit.slurm.stage_run import default_item_name
-        numerics.configure(getattr(args, "numerics", None))  # before any kernel runs
-        try:
-            numerics.check_in_effect()
-        except numerics.NumericsError:
-            numerics.restart_in_effect()  # replaces this process; returns if it already did once
-            raise
-        with runs_folder_bound(getattr(args, "runs_dir", None)):
-            if hasattr(args, "suite"):
-                args.suite = suite_name(args)  # --quick: every later step reads the quick suite
-            return main(args)
+from counteraudit.train.core import numerics
+from counteraudit.train.core.artifacts import (SLURM_LOGS, bound_to_runs_folder, inside_runs, runs_dir,
+                                               runs_folder_bound)
 from counteraudit.train.core.suite import ModelSpec, Suite, available_suites, load_suite
 
 
@@ -84,23 +77,16 @@ def run_cli(main, parser: argparse.ArgumentParser, args: argparse.Namespace | No
     a runs folder that is a file fails first)."""
     args = parser.parse_args() if args is None else args
     try:
-<<<<<<< HEAD
         numerics.configure(getattr(args, "numerics", None))  # before any kernel runs
         try:
             numerics.check_in_effect()
         except numerics.NumericsError:
             numerics.restart_in_effect()  # replaces this process; returns if it already did once
             raise
-        runs_dir(getattr(args, "runs_dir", None))  # a runs folder that is a file fails first
-        if hasattr(args, "suite"):
-            args.suite = suite_name(args)  # --quick: every later step reads the quick suite
-        return main(args)
-=======
         with runs_folder_bound(getattr(args, "runs_dir", None)):
             if hasattr(args, "suite"):
                 args.suite = suite_name(args)  # --quick: every later step reads the quick suite
             return main(args)
->>>>>>> path-safety
     except USER_ERRORS as error:
         message = error.args[0] if isinstance(error, LookupError) and error.args else error
         parser.exit(2, f"{parser.prog}: error: {message}\n")
