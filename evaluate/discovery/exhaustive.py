@@ -40,6 +40,7 @@ from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.artifacts import (atomic_write_json, read_json, read_marker, stable_hash,
                                                store_dir)
 from counteraudit.train.core.keyed_store import as_stored
+from counteraudit.train.core.payloads import json_fields
 from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds.synthetic_images import map_in_processes
 
@@ -56,7 +57,8 @@ COMPARE_FRACTION = 0.6   # each search explores this share of the subdomains
 SPEARMAN_EVERY = 5
 WORST_SHARE = 0.1
 # One model's reference: its table, stored as the discover stage stores findings.
-EXHAUSTIVE_TABLE = dataclasses.replace(FINDINGS_STORE, payload=TABLE_FILE, what=TABLE_FILE)
+EXHAUSTIVE_TABLE = dataclasses.replace(FINDINGS_STORE, payload=TABLE_FILE, what=TABLE_FILE,
+                                       check=json_fields(rows=list, failures=list, n=list))
 
 
 def exhaustive_key(auditor, spec, world_config: dict[str, Any], world) -> dict[str, Any]:
