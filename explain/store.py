@@ -42,7 +42,7 @@ RANGE_KEY = "image_range"  # [start, stop) of a part, in its key only
 VISUALIZATION = KeyedArtifact(payload=ARRAYS_FILE, marker=PARAMS_FILE,
                               digest_field="arrays_sha256", what="visualization",
                               marker_what="visualization index", fields={"key": dict},
-                              check=npz_arrays(images=4, targets=1))
+                              check=npz_arrays(aligned=False, images=(4, 5), targets=1))
 
 
 def result_key(description: dict[str, Any], model_id: str, image_set_id: str) -> dict[str, Any]:

@@ -249,3 +249,12 @@ def test_a_16_bit_png_is_scaled_to_8_bits_on_every_path(tmp_path, runs):
     pil = np.asarray(decoding.load_rgb(str(folder / "0.png")))
     tensor = decoding.read_rgb(str(folder / "0.png")).permute(1, 2, 0).numpy()
     assert np.array_equal(pil, image_set.images[0]) and np.array_equal(tensor, pil)
+
+
+def test_a_per_layer_visualization_passes_the_check(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    per_layer = Explanation(images=rng.integers(0, 256, (2, 3, 8, 8, 3), dtype=np.uint8),
+                            targets=np.arange(3), params={"method": "m"}, layers=("a", "b"))
+    params = save_explanation(tmp_path, per_layer, "model", "set")
+    assert is_stored(tmp_path, params["key"]) and not capsys.readouterr().err
+    assert load_explanation(tmp_path).layers == ("a", "b")

@@ -86,9 +86,9 @@ def _decode_errors_named(path: str | os.PathLike) -> Iterator[None]:
     try:
         yield
     except Image.DecompressionBombError as error:  # over twice PIL's bound: refused by PIL's open
-        raise ImageFileError(f"{path} would decode to more than {MAX_PIXELS:,} pixels ({error}); "
-                             "a decompression bomb or an image far larger than any this "
-                             "benchmark reads: remove it or shrink it") from None
+        raise ImageFileError(f"{path} is refused as a decompression bomb (PIL: {error}); an image "
+                             f"may decode to at most {MAX_PIXELS:,} pixels: remove it or shrink "
+                             "it") from None
     except ImageFileError:
         raise
     except _DECODE_ERRORS as error:

@@ -52,11 +52,11 @@ def npz_layout(path: str | os.PathLike) -> Layout:
     return layout
 
 
-def npz_arrays(length_of: str | None = None,
-               **ndims: int) -> Callable[[Path, Mapping[str, Any]], str | None]:
+def npz_arrays(length_of: str | None = None, aligned: bool = True,
+               **ndims: int | tuple[int, ...]) -> Callable[[Path, Mapping[str, Any]], str | None]:
     """A check that the ``.npz`` holds plain arrays, among them each named one with its number
-    of dimensions (``images=4``), all of one length along the first: the length of the marker's
-    list ``length_of`` where given."""
+    of dimensions (``images=4``, or one of several: ``images=(4, 5)``); ``aligned``: all of one
+    length along the first, the length of the marker's list ``length_of`` where given."""
     def problem(path: Path, record: Mapping[str, Any]) -> str | None:
         try:
             layout = npz_layout(path)
@@ -65,9 +65,13 @@ def npz_arrays(length_of: str | None = None,
         for name, ndim in ndims.items():
             if name not in layout:
                 return f"no array {name!r} (it holds {', '.join(sorted(layout)) or 'none'})"
-            if len(layout[name][0]) != ndim:
-                return f"array {name!r} has shape {layout[name][0]}, not {ndim} dimensions"
-        lengths = {layout[name][0][0] for name in ndims if ndims[name] > 0}
+            allowed = ndim if isinstance(ndim, tuple) else (ndim,)
+            if len(layout[name][0]) not in allowed:
+                return (f"array {name!r} has shape {layout[name][0]}, not "
+                        f"{' or '.join(map(str, allowed))} dimensions")
+        if not aligned:
+            return None
+        lengths = {layout[name][0][0] for name in ndims}
         if len(lengths) > 1:
             return f"arrays {', '.join(ndims)} differ in length ({sorted(lengths)})"
         if length_of is not None and lengths != {len(record[length_of])}:
