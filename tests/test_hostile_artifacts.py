@@ -6,6 +6,7 @@ the suite is read (train/core/image_files.py): a bomb, a corrupt and a truncated
 each in one error, and a 16-bit PNG is read with its samples scaled to 8 bits, not clipped white."""
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import struct
@@ -19,6 +20,7 @@ from PIL import Image
 
 from conftest import write_suite
 from counteraudit.anomalies.image_sets import IMAGE_SET, detection_set
+from counteraudit.evaluate.discovery.covering_arrays import cached_covering_array, cached_feasible_tuples
 from counteraudit.evaluate.discovery.stage import FINDINGS_STORE
 from counteraudit.explain.base import Explanation
 from counteraudit.explain.store import VISUALIZATION, is_stored, load_explanation, save_explanation
@@ -189,6 +191,22 @@ def test_findings_that_are_not_what_the_stage_writes_are_not_stored(tmp_path, ca
     FINDINGS_STORE.save(tmp_path, key, lambda path: atomic_write_json(
         path, {"findings": [], "images_used": 3, "notes": {}, "subgroups": []}))
     assert FINDINGS_STORE.is_stored(tmp_path, key)
+
+
+@pytest.mark.parametrize("crafted", [{"rows": 5, "complete": True}, {"rows": []}, "rows", 3.5])
+def test_a_crafted_cache_of_the_discovery_stage_is_built_again(tmp_path, capsys, crafted):
+    grid = {"a": ["0", "1"], "b": ["x", "y"], "c": ["p", "q"]}
+    world = argparse.Namespace(cache_dir=tmp_path, feasible=lambda combo: True, constraint_groups=list)
+    rows = cached_covering_array(world, grid, 2, 0)
+    count = cached_feasible_tuples(world, grid, 2, {})
+    for cache in sorted((tmp_path / "covering-arrays").glob("*.json")):
+        cache.write_text(json.dumps(crafted))
+    capsys.readouterr()
+    assert cached_covering_array(world, grid, 2, 0) == rows
+    assert cached_feasible_tuples(world, grid, 2, {}) == count
+    message = capsys.readouterr().err
+    assert message.count("is corrupt") == 2 and "covering array" in message and \
+        "feasible t-tuple count" in message, message
 
 
 # ---------------------------------------------------------------- user image folders

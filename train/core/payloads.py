@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from counteraudit.train.core.artifacts import set_aside
+from counteraudit.train.core.artifacts import read_marker, set_aside
 
 # (shape, dtype) of each array of an .npz, by name
 Layout = dict[str, tuple[tuple[int, ...], np.dtype]]
@@ -103,6 +103,20 @@ def fields_problem(data: Any, types: Mapping[str, type | tuple[type, ...]]) -> s
             expected = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
             return f"field {name!r} is {shown(data[name])}, not a {expected}"
     return None
+
+
+def read_json_object(path: str | os.PathLike, what: str,
+                     **types: type | tuple[type, ...]) -> dict[str, Any] | None:
+    """A JSON cache that no digest marks (``read_marker``): the object, or None when it is
+    missing, not JSON, or not an object with each field of ``types`` (set aside, named)."""
+    record = read_marker(path, what)
+    if record is None:
+        return None
+    problem = fields_problem(record, types)
+    if problem is not None:
+        set_aside(path, problem, what)
+        return None
+    return record
 
 
 def shown(value: Any) -> str:
