@@ -30,7 +30,7 @@ import numpy as np
 from counteraudit.explain.base import Explanation
 from counteraudit.train.core.artifacts import atomic_save_npz
 from counteraudit.train.core.keyed_store import KeyedArtifact
-from counteraudit.train.core.payloads import npz_arrays
+from counteraudit.train.core.payloads import fields_problem, npz_arrays
 
 ARRAYS_FILE = "explanation.npz"
 PARAMS_FILE = "params.json"
@@ -86,9 +86,13 @@ def save_explanation(directory: str | os.PathLike, explanation: Explanation, mod
 
 def stored_timing(directory: str | os.PathLike) -> dict[str, float] | None:
     """What computing the result in ``directory`` cost (``TIMING``), or None: not stored, or
-    stored by a version that did not record it, or made of stored rows alone."""
+    stored by a version that did not record it, or made of stored rows alone (or recorded in
+    another shape than ``save_explanation`` writes: a cost is only reported)."""
     record = VISUALIZATION.read_marker(directory)
-    return record.get(TIMING) if record else None
+    timing = record.get(TIMING) if record else None
+    if fields_problem(timing, dict.fromkeys(("seconds", "cpu_seconds", "images"), (int, float))):
+        return None
+    return timing
 
 
 def total_timing(timings: list[dict[str, float] | None]) -> dict[str, float] | None:
