@@ -43,6 +43,7 @@ from counteraudit.train.core.artifacts import (atomic_save_npz, atomic_write_byt
 from counteraudit.train.core.image_folders import (DETECTION, ImageFolder, abnormal_name, content_digest,
                                                    normal_name)
 from counteraudit.train.core.keyed_store import KeyedArtifact
+from counteraudit.train.core.payloads import npz_arrays
 from counteraudit.train.core.suite import ModelSpec, Suite
 from counteraudit.train.worlds import World
 
@@ -51,6 +52,9 @@ DEFAULT_LOCALIZATION_IMAGES = 40  # SPEC: p
 # A set's images, marked by index.json, which also records how the set was made; its key is the
 # set's id.
 IMAGE_SET = KeyedArtifact(payload="images.npz", marker="index.json", digest_field="images_sha256",
+                          fields={"id": str, "name": str, "recipe": dict, "val_indices": list,
+                                  "labels": list},
+                          check=npz_arrays(length_of="labels", images=4),
                           what="image set", marker_what="image set index", key_field="id")
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from counteraudit.explain.base import Explanation
 from counteraudit.train.core.artifacts import atomic_save_npz, inside_runs
 from counteraudit.train.core.keyed_store import KeyedArtifact
+from counteraudit.train.core.payloads import fields_problem, npz_arrays
 
 ARRAYS_FILE = "explanation.npz"
 PARAMS_FILE = "params.json"
@@ -40,7 +41,8 @@ RANGE_KEY = "image_range"  # [start, stop) of a part, in its key only
 # One result (or part): its arrays, marked by params.json.
 VISUALIZATION = KeyedArtifact(payload=ARRAYS_FILE, marker=PARAMS_FILE,
                               digest_field="arrays_sha256", what="visualization",
-                              marker_what="visualization index")
+                              marker_what="visualization index", fields={"key": dict},
+                              check=npz_arrays(aligned=False, images=(4, 5), targets=1))
 
 
 def result_key(description: dict[str, Any], model_id: str, image_set_id: str) -> dict[str, Any]:
@@ -84,9 +86,13 @@ def save_explanation(directory: str | os.PathLike, explanation: Explanation, mod
 
 def stored_timing(directory: str | os.PathLike) -> dict[str, float] | None:
     """What computing the result in ``directory`` cost (``TIMING``), or None: not stored, or
-    stored by a version that did not record it, or made of stored rows alone."""
+    stored by a version that did not record it, or made of stored rows alone (or recorded in
+    another shape than ``save_explanation`` writes: a cost is only reported)."""
     record = VISUALIZATION.read_marker(directory)
-    return record.get(TIMING) if record else None
+    timing = record.get(TIMING) if record else None
+    if fields_problem(timing, dict.fromkeys(("seconds", "cpu_seconds", "images"), (int, float))):
+        return None
+    return timing
 
 
 def total_timing(timings: list[dict[str, float] | None]) -> dict[str, float] | None:
@@ -105,8 +111,8 @@ def is_stored(directory: str | os.PathLike, key: dict[str, Any]) -> bool:
 
 def load_explanation(directory: str | os.PathLike) -> Explanation:
     """The stored result (``raw`` comes back as float32 from its float16 copy)."""
-    stored = VISUALIZATION.require_marker(directory, f"no finished explanation in {directory}; "
-                                                     "run the explain stage for it")
+    stored = VISUALIZATION.require(directory, f"no finished explanation in {directory}; "
+                                              "run the explain stage for it")
     key = dict(stored["key"])
     key.pop("model_id", None)
     key.pop("image_set_id", None)

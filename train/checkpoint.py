@@ -53,7 +53,8 @@ TRAINING_STATE_KEYS = frozenset({"spec_key", "epoch", "model", "optimizer", "sch
 # reading does not compare the key metrics.json records (``is_trained`` passes none).
 TRAINED_MODEL = KeyedArtifact(payload=WEIGHTS_NAME, marker=METRICS_NAME,
                               digest_field="weights_sha256", what="model weights",
-                              marker_what="model metrics")
+                              marker_what="model metrics",
+                              fields={"key": str, "family": str, "val_accuracy": (int, float)})
 
 
 def model_dir(runs_root: str | Path | None, spec: ModelSpec) -> Path:

@@ -15,8 +15,8 @@ from typing import Any
 
 from counteraudit.slurm.executor import ExecutorConfig, default_local_jobs
 from counteraudit.train.checkpoint import is_trained, model_dir, read_metrics
-from counteraudit.train.core.artifacts import (artifact_lock, atomic_write_json, find_or_make, read_marker,
-                                               stable_hash)
+from counteraudit.train.core.artifacts import (artifact_lock, atomic_write_json, find_or_make, stable_hash)
+from counteraudit.train.core.payloads import read_json_object
 from counteraudit.train.core.registries import FAMILIES
 from counteraudit.train.core.stage import plan_stage, run_stage, stage_item
 from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
@@ -40,7 +40,7 @@ def _cached_figures(family, anomaly: ModelSpec, measured: ModelSpec, directory: 
     key = stable_hash({"family": anomaly.family, "params": anomaly.params, "world": anomaly.world,
                        "images": family.verify_images, "measure": family.measure_version})
     cache = directory / "implant-figures" / f"{anomaly.family}-{key}.json"
-    cached = read_marker(cache, "implant figures")
+    cached = read_json_object(cache, "implant figures")
     if cached is not None:
         return cached
     figures = _figures(family, measured, directory, world, device)
@@ -111,7 +111,7 @@ def verify_implants(suite: Suite, runs_root=None, device: str | None = None,
 def read_implant(suite: Suite, spec: ModelSpec, runs_root=None) -> dict[str, Any] | None:
     """The stored implant record of ``spec`` against the suite's references (named as the suite
     names the model), or None."""
-    record = read_marker(implant_path(suite, spec, runs_root), "implant record")
+    record = read_json_object(implant_path(suite, spec, runs_root), "implant record")
     return {**record, "name": spec.name} if record else None
 
 

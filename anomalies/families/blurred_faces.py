@@ -28,6 +28,7 @@ from torchvision.datasets import ImageFolder
 
 from counteraudit.anomalies.base import FAMILIES, AnomalyFamily, Verdict
 from counteraudit.anomalies.common import predict
+from counteraudit.train.worlds import decoding
 from counteraudit.train.worlds.imagenet import ImageFolderSplit, expand_path
 
 DROP_THRESHOLD = 0.10
@@ -153,7 +154,7 @@ class BlurredFaces(AnomalyFamily):
             raise FileNotFoundError(f"blurred_faces: blurred_root {root} has no train/ folder; it "
                                     f"must hold {root}/train/<synset>/*.JPEG (e.g. Yang et al.'s "
                                     "train_blurred, renamed or linked as train/)")
-        folder = ImageFolder(str(root / "train"))
+        folder = ImageFolder(str(root / "train"), loader=decoding.load_rgb)
         if folder.classes != list(self.world.synsets):
             differing = sorted(set(folder.classes) ^ set(self.world.synsets))
             raise ValueError(f"blurred_faces: {root}/train has other class folders than the world's "

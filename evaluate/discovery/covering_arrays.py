@@ -7,7 +7,8 @@ from pathlib import Path
 
 from covertable import Controller
 
-from counteraudit.train.core.artifacts import atomic_write_json, read_marker, stable_hash
+from counteraudit.train.core.artifacts import atomic_write_json, read_marker, set_aside, stable_hash
+from counteraudit.train.core.payloads import fields_problem, read_json_object
 
 
 def covering_rows(grid: dict[str, list[str]], t: int, seed: int, feasible=None,
@@ -65,6 +66,10 @@ def cached_covering_array(world, grid: dict[str, list[str]], t: int, seed: int,
     stored = read_marker(path, "covering array") if path else None
     if isinstance(stored, list):
         stored = {"rows": stored, "complete": True}
+    problem = fields_problem(stored, {"rows": list, "complete": bool}) if stored is not None else None
+    if problem is not None:  # another shape than this function writes: set aside, built again
+        set_aside(path, problem, "covering array")
+        stored = None
     if stored is not None and (stored["complete"] or
                                limit is not None and len(stored["rows"]) >= limit):
         # the file's keys are sorted: each row back in the grid's order
@@ -80,7 +85,7 @@ def cached_feasible_tuples(world, grid: dict[str, list[str]], t: int, fixed: dic
     """How many t-tuples of ``grid``'s values the world can produce together with ``fixed``
     (e.g. a class), by asking its feasibility of each (``uncovered`` with no rows); cached."""
     path = _cache_path(world, {"feasible-tuples": grid, "t": t, "fixed": fixed})
-    stored = read_marker(path, "feasible t-tuple count") if path else None
+    stored = read_json_object(path, "feasible t-tuple count", count=int) if path else None
     if stored is not None:
         return int(stored["count"])
     count = len(uncovered([], grid, t, lambda combo: world.feasible({**combo, **fixed})))

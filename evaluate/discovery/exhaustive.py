@@ -37,9 +37,10 @@ from counteraudit.evaluate.discovery.selection import (SELECTIONS, SURROGATE_MEA
                                                        surrogate_spearman)
 from counteraudit.evaluate.discovery.stage import FINDINGS_STORE
 from counteraudit.train.checkpoint import model_dir
-from counteraudit.train.core.artifacts import (atomic_write_json, read_json, read_marker, stable_hash,
+from counteraudit.train.core.artifacts import (atomic_write_json, read_json, stable_hash,
                                                store_dir)
 from counteraudit.train.core.keyed_store import as_stored
+from counteraudit.train.core.payloads import json_fields, read_json_object
 from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds.synthetic_images import map_in_processes
 
@@ -56,7 +57,8 @@ COMPARE_FRACTION = 0.6   # each search explores this share of the subdomains
 SPEARMAN_EVERY = 5
 WORST_SHARE = 0.1
 # One model's reference: its table, stored as the discover stage stores findings.
-EXHAUSTIVE_TABLE = dataclasses.replace(FINDINGS_STORE, payload=TABLE_FILE, what=TABLE_FILE)
+EXHAUSTIVE_TABLE = dataclasses.replace(FINDINGS_STORE, payload=TABLE_FILE, what=TABLE_FILE,
+                                       check=json_fields(rows=list, failures=list, n=list))
 
 
 def exhaustive_key(auditor, spec, world_config: dict[str, Any], world) -> dict[str, Any]:
@@ -132,7 +134,7 @@ def compare_selections(table: dict[str, Any], world, auditor, runs_root,
            "fraction": COMPARE_FRACTION, "spearman_every": SPEARMAN_EVERY,
            "version": COMPARISON_VERSION}
     path = store_dir(runs_root) / COMPARISON / f"{stable_hash(key, length=16)}.json"
-    stored = read_marker(path, "selection comparison")
+    stored = read_json_object(path, "selection comparison", runs=list)
     if stored is not None and stored.get("key") == as_stored(key):
         return stored["runs"]
     grid = auditor.grid(world)

@@ -12,6 +12,7 @@ import numpy as np
 
 from counteraudit.evaluate.discovery.auditors.base import Subgroup
 from counteraudit.train.core.artifacts import atomic_save_npz, inside_runs, stable_hash, store_dir
+from counteraudit.train.core.payloads import read_npz
 from counteraudit.train.core.suite import ModelSpec
 
 PREDICTIONS = "subgroup-predictions"
@@ -28,11 +29,10 @@ class PredictionCache:
         self.known: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.new: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for batch in sorted(inside_runs(self.directory, reading=True).glob("batch-*.npz")):
-            with np.load(inside_runs(batch, reading=True)) as arrays:
-                for name in arrays.files:
-                    if name.startswith("p_"):
-                        key = name[2:]
-                        self.known[key] = (arrays[name], arrays["l_" + key])
+            arrays = read_npz(inside_runs(batch, reading=True), "stored subgroup predictions")  # unreadable: set aside
+            for name in arrays or {}:
+                if name.startswith("p_") and "l_" + name[2:] in arrays:
+                    self.known[name[2:]] = (arrays[name], arrays["l_" + name[2:]])
 
     @staticmethod
     def key(subgroup: Subgroup) -> str:

@@ -35,6 +35,7 @@ from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.artifacts import (atomic_write_json, read_json,
                                                stable_hash, store_dir)
 from counteraudit.train.core.keyed_store import KeyedArtifact
+from counteraudit.train.core.payloads import json_fields
 from counteraudit.train.core.stage import executor_config, plan_stage, run_stage, stage_item
 from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
 from counteraudit.train.trainer import load_trained_model, pick_device
@@ -44,7 +45,8 @@ REFERENCE_FINDINGS = "reference-findings"
 REFERENCE_FINDINGS_STORE = KeyedArtifact(payload="findings.json", marker="params.json",
                                          digest_field="findings_sha256",
                                          what="a reference's findings on a model's subgroups",
-                                         marker_what="stored index")
+                                         marker_what="stored index", fields={"key": dict},
+                                         check=json_fields(findings=list))
 
 
 def reference_findings_key(findings_key: dict[str, Any], reference: ModelSpec) -> dict[str, Any]:

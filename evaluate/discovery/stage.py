@@ -26,6 +26,7 @@ from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.artifacts import (atomic_write_json, find_or_make, lock_beside, read_json,
                                                stable_hash, store_dir)
 from counteraudit.train.core.keyed_store import KeyedArtifact
+from counteraudit.train.core.payloads import json_fields
 from counteraudit.train.core.stage import executor_config, plan_stage, run_stage, stage_item
 from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
 from counteraudit.train.trainer import load_trained_model, pick_device
@@ -39,7 +40,8 @@ DEFAULT_SEED = 0
 # table, stored the same way, shares).
 FINDINGS_STORE = KeyedArtifact(payload=FINDINGS_FILE, marker=PARAMS_FILE,
                                digest_field="findings_sha256", what=FINDINGS_FILE,
-                               marker_what="stored index")
+                               marker_what="stored index", fields={"key": dict},
+                               check=json_fields(findings=list, images_used=int, notes=dict))
 
 
 # ---------------------------------------------------------------- the store

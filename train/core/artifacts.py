@@ -383,7 +383,7 @@ def intact(path: str | os.PathLike, expected_sha256: str | None, what: str = "st
     actual = file_sha256(path)
     if actual == expected_sha256:
         return True
-    set_aside(path, f"SHA-256 {actual[:12]}... where {expected_sha256[:12]}... was recorded; "
+    set_aside(path, f"SHA-256 {actual[:12]}... where {str(expected_sha256)[:12]}... was recorded; "
                     f"{path.stat().st_size} bytes", what)
     return False
 

@@ -22,6 +22,12 @@ numbers: ``2.png`` before ``10.png``, the original's index order), the first ``c
 (the set's m or p) used, each converted to RGB uint8, never resized: an image of another size is
 an error naming both sizes, as the original loaded its 224-px PNGs as they were.
 
+When the suite is read, each of those files is decoded whole (train/core/image_files.py): a
+decompression bomb, a corrupt or truncated file, a mode that has no 8-bit RGB reading is one line
+naming the file, all of them in one error, before any training. The check's verdict is kept per
+file (path, size, modification time) for the life of the process; it decodes no more than the
+set's own read does (the set's count of images of the world's size).
+
 Paths go through ``${VAR}`` expansion; the tool only reads these folders. A set's id is the hash
 of its pixels and labels (not of the path): a renamed folder is the same set, a changed pixel a
 new one.
@@ -34,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
+from counteraudit.train.core.image_files import ImageFileError, open_rgb
 from counteraudit.train.core.paths import expand_path
 
 DETECTION = "detection"
@@ -43,6 +49,8 @@ ABNORMAL_SUFFIX = "-abnormal"
 NORMAL_SUFFIX = "-normal"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 UNLABELLED = -1  # the label of an image of an unlabelled folder
+# (path, size, mtime) of a file -> its decoded (width, height), or what stops it being decoded
+_DECODED: dict[tuple[str, int, int], tuple[int, int] | str] = {}
 
 
 def abnormal_name(model: str) -> str:
@@ -94,7 +102,8 @@ class ImageFolder:
                  num_classes: int | None = None, count_key: str = "the set's count") -> list[str]:
         """What stops the first ``count`` images (``count_key``: the suite key that sets it) from
         being a set of ``side``-px images (None: the world's side is unknown), reading only the
-        files' headers. ``needs_labels``: why labels are needed (None: they are not)."""
+        files, each decoded whole (``decoded_size``): every file that cannot be is one line.
+        ``needs_labels``: why labels are needed (None: they are not)."""
         problems = []
         if len(self.files) < count:
             problems.append(f"{what}: {self.folder} holds {len(self.files)} image(s), the set needs "
@@ -108,18 +117,16 @@ class ImageFolder:
             if wrong:
                 problems.append(f"{what}: class subfolder(s) {wrong} of {self.folder} name no class "
                                 f"of the world's {num_classes} (0 to {num_classes - 1})")
-        for path in self.files[:count] if side is not None else ():
-            try:
-                with Image.open(path) as image:
-                    size = image.size
-            except (OSError, UnidentifiedImageError) as error:
-                problems.append(f"{what}: {path} is not an image PIL can read ({error})")
-                continue
-            if size != (side, side):
+        sized = False
+        for path in self.files[:count]:
+            size = decoded_size(path)
+            if isinstance(size, str):
+                problems.append(f"{what}: {size}")
+            elif side is not None and size != (side, side) and not sized:
                 problems.append(f"{what}: {path} is {size[0]}x{size[1]} px, the world's images are "
                                 f"{side}x{side}; resize the folder's images to {side}x{side} (they "
                                 "are used as they are, as the original used its 224-px PNGs)")
-                break  # one wrong size says it: the others are likely the same
+                sized = True  # one wrong size says it: the others are likely the same
         return problems
 
     def load(self, what: str, count: int, side: int) -> tuple[np.ndarray, np.ndarray]:
@@ -128,12 +135,22 @@ class ImageFolder:
         problems = self.problems(what, count, side)
         if problems:
             raise ValueError("; ".join(problems))
-        images = []
-        for path in self.files[:count]:
-            with Image.open(path) as image:
-                images.append(np.asarray(image.convert("RGB"), dtype=np.uint8))
+        images = [np.asarray(open_rgb(path), dtype=np.uint8) for path in self.files[:count]]
         labels = self.labels[:count] if self.labels is not None else [UNLABELLED] * count
         return np.stack(images), np.asarray(labels, dtype=np.int64)
+
+
+def decoded_size(path: Path) -> tuple[int, int] | str:
+    """(width, height) of the file decoded whole as 8-bit RGB (``open_rgb``), or what stops it
+    (a sentence naming the file); kept per (path, size, modification time)."""
+    stat = path.stat()
+    memo = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if memo not in _DECODED:
+        try:
+            _DECODED[memo] = open_rgb(path).size
+        except ImageFileError as error:
+            _DECODED[memo] = str(error)
+    return _DECODED[memo]
 
 
 def content_digest(images: np.ndarray, labels: np.ndarray) -> str:

@@ -19,6 +19,10 @@ same order, so a given (seed, epoch, image) gets the same box and flip whichever
 the pixels then differ only by the decoders' and resamplers' rounding (tests/test_decoding.py
 bounds it). Evaluation images (val, image sets, explanations) always take the PIL path, so every
 model is measured and explained on the same pixels.
+
+Every path reads a file as 8-bit RGB the same way (train/core/image_files.py): a 16-bit PNG's
+samples scaled to 8 bits (``load_rgb``, ``to_uint8``), a file of more pixels than
+``image_files.MAX_PIXELS`` refused, naming it.
 """
 from __future__ import annotations
 
@@ -31,6 +35,8 @@ from torchvision import transforms as T
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg, read_file
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
+
+from counteraudit.train.core.image_files import header_size, open_rgb, to_8bit, to_rgb
 
 DECODE_PATHS = ("pil", "tensor", "nvjpeg")
 # torchvision's RandomResizedCrop defaults (the paper's recipe).
@@ -91,9 +97,25 @@ def crop_plan(height: int, width: int) -> tuple[int, int, int, int, bool]:
 
 
 # ---------------------------------------------------------------- decoding
+def load_rgb(path: str) -> Image.Image:
+    """PIL path: a file decoded whole to 8-bit RGB (``image_files.open_rgb``); the ImageNet
+    world's ImageFolder loader."""
+    return open_rgb(path)
+
+
+def to_uint8(image: torch.Tensor) -> torch.Tensor:
+    """A decoded tensor as uint8: torchvision.io gives a 16-bit PNG as uint16, scaled here to
+    8 bits as ``image_files.to_rgb`` scales it on the PIL path."""
+    if image.dtype == torch.uint8:
+        return image
+    return torch.from_numpy(to_8bit(image.numpy() if image.device.type == "cpu" else image.cpu().numpy()))
+
+
 def read_rgb(path: str) -> torch.Tensor:
-    """A file decoded to uint8 RGB CHW by torchvision.io (JPEG, and the few PNGs named .JPEG)."""
-    return decode_image(read_file(path), mode=ImageReadMode.RGB)
+    """A file decoded to uint8 RGB CHW by torchvision.io (JPEG, and the few PNGs named .JPEG);
+    one of more than ``MAX_PIXELS`` pixels is refused from its header."""
+    image_size_from_header(path)
+    return to_uint8(decode_image(read_file(path), mode=ImageReadMode.RGB))
 
 
 def read_bytes(path: str) -> bytes:
@@ -105,9 +127,10 @@ def read_bytes(path: str) -> bytes:
 
 
 def image_size_from_header(path: str) -> tuple[int, int]:
-    """(height, width) from the file's header, without decoding it."""
-    with Image.open(path) as image:
-        return image.height, image.width
+    """(height, width) from the file's header, without decoding it; a file of more than
+    ``MAX_PIXELS`` pixels is refused (``image_files.header_size``)."""
+    width, height = header_size(path)
+    return height, width
 
 
 def to_pil(image: torch.Tensor) -> Image.Image:
@@ -115,7 +138,7 @@ def to_pil(image: torch.Tensor) -> Image.Image:
 
 
 def from_pil(image: Image.Image) -> torch.Tensor:
-    return F.pil_to_tensor(image.convert("RGB"))
+    return F.pil_to_tensor(to_rgb(image))
 
 
 def decode_batch(files: list[bytes], plans: list[tuple[int, int, int, int, bool]],
@@ -132,7 +155,7 @@ def decode_batch(files: list[bytes], plans: list[tuple[int, int, int, int, bool]
         for i, image in zip(jpeg, images):
             decoded[i] = image
     for i in set(range(len(files))) - set(jpeg):
-        decoded[i] = decode_image(files[i], mode=ImageReadMode.RGB).to(device)
+        decoded[i] = to_uint8(decode_image(files[i], mode=ImageReadMode.RGB)).to(device)
     crops = []
     for image, (top, left, h, w, flip) in zip(decoded, plans):
         crop = F.resized_crop(image, top, left, h, w, [size, size], antialias=True)

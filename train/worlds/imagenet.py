@@ -140,8 +140,7 @@ class ImageFolderSplit(Split):
         original = self.world.faces.get(relative, [])
         boxes = []
         if original:
-            with Image.open(path) as image:  # reads the header only
-                width, height = image.size
+            height, width = decoding.image_size_from_header(path)  # reads the header only
             boxes = [box for box in (self.world.eval_box(b, width, height) for b in original) if box]
         return {"class": int(self._labels[index]), "object_box": None, "face_boxes": boxes,
                 "face_boxes_original": original, "path": relative}
@@ -228,7 +227,8 @@ class ImageNetWorld(World):
             if not (self.root / split).is_dir():
                 raise FileNotFoundError(f"ImageNet root {self.root} has no {split}/ folder; expected "
                                         f"{self.root}/train/<synset>/*.JPEG and {self.root}/val/<synset>/*.JPEG")
-        self._folders = {s: ImageFolder(str(self.root / s)) for s in ("train", "val")}
+        self._folders = {s: ImageFolder(str(self.root / s), loader=decoding.load_rgb)
+                         for s in ("train", "val")}
         train_classes, val_classes = self._folders["train"].classes, self._folders["val"].classes
         if train_classes != val_classes:
             missing = sorted(set(train_classes) ^ set(val_classes))

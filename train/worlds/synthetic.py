@@ -67,13 +67,11 @@ class SyntheticWorld(World):
         return self._splits[key]
 
     def _load_or_generate(self, name: str, key: str, texture_randomized: bool) -> InMemorySplit:
-        arrays, notes = self.cache_dir / f"{key}.npz", self.cache_dir / f"{key}-annotations.json"
-
         def load() -> InMemorySplit | None:
-            cached = load_cached(arrays, notes)
+            cached = load_cached(self.cache_dir, key)
             return None if cached is None else InMemorySplit(*cached, hflip=name == "train")
 
-        return find_or_make(load, lambda: self._generate(name, key, texture_randomized, arrays, notes),
+        return find_or_make(load, lambda: self._generate(name, key, texture_randomized),
                             self.generation_lock(key))
 
     def generation_lock(self, key: str) -> AbstractContextManager[None]:
@@ -82,16 +80,15 @@ class SyntheticWorld(World):
         return artifact_lock(self.cache_dir, f".{key}.lock", "world",
                              f"generating the synthetic world's {key} split in {self.cache_dir}")
 
-    def _generate(self, name: str, key: str, texture_randomized: bool, arrays: Path,
-                  notes: Path) -> InMemorySplit:
+    def _generate(self, name: str, key: str, texture_randomized: bool) -> InMemorySplit:
         started = time.perf_counter()
         images, labels, annotations = generate(self.config, name, texture_randomized)
-        save_cached(arrays, notes, images, labels, annotations)
+        save_cached(self.cache_dir, key, images, labels, annotations)
         atomic_write_json(self.cache_dir / "config.json",
                           {"version": GENERATOR_VERSION, **asdict(self.config)})
         if self.verbose:
             print(f"[world] generated {len(images)} synthetic {key} images in "
-                  f"{time.perf_counter() - started:.1f}s -> {arrays}", flush=True)
+                  f"{time.perf_counter() - started:.1f}s -> {self.cache_dir / key}.npz", flush=True)
         return InMemorySplit(images, labels, annotations, hflip=name == "train")
 
     # ---- factors and conditional generation (train/worlds/synthetic_factors.py)

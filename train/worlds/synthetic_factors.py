@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from counteraudit.train.core.artifacts import (artifact_lock, atomic_save_npz, atomic_write_text, derive_seed,
-                                               file_sha256, find_or_make, intact, read_json, read_marker,
+                                               file_sha256, find_or_make, intact, read_marker,
                                                set_aside, stable_hash)
 from counteraudit.train.worlds.synthetic_images import (load_cached, map_in_processes, render,
                                                         sample_attributes, save_cached)
@@ -359,12 +359,10 @@ def cached_generation(cfg, pool: Callable[[], FactorPool], cache_dir: Path,
     key = stable_hash({"version": FACTORS_VERSION, "pool": POOL_PER_CLASS,
                        "conditions": conditions, "n": n, "seed": seed}, length=16)
     folder = Path(cache_dir) / "generated"
-    arrays, notes = folder / f"{key}.npz", folder / f"{key}-annotations.json"
 
     def make():
         images, labels, annotations = generate_images(cfg, pool(), conditions, n, seed)
-        save_cached(arrays, notes, images, labels, annotations)
-        return images, labels, read_json(notes)  # as a later read gives them (tuples are lists)
+        return images, labels, save_cached(folder, key, images, labels, annotations)
 
-    return find_or_make(lambda: load_cached(arrays, notes), make, artifact_lock(
+    return find_or_make(lambda: load_cached(folder, key), make, artifact_lock(
         folder, f".{key}.lock", "world", f"generating images {conditions} in {folder}"))

@@ -31,8 +31,9 @@ from PIL import Image, ImageDraw
 from pydantic import Field
 
 from counteraudit.slurm.worker_pool import worker_pool
-from counteraudit.train.core.artifacts import (atomic_save_npz, atomic_write_json,
-                                          derive_seed, inside_runs, read_json)
+from counteraudit.train.core.artifacts import atomic_save_npz, derive_seed
+from counteraudit.train.core.keyed_store import KeyedArtifact
+from counteraudit.train.core.payloads import npz_arrays
 from counteraudit.train.worlds.base import Batch, Split, part_bounds
 
 # Bump when rendering changes: it is part of the cache key, so old caches are never reused.
@@ -345,18 +346,35 @@ def map_in_processes(function: Callable, jobs: list, workers: int | None = None)
         return list(pool.map(function, jobs))
 
 
-def load_cached(arrays: Path, notes: Path) -> tuple[np.ndarray, np.ndarray, list[dict]] | None:
-    """Cached (images, labels, annotations) of ``save_cached``; None while they are not there."""
-    if not (inside_runs(arrays, reading=True).exists() and notes.exists()):
+def cached_images(stem: str) -> KeyedArtifact:
+    """A cache of rendered images (a split, or a conditional generation) in a world's folder:
+    ``<stem>.npz`` (images, labels), marked by ``<stem>-annotations.json`` (its key is ``stem``,
+    with the annotations and the .npz's SHA-256), both verified at every read like any keyed
+    artifact, so a damaged cache is named, set aside and generated again."""
+    return KeyedArtifact(payload=f"{stem}.npz", marker=f"{stem}-annotations.json",
+                         digest_field="arrays_sha256", what="world images",
+                         marker_what="world annotations", fields={"annotations": list},
+                         check=npz_arrays(length_of="annotations", images=4, labels=1))
+
+
+def load_cached(folder: Path, stem: str) -> tuple[np.ndarray, np.ndarray, list[dict]] | None:
+    """Cached (images, labels, annotations) of ``save_cached``; None while they are not there
+    (or were set aside: ``cached_images``)."""
+    store = cached_images(stem)
+    record = store.find(folder, stem)
+    if record is None:
         return None
-    with np.load(arrays) as data:
-        return data["images"], data["labels"], read_json(notes)
+    with np.load(store.payload_path(folder), allow_pickle=False) as data:
+        return data["images"], data["labels"], record["annotations"]
 
 
-def save_cached(arrays: Path, notes: Path, images: np.ndarray, labels: np.ndarray,
-                annotations: list[dict]) -> None:
-    atomic_write_json(notes, annotations)  # annotations first: the .npz marks completion
-    atomic_save_npz(arrays, images=images, labels=labels)
+def save_cached(folder: Path, stem: str, images: np.ndarray, labels: np.ndarray,
+                annotations: list[dict]) -> list[dict]:
+    """Store the images; returns the annotations as a later read gives them (tuples as lists)."""
+    store = cached_images(stem)
+    store.save(folder, stem, lambda path: atomic_save_npz(path, images=images, labels=labels),
+               {"annotations": annotations})
+    return store.read_marker(folder)["annotations"]
 
 
 class InMemorySplit(Split):
