@@ -26,6 +26,7 @@ STAGE_SCRIPTS = {
     "dose": "counteraudit.evaluate.dose",
     "discover": "counteraudit.evaluate.discover",
     "sensitivity": "counteraudit.evaluate.sensitivity",
+    "reproducibility": "counteraudit.evaluate.reproducibility",
 }
 
 

@@ -1,0 +1,127 @@
+"""Check a finished run against the digests the project publishes: the same bits on every machine.
+
+    python -m counteraudit.evaluate.reproducibility check --suite quick evaluate/digests/quick.json
+    python -m counteraudit.evaluate.reproducibility write --suite quick evaluate/digests/quick.json
+
+A digest file holds the SHA-256 of every model's weights, the world's cached images and the
+suite's per-model Tables 1 and 2 (the files a verdict rests on), with the machine and numeric mode
+that made them. ``check`` compares a run with it and names each file that differs, with both
+digests and this machine's instruction set: in portable numerics (the default) a mismatch is a
+bug or a change of the code, never the CPU (train/README.md, "Portable numerics"). CI checks the
+quick suite's on whatever CPU runs it.
+"""
+from __future__ import annotations
+
+import sys
+
+if __package__ in (None, ""):
+    sys.path.pop(0)
+
+# First, before torch and NumPy load: the numeric mode (train/core/numerics.py).
+import counteraudit.train  # noqa: E402, F401, I001
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+
+from counteraudit.evaluate.scoring.stage import tables_dir
+from counteraudit.train.checkpoint import model_dir
+from counteraudit.train.core import numerics
+from counteraudit.train.core.artifacts import atomic_write_json, runs_dir
+from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli
+from counteraudit.train.core.suite import Suite, load_suite
+from counteraudit.train.core.suite_schema import DEFAULT_SUITE_DISTANCE
+from counteraudit.train.worlds import build_world
+
+DIGESTS_VERSION = 1
+PER_MODEL_TABLES = ("detection-per-model", "localization-per-model")
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def run_files(suite: Suite, runs_root: str | Path | None) -> dict[str, Path]:
+    """The files a suite's digests cover, by the name the digest file gives them."""
+    files = {f"weights/{spec.name}": model_dir(runs_root, spec) / "weights.pth" for spec in suite.models}
+    world_folder = getattr(build_world(suite.world, runs_root=runs_root), "cache_dir", None)
+    if world_folder is not None:
+        files.update({f"world/{path.name}": path for path in sorted(Path(world_folder).glob("*.npz"))})
+    tables = tables_dir(suite, runs_root)
+    distance = suite.tables.get("evaluate", {}).get("distance", DEFAULT_SUITE_DISTANCE)
+    for name in PER_MODEL_TABLES:  # every distance the run scored with, at least the suite's own
+        paths = {tables / f"{name}-{distance}.csv", *tables.glob(f"{name}-*.csv")}
+        files.update({f"tables/{path.name}": path for path in sorted(paths)})
+    return files
+
+
+def measure(suite: Suite, runs_root: str | Path | None) -> dict[str, Any]:
+    files = run_files(suite, runs_root)
+    missing = [name for name, path in files.items() if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(f"the {suite.name} suite's run in {runs_dir(runs_root)} lacks "
+                                f"{', '.join(missing)}; finish it first: python evaluate/detect.py "
+                                f"--suite {suite.name} --runs-dir {runs_dir(runs_root)}")
+    facts = numerics.record()
+    return {"version": DIGESTS_VERSION, "suite": suite.name,
+            "made_on": {name: facts[name] for name in ("mode", "cpu", "instruction_set", "torch", "numpy")},
+            "sha256": {name: sha256(path) for name, path in files.items()}}
+
+
+def differences(expected: dict[str, Any], measured: dict[str, Any]) -> list[str]:
+    """One line per file whose digest differs from the expected one (or is not expected)."""
+    lines = []
+    for name in sorted(set(expected["sha256"]) | set(measured["sha256"])):
+        want, got = expected["sha256"].get(name), measured["sha256"].get(name)
+        if want != got:
+            lines.append(f"  {name}: SHA-256 {got or '(not in this run)'}, expected {want or '(not expected)'}")
+    return lines
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser("counteraudit reproducibility", add_help=add_help,
+                                     description=__doc__, formatter_class=ScriptHelpFormatter)
+    parser.add_argument("action", choices=("check", "write"),
+                        help="check: compare the run with DIGESTS (exit 1 on any difference); "
+                             "write: record the run's digests in DIGESTS")
+    parser.add_argument("digests", type=Path, metavar="DIGESTS", help="the digest file (JSON)")
+    add_common_args(parser)
+    return parser
+
+
+def main(args: argparse.Namespace) -> int:
+    suite = load_suite(args.suite)
+    measured = measure(suite, args.runs_dir)
+    if args.action == "write":
+        atomic_write_json(args.digests, measured, chosen_by_user=True)
+        print(f"wrote the digests of {len(measured['sha256'])} files of the {suite.name} suite to {args.digests}")
+        return 0
+    try:
+        expected = json.loads(args.digests.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot read the digest file {args.digests}: {error}") from None
+    machine = measured["made_on"]
+    lines = differences(expected, measured)
+    if lines:
+        made = expected.get("made_on", {})
+        print(f"{len(lines)} of {len(expected['sha256'])} files of the {suite.name} suite differ from "
+              f"{args.digests} (made on {made.get('cpu')}, {made.get('instruction_set')}, "
+              f"{made.get('mode')} numerics, torch {made.get('torch')}); this machine: {machine['cpu']}, "
+              f"{machine['instruction_set']}, {machine['mode']} numerics, torch {machine['torch']}:",
+              file=sys.stderr)
+        print("\n".join(lines), file=sys.stderr)
+        return 1
+    print(f"all {len(measured['sha256'])} files of the {suite.name} suite match {args.digests} "
+          f"({machine['cpu']}, {machine['instruction_set']}, {machine['mode']} numerics)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, get_args_parser()))

@@ -1,0 +1,39 @@
+"""The digest check that CI runs on every machine: a finished run matches the digests it wrote,
+and any changed file is named with both digests and this machine's instruction set."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+from conftest import REPO, run_script
+
+from counteraudit.train.core import numerics
+
+
+def test_a_run_matches_its_own_digests_and_a_changed_table_is_named(finished_run, tmp_path):
+    suite, runs, _ = finished_run
+    digests = tmp_path / "digests.json"
+    run_script("evaluate/reproducibility.py", "write", digests, "--suite", suite, "--runs-dir", runs)
+    written = json.loads(digests.read_text())
+    names = set(written["sha256"])
+    assert {"weights/reference-00", "tables/detection-per-model-l2.csv",
+            "tables/localization-per-model-l2.csv"} <= names
+    assert any(name.startswith("world/") for name in names)
+    assert written["made_on"]["mode"] == "portable"
+    ok = run_script("evaluate/reproducibility.py", "check", digests, "--suite", suite, "--runs-dir", runs)
+    assert f"all {len(names)} files of the e2e suite match" in ok
+
+    # A copy of the run with one byte of a table changed: the check fails and says where.
+    copy = tmp_path / "runs"
+    shutil.copytree(runs, copy, symlinks=True)
+    table = copy / "e2e" / "tables" / "detection-per-model-l2.csv"
+    text = table.read_text()
+    table.write_text(text.replace("0", "1", 1))
+    result = subprocess.run([sys.executable, str(REPO / "evaluate/reproducibility.py"), "check", str(digests),
+                             "--suite", str(suite), "--runs-dir", str(copy)], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "1 of" in result.stderr and "tables/detection-per-model-l2.csv: SHA-256 " in result.stderr
+    assert f"expected {written['sha256']['tables/detection-per-model-l2.csv']}" in result.stderr
+    assert numerics.instruction_set() in result.stderr
