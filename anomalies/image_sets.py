@@ -43,6 +43,7 @@ from counteraudit.train.core.artifacts import (atomic_save_npz, atomic_write_byt
 from counteraudit.train.core.image_folders import (DETECTION, ImageFolder, abnormal_name, content_digest,
                                                    normal_name)
 from counteraudit.train.core.keyed_store import KeyedArtifact
+from counteraudit.train.core.size_bounds import pool_problem
 from counteraudit.train.core.suite import ModelSpec, Suite
 from counteraudit.train.worlds import World
 
@@ -255,6 +256,12 @@ def detection_set(suite: Suite, world: World, root: Path) -> ImageSet:
     set_id = stable_hash(recipe)
 
     def make() -> ImageSet:
+        # more than the world holds is an error, never a smaller set (a suite of the synthetic
+        # world is refused when it loads; a world whose val split is known only now, here)
+        problem = pool_problem("[evaluate] detection_images", m, len(val),
+                               "validation images of the world")
+        if problem:
+            raise ValueError(f"suite file {suite.path}: {problem}")
         rng = np.random.default_rng(derive_seed(image_set_seed(suite), DETECTION))
         indices = nested_draw(np.arange(len(val)), m, rng)
         image_set = ImageSet(DETECTION, set_id, _to_uint8(val.load(indices)), indices,
