@@ -252,16 +252,15 @@ def detection_set(suite: Suite, world: World, root: Path) -> ImageSet:
     if DETECTION in image_folders(suite):
         return folder_set(suite, DETECTION, world, root, m)
     val = world.split("val")
+    # more than the world holds is an error, never a smaller set (a suite of the synthetic world
+    # is refused when it loads; a world whose val split is known only once built, here)
+    problem = pool_problem("[evaluate] detection_images", m, len(val), "validation images of the world")
+    if problem:
+        raise ValueError(f"suite file {suite.path}: {problem}")
     recipe = detection_recipe(suite)
     set_id = stable_hash(recipe)
 
     def make() -> ImageSet:
-        # more than the world holds is an error, never a smaller set (a suite of the synthetic
-        # world is refused when it loads; a world whose val split is known only now, here)
-        problem = pool_problem("[evaluate] detection_images", m, len(val),
-                               "validation images of the world")
-        if problem:
-            raise ValueError(f"suite file {suite.path}: {problem}")
         rng = np.random.default_rng(derive_seed(image_set_seed(suite), DETECTION))
         indices = nested_draw(np.arange(len(val)), m, rng)
         image_set = ImageSet(DETECTION, set_id, _to_uint8(val.load(indices)), indices,

@@ -68,7 +68,7 @@ def _check_limit(key: str, value: Any, bound: Bound, where: str) -> None:
     values = value.values() if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else [value]
     largest = max((v for v in values if isinstance(v, (int, float))), default=None)
     if largest is not None and largest > bound.limit:
-        raise ValueError(f"{where}: {key} = {value!r} must be at most {bound.limit} ({bound.why})")
+        raise ValueError(f"{where}: {key} = {value!r} must be <= {bound.limit} ({bound.why})")
 
 
 def check_choice(key: str, value: Any, choices: tuple[str, ...], where: str) -> None:

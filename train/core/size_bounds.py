@@ -88,11 +88,14 @@ def world_memory_problem(num_train: int, num_val: int, side: int) -> str | None:
     size = (num_train + num_val) * per_image
     if size <= WORLD_MEMORY:
         return None
-    room = max(WORLD_MEMORY // per_image - num_val, 0)
+    fit = WORLD_MEMORY // per_image
+    fix = (f"lower num_train to at most {fit - num_val}" if fit > num_val else
+           f"lower num_val and num_train (together at most {fit} images fit at this size) or "
+           "image_size")
     return (f"[world] num_train = {num_train} and num_val = {num_val} images of image_size = {side} "
             f"px take {_size_text(size)} in memory (3 x side^2 bytes each), more than the "
             f"{_size_text(WORLD_MEMORY)} one training process may hold on a {MACHINE_MEMORY_GIB} "
-            f"GiB machine (several run at once with --jobs); lower num_train to at most {room}")
+            f"GiB machine (several run at once with --jobs); {fix}")
 
 
 def image_set_memory_problem(key: str, count: int, side: int) -> str | None:

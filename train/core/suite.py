@@ -27,6 +27,7 @@ from counteraudit.train.core.artifacts import (atomic_write_text, derive_seed, i
 from counteraudit.train.core.registries import (ARCHITECTURES, AUDITORS, DISTANCES, FAMILIES, METHODS,
                                                 NULL_TESTS, WORLDS, strength_families)
 from counteraudit.train.core.image_folders import DETECTION, ImageFolder, abnormal_name, normal_name
+from counteraudit.train.core.paths import redacted
 from counteraudit.train.core.registry import UnknownNameError, nearest
 from counteraudit.train.core import size_bounds as bounds
 from counteraudit.train.core.suite_schema import (MIN_NULL_MODELS, SAFE_NAME_LENGTH, SAFE_NAME_PATTERN,
@@ -398,7 +399,7 @@ def load_suite(name_or_path: str | Path, plugin_tables: bool = True) -> Suite:
         raise
     except (TypeError, ValueError, LookupError) as error:
         message = error.args[0] if isinstance(error, LookupError) and error.args else error
-        raise SuiteFileError(f"suite file {path}: {message}") from error
+        raise SuiteFileError(redacted(f"suite file {path}: {message}")) from error
 
 
 def _world_problems(world: dict[str, Any]) -> list[str]:

@@ -29,6 +29,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StringConstraints, Validatio
                       create_model)
 
 from counteraudit.train.core import size_bounds as bounds
+from counteraudit.train.core.paths import redacted
 from counteraudit.train.core.registry import nearest
 
 # A name that becomes one path component (a suite's folder, a model's link, an image set's):
@@ -255,7 +256,7 @@ def _real_loc(table: Any, loc: tuple, missing: bool) -> tuple:
 def raise_problems(path, problems: list[str]) -> typing.NoReturn:
     lines = "\n".join(f"  - {problem}" for problem in problems)
     count = "a problem" if len(problems) == 1 else f"{len(problems)} problems"
-    raise SuiteFileError(f"suite file {path} has {count}; nothing was run:\n{lines}")
+    raise SuiteFileError(redacted(f"suite file {path} has {count}; nothing was run:\n{lines}"))
 
 
 # ---------------------------------------------------------------- messages
