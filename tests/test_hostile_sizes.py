@@ -114,6 +114,10 @@ def test_more_detection_images_than_the_world_holds_is_an_error_not_a_smaller_se
     error = _refused(tmp_path, 'extends = "quick"\n[evaluate]\ndetection_images = 1000000000\n',
                      capsys, "huge.toml")
     assert f"detection_images = 1000000000 must be <= {bounds.SET_IMAGES.limit}" in error
+    error = _refused(tmp_path, 'extends = "quick"\n[evaluate]\nlocalization_images = 501\n',
+                     capsys, "abnormal.toml")
+    assert ("[evaluate] localization_images = 501 images cannot be drawn from the 500 validation "
+            "images") in error
 
 
 def test_a_set_too_large_for_memory_at_the_worlds_size_is_refused(tmp_path, capsys):

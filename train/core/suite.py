@@ -26,7 +26,8 @@ from counteraudit.train.core.artifacts import (atomic_write_text, derive_seed, i
                                                stable_hash)
 from counteraudit.train.core.registries import (ARCHITECTURES, AUDITORS, DISTANCES, FAMILIES, METHODS,
                                                 NULL_TESTS, WORLDS, strength_families)
-from counteraudit.train.core.image_folders import DETECTION, ImageFolder, abnormal_name, normal_name
+from counteraudit.train.core.image_folders import (ABNORMAL_SUFFIX, DETECTION, ImageFolder, abnormal_name,
+                                                   normal_name)
 from counteraudit.train.core.paths import redacted
 from counteraudit.train.core.registry import UnknownNameError, nearest
 from counteraudit.train.core import size_bounds as bounds
@@ -512,11 +513,13 @@ def _size_problems(table: dict[str, Any], references: int, entries: list[dict[st
     for key in ("detection_images", "localization_images"):
         if side is not None:
             problems.append(bounds.image_set_memory_problem(f"[evaluate] {key}", evaluate[key], side))
-    # The detection set is a draw from the val split (an abnormal set, from a family's part of it,
-    # may hold fewer: a planted slice has what the world has of it).
-    if val_size is not None and DETECTION not in folders:
-        problems.append(bounds.pool_problem("[evaluate] detection_images", evaluate["detection_images"],
-                                            val_size, "validation images of the world ([world] num_val)"))
+    # The detection set is a draw from the val split; an abnormal set, from a family's part of
+    # it, never more than the split (it may hold fewer: a planted slice has what the world has).
+    pools = {"detection_images": DETECTION not in folders,
+             "localization_images": not any(name.endswith(ABNORMAL_SUFFIX) for name in folders)}
+    for key in (key for key, drawn in pools.items() if drawn and val_size is not None):
+        problems.append(bounds.pool_problem(f"[evaluate] {key}", evaluate[key], val_size,
+                                            "validation images of the world ([world] num_val)"))
     return [problem for problem in problems if problem]
 
 
