@@ -80,6 +80,12 @@ def test_a_huge_size_is_refused_naming_the_key_the_bound_and_why(tmp_path, capsy
         assert "lower num_train to at most" in error and "GiB" in error
 
 
+def test_sizes_each_within_its_bound_but_too_many_models_together_are_refused(tmp_path, capsys):
+    error = _refused(tmp_path, 'extends = "quick"\n[references]\ncount = 600\nheld_out = 600\n', capsys)
+    assert (f"the suite has 1203 models ([references] count and held_out, each [[anomalies]] entry's "
+            f"replicates, each [[sweeps]] value): at most {bounds.MODELS.limit}, as {bounds.MODELS.why}") in error
+
+
 @pytest.mark.parametrize("table, key", [
     ("[[anomalies]]", "replicates"), ("[methods.feature_synthesis]", "steps")])
 def test_a_huge_size_in_an_entry_or_a_method_is_refused(tmp_path, capsys, table, key):

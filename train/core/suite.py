@@ -56,8 +56,7 @@ class Recipe:
     weight_decay: Annotated[float, Field(ge=0, description="the paper: 1e-4")] = 1e-4
     # multiply the learning rate by lr_gamma every this many epochs
     lr_step_epochs: Annotated[int, Field(ge=1, le=bounds.EPOCHS.limit, json_schema_extra=bounds.EPOCHS.extra,
-                                         description=(
-        "epochs between learning-rate decays (the paper: 30)"))] = 30
+                                         description="epochs between learning-rate decays (the paper: 30)")] = 30
     lr_gamma: Annotated[float, Field(gt=0, le=1, description="the decay factor (the paper: 0.1)")] = 0.1
     # Linear learning-rate warmup over this many epochs (fractions allowed), from lr/steps to lr,
     # as torchvision's reference recipe offers (--lr-warmup-epochs). 0: none (the paper's recipe).
