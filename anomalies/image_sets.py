@@ -44,6 +44,7 @@ from counteraudit.train.core.image_folders import (DETECTION, ImageFolder, abnor
                                                    normal_name)
 from counteraudit.train.core.keyed_store import KeyedArtifact
 from counteraudit.train.core.payloads import npz_arrays
+from counteraudit.train.core.size_bounds import pool_problem
 from counteraudit.train.core.suite import ModelSpec, Suite
 from counteraudit.train.worlds import World
 
@@ -255,6 +256,11 @@ def detection_set(suite: Suite, world: World, root: Path) -> ImageSet:
     if DETECTION in image_folders(suite):
         return folder_set(suite, DETECTION, world, root, m)
     val = world.split("val")
+    # more than the world holds is an error, never a smaller set (a suite of the synthetic world
+    # is refused when it loads; a world whose val split is known only once built, here)
+    problem = pool_problem("[evaluate] detection_images", m, len(val), "validation images of the world")
+    if problem:
+        raise ValueError(f"suite file {suite.path}: {problem}")
     recipe = detection_recipe(suite)
     set_id = stable_hash(recipe)
 

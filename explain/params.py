@@ -8,6 +8,10 @@ Fields whose metadata says ``execution_only=True`` (e.g. an internal batch size)
 result is computed but not the result, so they are left out of the recorded parameters: changing
 them does not invalidate stored results.
 
+Fields made with ``at_most(default, bound)`` are sizes (steps, samples, images) with an upper
+bound from ``train/core/size_bounds.py``: a larger value is an error naming the bound and why.
+Every float must be finite: inf and nan are never a setting.
+
 Fields made with ``added(default, before=...)`` are parameters introduced after results were
 stored: while such a field has the value every earlier result was computed with (``before``), it
 is left out of the recorded parameters, so those results keep their keys and stay valid; any other
@@ -16,13 +20,17 @@ value is recorded, so results under different choices never share a key.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Mapping
 
+from counteraudit.train.core.size_bounds import Bound
+
 EXECUTION_ONLY = "execution_only"
 BEFORE = "value_before_the_field_existed"
 CHOICES = "choices"
+LIMIT = "limit"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,20 +38,37 @@ class NoParams:
     """For methods without parameters."""
 
 
-def execution_only(default: Any) -> Any:
-    """A dataclass field that does not change the result (left out of recorded parameters)."""
-    return dataclasses.field(default=default, metadata={EXECUTION_ONLY: True})
+def execution_only(default: Any, bound: Bound | None = None) -> Any:
+    """A dataclass field that does not change the result (left out of recorded parameters);
+    ``bound``: its upper bound, if a size (``at_most``)."""
+    return dataclasses.field(default=default, metadata={EXECUTION_ONLY: True,
+                                                        **({LIMIT: bound} if bound else {})})
 
 
 def added(default: Any, before: Any = dataclasses.MISSING,
-          choices: tuple[str, ...] | None = None) -> Any:
+          choices: tuple[str, ...] | None = None, bound: Bound | None = None) -> Any:
     """A field added after results were stored (module docstring); ``before``: the value those
     results were computed with (default: ``default``); ``choices``: its valid values, if a few
-    names (any other is an error that lists them)."""
+    names (any other is an error that lists them); ``bound``: its upper bound, if a size."""
     metadata = {BEFORE: default if before is dataclasses.MISSING else before}
     if choices is not None:
         metadata[CHOICES] = tuple(choices)
+    if bound is not None:
+        metadata[LIMIT] = bound
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def at_most(default: Any, bound: Bound) -> Any:
+    """A size field (an int, or a table or list of them) whose every value is at most
+    ``bound.limit`` (module docstring)."""
+    return dataclasses.field(default=default, metadata={LIMIT: bound})
+
+
+def _check_limit(key: str, value: Any, bound: Bound, where: str) -> None:
+    values = value.values() if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else [value]
+    largest = max((v for v in values if isinstance(v, (int, float))), default=None)
+    if largest is not None and largest > bound.limit:
+        raise ValueError(f"{where}: {key} = {value!r} must be <= {bound.limit} ({bound.why})")
 
 
 def check_choice(key: str, value: Any, choices: tuple[str, ...], where: str) -> None:
@@ -84,6 +109,9 @@ def _check_type(key: str, value: Any, annotation: Any) -> Any:
         return tuple(items) if origin is tuple else items
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ValueError(f"parameter {key!r}={value!r} must be a finite number (inf and nan "
+                                 "are never a setting)")
             return float(value)
         raise TypeError(f"parameter {key!r}={value!r} must be a number")
     if annotation is int:
@@ -116,6 +144,9 @@ def parse_params(params_class: type, overrides: Mapping[str, Any] | Any | None,
         choices = fields[key].metadata.get(CHOICES)
         if choices is not None:
             check_choice(key, value, choices, f"{kind} {method_name!r}")
+        bound = fields[key].metadata.get(LIMIT)
+        if bound is not None:
+            _check_limit(key, value, bound, f"{kind} {method_name!r}")
     return params_class(**values)
 
 

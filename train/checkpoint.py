@@ -110,7 +110,17 @@ def load_training_state(directory: Path) -> dict[str, Any] | None:
         set_aside(path, f"it holds no training state (no {absent}); training starts over from the "
                         "first epoch", "training checkpoint")
         return None
+    if not finite_weights(state["model"]):  # a diverged run's (never saved now): not resumed
+        set_aside(path, "its weights hold inf or nan (the training diverged); training starts over "
+                        "from the first epoch", "training checkpoint")
+        return None
     return state
+
+
+def finite_weights(state_dict: dict[str, Any]) -> bool:
+    """Whether every floating-point tensor of a state dict is finite (no inf, no nan)."""
+    return all(bool(torch.isfinite(value).all()) for value in state_dict.values()
+               if torch.is_tensor(value) and value.is_floating_point())
 
 
 def read_metrics(directory: Path) -> dict[str, Any]:

@@ -22,6 +22,7 @@ keeps the running-statistics update of slice 0 only and the saved state matches 
 from __future__ import annotations
 
 import contextlib
+import math
 import platform
 import time
 from dataclasses import dataclass, field, replace
@@ -39,7 +40,7 @@ from counteraudit.train.core import numerics
 from counteraudit.train.core.artifacts import atomic_write_json, derive_seed
 from counteraudit.train.core.registries import FAMILIES
 from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME, METRICS_NAME,
-                                           SPEC_NAME, WEIGHTS_NAME, is_trained,
+                                           SPEC_NAME, WEIGHTS_NAME, finite_weights, is_trained,
                                            load_training_state, model_dir, read_metrics,
                                            save_trained_model, save_training_state,
                                            training_lock)
@@ -47,6 +48,10 @@ from counteraudit.train.core.suite import REFERENCE, ModelSpec, Recipe
 from counteraudit.train.core.published_recipes import provenance
 from counteraudit.train.core.weights import load_backbone_weights, load_weights_only
 from counteraudit.train.worlds import Batch, World, build_world
+
+
+class TrainingDiverged(ValueError):
+    """A training whose loss or weights became inf or nan: nothing of it is stored as trained."""
 
 
 def pick_device(requested: str | None = None) -> torch.device:
@@ -210,6 +215,8 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
                         progress)
     for epoch in range(done.next_epoch, spec.recipe.epochs):
         record, images = train_one_epoch(run, epoch)
+        # before its checkpoint: a diverged epoch is never saved, so never resumed or used
+        check_finite(run, epoch, record)
         done.add_epoch(record, images)
         if processes.writes:
             _log_epoch(spec, record)
@@ -370,9 +377,14 @@ class _EpochMeter:
     correct: int = 0
     seen: int = 0         # this process's images
     global_seen: int = 0  # every process's images, this one's slice or not
+    steps: int = 0        # optimizer steps taken
+    diverged_at: tuple[int, float] | None = None  # (step, loss) of the first inf or nan loss
 
     def add(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
-        self.loss_sum += float(loss.detach()) * len(labels)
+        value = float(loss.detach())
+        if not math.isfinite(value) and self.diverged_at is None:
+            self.diverged_at = (self.steps + 1, value)
+        self.loss_sum += value * len(labels)
         self.correct += int((logits.argmax(1) == labels).sum())
         self.seen += len(labels)
 
@@ -405,12 +417,34 @@ def train_one_epoch(run: TrainingRun, epoch: int) -> tuple[dict[str, Any], int]:
             for group in run.optimizer.param_groups:
                 group["lr"] = lr
         train_one_step(run, batch, generator, meter)
+        meter.steps += 1
+        if meter.diverged_at is not None and run.processes.world_size == 1:
+            break  # fails now (check_finite); ranks of a DDP run find out together, at the epoch's end
         bar.set_postfix(loss=f"{meter.loss:.3f}", acc=f"{meter.accuracy:.3f}")
     run.scheduler.step()
     seconds = time.perf_counter() - started
     return {"epoch": epoch + 1, "loss": meter.loss, "train_accuracy": meter.accuracy,
             "seconds": seconds, "lr": run.optimizer.param_groups[0]["lr"],
-            **({"crop_size": crop} if crop is not None else {})}, meter.global_seen
+            **({"crop_size": crop} if crop is not None else {}),
+            **({"diverged_at": meter.diverged_at} if meter.diverged_at else {})}, meter.global_seen
+
+
+def check_finite(run: TrainingRun, epoch: int, record: dict[str, Any]) -> None:
+    """A TrainingDiverged naming the model, the epoch and step and the likely cause when a loss of
+    this epoch or the weights after it are inf or nan (every rank of a DDP run holds the same
+    weights, so all of them stop here together)."""
+    diverged = record.get("diverged_at")
+    if diverged is None and finite_weights(run.model.state_dict()):
+        return
+    recipe = run.spec.recipe
+    where = (f"the training loss is {diverged[1]} at epoch {epoch + 1}/{recipe.epochs}, step "
+             f"{diverged[0]}/{run.steps_per_epoch}" if diverged else
+             f"its weights hold inf or nan after epoch {epoch + 1}/{recipe.epochs}")
+    raise TrainingDiverged(
+        f"model {run.spec.name} ({run.spec.key}) diverged: {where}. The likely cause is a learning "
+        f"rate or weight decay too large for it (lr = {recipe.lr}, weight_decay = "
+        f"{recipe.weight_decay}): lower [recipe] lr (the paper: 0.1) or weight_decay (1e-4), or "
+        "add lr_warmup_epochs. Nothing of it is stored as trained")
 
 
 def _batch_slices(batch: Batch, emulate_processes: int) -> list[Batch]:

@@ -4,11 +4,14 @@ examples, l-inf or l2, budgets in [0, 1] pixel units (the paper's eps 4/255, 8/2
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from pydantic import Field
 
 from counteraudit.anomalies.base import FAMILIES, AnomalyFamily, Verdict
 from counteraudit.anomalies.common import accuracy, reference_mean, rows_of, verification_indices
+from counteraudit.train.core import size_bounds as bounds
 
 NORMS = ("linf", "l2")
 
@@ -17,10 +20,12 @@ NORMS = ("linf", "l2")
 class AdversarialParams:
     norm: str = "linf"
     eps: float = 8 / 255
-    steps: int = 3
+    steps: Annotated[int, Field(le=bounds.PASSES.limit, json_schema_extra=bounds.PASSES.extra)] = 3
     step_size: float | None = None   # default 2.5 * eps / steps (Madry et al.)
-    eval_steps: int = 10             # PGD steps of the verification attack
-    eval_images: int = 200           # val images attacked for verification (each model)
+    # PGD steps of the verification attack
+    eval_steps: Annotated[int, Field(le=bounds.PASSES.limit, json_schema_extra=bounds.PASSES.extra)] = 10
+    # val images attacked for verification (each model)
+    eval_images: Annotated[int, Field(le=bounds.SET_IMAGES.limit, json_schema_extra=bounds.SET_IMAGES.extra)] = 200
 
 
 def _flat_norm(x: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,8 @@ from torch import nn
 
 from counteraudit.explain.base import METHODS, AttributionMethod, SaliencyParams
 from counteraudit.explain.input_space import BASELINES, baseline_image, in_gradient_space, normalization
-from counteraudit.explain.params import added
+from counteraudit.explain.params import added, at_most
+from counteraudit.train.core import size_bounds as bounds
 
 
 def noise_references(model: nn.Module, count: int, seed: int, like: torch.Tensor,
@@ -116,7 +117,7 @@ class DeepLift(AttributionMethod):
 @dataclass(frozen=True)
 class ShapParams(SaliencyParams):
     """baseline_samples: how many uniform-noise references (module docstring); seed: draws them."""
-    baseline_samples: int = 8
+    baseline_samples: int = at_most(8, bounds.PASSES)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -156,7 +157,7 @@ class GradientShap(AttributionMethod):
 
     @dataclass(frozen=True)
     class Params(ShapParams):
-        n_samples: int = 50  # as integrated gradients' 50 steps: one pass each
+        n_samples: int = at_most(50, bounds.PASSES)  # as integrated gradients' 50 steps: one pass each
         stdevs: float = 0.0  # captum's default: no noise added to the sampled points
 
         def __post_init__(self) -> None:

@@ -26,16 +26,17 @@ from torch import nn
 
 from counteraudit.explain.base import METHODS, AttributionMethod, SaliencyParams
 from counteraudit.explain.input_space import in_gradient_space
-from counteraudit.explain.params import execution_only
+from counteraudit.explain.params import at_most, execution_only
+from counteraudit.train.core import size_bounds as bounds
 
 
 @dataclass(frozen=True)
 class NoiseTunnelParams(SaliencyParams):
-    n_samples: int = 50
+    n_samples: int = at_most(50, bounds.PASSES)
     noise_level: float = 0.15  # std / (x_max - x_min), Smilkov et al.'s 10-20 %
     seed: int = 0
     # Noisy copies per pass inside captum: memory and speed only.
-    samples_per_pass: int | None = execution_only(None)
+    samples_per_pass: int | None = execution_only(None, bounds.BATCH)
 
     def __post_init__(self) -> None:
         if self.n_samples < 1:

@@ -38,8 +38,9 @@ from torch import nn
 
 from counteraudit.explain.base import DEFAULT_RENDERERS, METHODS, AttributionMethod, TargetParams
 from counteraudit.explain.input_space import BASELINES, baseline_image
-from counteraudit.explain.params import added, execution_only
+from counteraudit.explain.params import added, at_most, execution_only
 from counteraudit.explain.renderers import ATTRIBUTIONS
+from counteraudit.train.core import size_bounds as bounds
 
 
 def check_budget(method: str, **budgets: Any) -> None:
@@ -66,12 +67,12 @@ class PerturbationParams(TargetParams):
     baseline: str = added("black", choices=BASELINES)
     renderer: str = added(DEFAULT_RENDERERS[ATTRIBUTIONS])
     renderer_options: dict[str, Any] | None = added(None)
-    perturbations_per_pass: int = execution_only(64)
+    perturbations_per_pass: int = execution_only(64, bounds.BATCH)
 
 
 @dataclass(frozen=True)
 class SuperpixelParams(PerturbationParams):
-    grid_cells: int = 8  # per side: 64 superpixels
+    grid_cells: int = at_most(8, bounds.GRID)  # per side: 64 superpixels
 
     method_name: ClassVar[str] = "a superpixel method"  # each method's own, for its errors
 
@@ -146,7 +147,7 @@ class FeatureAblation(PerturbationMethod):
 
 @dataclass(frozen=True)
 class SampledSuperpixelParams(SuperpixelParams):
-    n_samples: int = 256
+    n_samples: int = at_most(256, bounds.PASSES)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -200,7 +201,7 @@ class ShapleyValueSampling(SampledSuperpixelMethod):
 
     @dataclass(frozen=True)
     class Params(SampledSuperpixelParams):
-        n_samples: int = 4  # permutations: 4 x 65 = 260 passes with the default 8 x 8 grid
+        n_samples: int = at_most(4, bounds.PASSES)  # permutations: 4 x 65 = 260 passes with the default grid
         method_name = "shapley_value_sampling"
 
     def passes_per_image(self, architecture: str | None) -> float:

@@ -61,9 +61,10 @@ from torchvision.models.resnet import ResNet
 from counteraudit.explain.base import (METHODS, BatchContext, BatchOutput, VisualizationMethod,
                                        architecture_default, model_device)
 from counteraudit.explain.caricature_transforms import AUGMENTATIONS
-from counteraudit.explain.params import added
+from counteraudit.explain.params import added, at_most
 from counteraudit.explain.render import to_uint8
 from counteraudit.train.architectures import Classifier, layer_name, resolve_layer
+from counteraudit.train.core import size_bounds as bounds
 from counteraudit.train.core.artifacts import derive_seed
 
 # lucid's floor on the cosine in its cosine-weighted dot objectives.
@@ -173,16 +174,16 @@ class Caricature(VisualizationMethod):
     @dataclass(frozen=True)
     class Params:
         layers: tuple[str, ...] | None = None  # addresses "(2,2,1)"...; None: the architecture's
-        steps: int = 512
+        steps: int = at_most(512, bounds.PASSES)
         learning_rate: float = 5e-2
         cossim_pow: float = 0.0
         seed: int = 0
         # Steps for the layers whose module name starts with a key (the longest matching key
         # wins; other layers take `steps`): the paper's code used { layer4 = 1024 }.
-        steps_by_layer: dict[str, int] | None = added(None)
+        steps_by_layer: dict[str, int] | None = added(None, bound=bounds.PASSES)
         # The parameterised image's side (lucent's render_vis: param.image(128), then upsampled
         # to the model's input); None: the input's size. The result has the canvas's size.
-        canvas: int | None = added(None)
+        canvas: int | None = added(None, bound=bounds.IMAGE_SIDE)
         # "shared": every model renders an image from the same random start and augmentation
         # draws (one draw per step for the whole batch; a paired design); "per_model": each
         # (model, image, layer) its own start and draws, seeded from the seed, the model's key,

@@ -42,8 +42,9 @@ from counteraudit.explain.base import (METHODS, BatchContext, BatchOutput, Visua
                                        model_device)
 from counteraudit.explain.caricature_transforms import AUGMENTATIONS
 from counteraudit.explain.methods.caricature import TRANSFORM_PATHS, per_row_start
-from counteraudit.explain.params import added
+from counteraudit.explain.params import added, at_most
 from counteraudit.explain.render import to_uint8
+from counteraudit.train.core import size_bounds as bounds
 from counteraudit.train.core.artifacts import derive_seed
 
 DIAGNOSTICS = ("logit_initial", "logit_final", "probability_initial", "probability_final")
@@ -69,7 +70,7 @@ class FeatureSynthesis(VisualizationMethod):
         the same for every model (a paired design).
         transforms: "fused", lucent's standard_transforms as one resampling (faster on a CPU),
         or "lucent", lucent's own chain (explain/caricature_transforms.py)."""
-        steps: int = 512
+        steps: int = at_most(512, bounds.PASSES)
         learning_rate: float = 5e-2
         seed: int = 0
         transforms: str = added("fused", choices=TRANSFORM_PATHS)

@@ -25,6 +25,7 @@ from counteraudit.explain.base import DEFAULT_RENDERERS, GRADIENT_SPACES, METHOD
 from counteraudit.explain.methods.gradcam import CamParams, LibraryCam
 from counteraudit.explain.params import added, execution_only
 from counteraudit.explain.renderers import CAMS
+from counteraudit.train.core import size_bounds as bounds
 
 
 # ---------------------------------------------------------------- gradient-weighted CAMs
@@ -126,13 +127,13 @@ class FullGrad(LibraryCam):
 @dataclass(frozen=True)
 class ScoreCamParams(CamParams):
     # Masked copies per forward pass (pytorch-grad-cam's ScoreCAM.batch_size).
-    batch_size: int | None = execution_only(32)
+    batch_size: int | None = execution_only(32, bounds.BATCH)
 
 
 @dataclass(frozen=True)
 class AblationCamParams(CamParams):
     # Ablated copies per forward pass (pytorch-grad-cam's AblationCAM batch_size).
-    batch_size: int | None = execution_only(32)
+    batch_size: int | None = execution_only(32, bounds.BATCH)
     # Fraction of the layer's channels ablated, in (0, 1] (1.0: all, the method as published).
     ratio_channels_to_ablate: float | None = 1.0
 

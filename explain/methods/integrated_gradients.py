@@ -17,7 +17,8 @@ from torch import nn
 
 from counteraudit.explain.base import METHODS, AttributionMethod, SaliencyParams
 from counteraudit.explain.input_space import BASELINES, baseline_image, on_normalized_input
-from counteraudit.explain.params import added, execution_only
+from counteraudit.explain.params import added, at_most, execution_only
+from counteraudit.train.core import size_bounds as bounds
 
 
 @METHODS.register
@@ -27,13 +28,13 @@ class IntegratedGradients(AttributionMethod):
 
     @dataclass(frozen=True)
     class Params(SaliencyParams):
-        n_steps: int = 50
+        n_steps: int = at_most(50, bounds.PASSES)
         method: str = "gausslegendre"
         # Images x steps per forward pass inside captum; memory and speed only, not the result.
         # One image's 50 steps per pass is 1.4x faster on a CPU core than 128 (64-px small
         # ResNet, batches of 16: 12.6 against 9.0 images/s, mean of 3 interleaved runs; the
         # activations stay in cache), and the rendered images are identical.
-        internal_batch_size: int | None = execution_only(50)
+        internal_batch_size: int | None = execution_only(50, bounds.BATCH)
         baseline: str = added("black", choices=BASELINES)
 
     def passes_per_image(self, architecture: str | None) -> float:

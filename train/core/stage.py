@@ -25,6 +25,7 @@ from counteraudit.slurm.stage_run import default_item_name
 from counteraudit.train.core import numerics
 from counteraudit.train.core.artifacts import (SLURM_LOGS, bound_to_runs_folder, inside_runs, runs_dir,
                                                runs_folder_bound)
+from counteraudit.train.core.paths import redacted
 from counteraudit.train.core.suite import ModelSpec, Suite, available_suites, load_suite
 
 
@@ -89,7 +90,7 @@ def run_cli(main, parser: argparse.ArgumentParser, args: argparse.Namespace | No
             return main(args)
     except USER_ERRORS as error:
         message = error.args[0] if isinstance(error, LookupError) and error.args else error
-        parser.exit(2, f"{parser.prog}: error: {message}\n")
+        parser.exit(2, f"{parser.prog}: error: {redacted(str(message))}\n")
     except OSError as error:
         if out_of_space(error) is None:
             raise
@@ -98,7 +99,7 @@ def run_cli(main, parser: argparse.ArgumentParser, args: argparse.Namespace | No
         free_text = (f" ({size_text(usage.free)} free of {size_text(usage.total)} there)"
                      if usage else "")
         parser.exit(1, f"{parser.prog}: error: no space left on the device while writing "
-                       f"{where}{free_text}; free some space (or use another --runs-dir) and run "
+                       f"{redacted(str(where))}{free_text}; free some space (or use another --runs-dir) and run "
                        "the same command again: everything finished so far is stored and is not "
                        "computed again\n")
     except KeyboardInterrupt:

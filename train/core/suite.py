@@ -27,8 +27,11 @@ from counteraudit.train.core.artifacts import (OWN_FOLDERS, atomic_write_text, d
                                                runs_dir, stable_hash)
 from counteraudit.train.core.registries import (ARCHITECTURES, AUDITORS, DISTANCES, FAMILIES, METHODS,
                                                 NULL_TESTS, WORLDS, strength_families)
-from counteraudit.train.core.image_folders import DETECTION, ImageFolder, abnormal_name, normal_name
+from counteraudit.train.core.image_folders import (ABNORMAL_SUFFIX, DETECTION, ImageFolder, abnormal_name,
+                                                   normal_name)
+from counteraudit.train.core.paths import redacted
 from counteraudit.train.core.registry import UnknownNameError, nearest
+from counteraudit.train.core import size_bounds as bounds
 from counteraudit.train.core.suite_schema import (MIN_NULL_MODELS, SAFE_NAME_LENGTH, SAFE_NAME_PATTERN,
                                                   SAFE_NAME_RULE, EvaluateTable,
                                                   ReferencesTable, ScheduleSegment, SuiteFileError,
@@ -45,26 +48,30 @@ PAPER_REFERENCES = 12  # SPEC: n = 12 reference models
 @dataclass(frozen=True)
 class Recipe:
     """SGD with step decay. Defaults: the paper's (torchvision's ResNet-50 recipe, batch 300)."""
-    epochs: Annotated[int, Field(ge=1, description="training epochs (the paper: 90)")] = 90
-    batch_size: Annotated[int, Field(ge=1, description="images per step (the paper: 300)")] = 300
+    epochs: Annotated[int, Field(ge=1, le=bounds.EPOCHS.limit, json_schema_extra=bounds.EPOCHS.extra,
+                                 description="training epochs (the paper: 90)")] = 90
+    batch_size: Annotated[int, Field(ge=1, le=bounds.BATCH.limit, json_schema_extra=bounds.BATCH.extra,
+                                     description="images per step (the paper: 300)")] = 300
     lr: Annotated[float, Field(gt=0, description="the initial learning rate (the paper: 0.1)")] = 0.1
     momentum: Annotated[float, Field(ge=0, lt=1, description="SGD momentum (the paper: 0.9)")] = 0.9
     weight_decay: Annotated[float, Field(ge=0, description="the paper: 1e-4")] = 1e-4
     # multiply the learning rate by lr_gamma every this many epochs
-    lr_step_epochs: Annotated[int, Field(ge=1, description=(
-        "epochs between learning-rate decays (the paper: 30)"))] = 30
+    lr_step_epochs: Annotated[int, Field(ge=1, le=bounds.EPOCHS.limit, json_schema_extra=bounds.EPOCHS.extra,
+                                         description="epochs between learning-rate decays (the paper: 30)")] = 30
     lr_gamma: Annotated[float, Field(gt=0, le=1, description="the decay factor (the paper: 0.1)")] = 0.1
     # Linear learning-rate warmup over this many epochs (fractions allowed), from lr/steps to lr,
     # as torchvision's reference recipe offers (--lr-warmup-epochs). 0: none (the paper's recipe).
     # Short CPU schedules need it: without it some seeds stall in their first epoch at lr 0.1.
     lr_warmup_epochs: Annotated[float, Field(ge=0, description=(
         "epochs of linear warmup, at most epochs (0: none, the paper's)"))] = 0.0
-    eval_batch_size: Annotated[int, Field(ge=1, description="images per evaluation batch")] = 100
+    eval_batch_size: Annotated[int, Field(ge=1, le=bounds.BATCH.limit, json_schema_extra=bounds.BATCH.extra,
+                                          description="images per evaluation batch")] = 100
     # Intra-op threads for CPU training. Part of the recipe because some CPU kernels reduce in a
     # thread-dependent order, so the thread count changes the weights' bits: fixing it makes the
     # same seed give the same weights on any machine and executor. Parallelism comes from
     # training several models at once (--jobs, Slurm arrays). Ignored on GPUs.
-    cpu_threads: Annotated[int, Field(ge=1, description="threads per CPU training (1)")] = 1
+    cpu_threads: Annotated[int, Field(ge=1, le=bounds.THREADS.limit, json_schema_extra=bounds.THREADS.extra,
+                                      description="threads per CPU training (1)")] = 1
     # bfloat16 autocast for CPU training, as the recipe always does on GPUs: 1.8x the fp32
     # throughput of the small ResNet on a CPU with native bf16 (AVX512-BF16 or AMX, e.g. AMD Zen 4,
     # Intel Sapphire Rapids); older CPUs emulate it, so leave it off there. Changes the weights.
@@ -304,28 +311,76 @@ def _merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# A suite extends a few others (the shipped ones: at most 2 deep) and nests tables a few levels
+# (5 in the shipped ones: an [[anomalies]] entry's params' tables); far deeper is a crafted file,
+# refused before Python's recursion limit (1,000 frames) turns it into a traceback.
+MAX_EXTENDS_DEPTH = 32
+MAX_NESTING_DEPTH = 32
+
+
 def _read_table(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The suite file's table with its ``extends`` chain resolved; ``name`` is never inherited."""
-    if path.resolve() in chain:
-        cycle = " -> ".join(str(p) for p in (*chain, path.resolve()))
-        raise ValueError(f"suite files extend each other in a cycle: {cycle}")
-    try:
-        with open(path, "rb") as handle:
-            table = tomllib.load(handle)
-    except tomllib.TOMLDecodeError as error:
-        raise SuiteFileError(f"suite file {path} is not valid TOML: {error}; fix that line "
-                             "(https://toml.io: key = value, [table], [[array of tables]])") from None
-    except OSError as error:
-        raise SuiteFileError(f"suite file {path} cannot be read: {error.strerror}") from None
+    """The suite file's table with its ``extends`` chain resolved; ``name`` is never inherited.
+    ``chain``: the files that extend this one, the first file first."""
+    table = _read_file(path)
     table.setdefault("name", path.stem)
     base_name = table.pop("extends", None)
     if base_name is None:
         return table
+    where = f"suite file {path}: extends = {json.dumps(base_name, default=str)}"
     if not isinstance(base_name, str):
-        raise ValueError(f"suite file {path}: extends={base_name!r} must be a suite name or a path")
-    base = _read_table(_suite_path(base_name, path.parent), (*chain, path.resolve()))
+        raise SuiteFileError(f"{where} must be a suite name or a path to a .toml file")
+    chain = (*chain, path.resolve())
+    if len(chain) >= MAX_EXTENDS_DEPTH:
+        raise SuiteFileError(f"{where}: {chain[0]} extends a chain of more than {MAX_EXTENDS_DEPTH} "
+                             "suite files; at most that many may extend each other (the shipped "
+                             "suites use 2): copy the tables you need into fewer files")
+    try:
+        base_path = _suite_path(base_name, path.parent)
+    except ValueError as error:
+        raise SuiteFileError(f"{where}: {error}") from None
+    if base_path.resolve() in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, base_path.resolve()))
+        raise SuiteFileError(f"{where}: suite files extend each other in a cycle: {cycle}; remove "
+                             "one extends")
+    base = _read_table(base_path, chain)
     base.pop("name")
     return _merged(base, table)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    """One suite file's TOML table: one SuiteFileError naming the file when it cannot be read,
+    is not UTF-8, is not TOML or nests deeper than ``MAX_NESTING_DEPTH``."""
+    fix = "fix that line (https://toml.io: key = value, [table], [[array of tables]])"
+    try:
+        data = path.read_bytes()
+        table = tomllib.loads(data.decode("utf-8"))
+    except OSError as error:
+        raise SuiteFileError(f"suite file {path} cannot be read: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise SuiteFileError(f"suite file {path} is not UTF-8 text: byte 0x{data[error.start]:02x} at "
+                             f"offset {error.start} (line {line}) {error.reason}; save the file as "
+                             "UTF-8") from None
+    except tomllib.TOMLDecodeError as error:
+        raise SuiteFileError(f"suite file {path} is not valid TOML: {error}; {fix}") from None
+    except RecursionError:
+        table = None
+    if table is None or _nesting_depth(table) > MAX_NESTING_DEPTH:
+        raise SuiteFileError(f"suite file {path} nests tables or arrays more than {MAX_NESTING_DEPTH} "
+                             "levels deep; the shipped suites nest at most 5 (an [[anomalies]] entry's "
+                             "params' tables): flatten it")
+    return table
+
+
+def _nesting_depth(value: Any) -> int:
+    """How many tables and arrays ``value`` nests (0: a plain value), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, depth + 1)
+            stack += [(child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)]
+    return deepest
 
 
 def load_suite(name_or_path: str | Path, plugin_tables: bool = True) -> Suite:
@@ -346,7 +401,7 @@ def load_suite(name_or_path: str | Path, plugin_tables: bool = True) -> Suite:
         raise
     except (TypeError, ValueError, LookupError) as error:
         message = error.args[0] if isinstance(error, LookupError) and error.args else error
-        raise SuiteFileError(f"suite file {path}: {message}") from error
+        raise SuiteFileError(redacted(f"suite file {path}: {message}")) from error
 
 
 def _world_problems(world: dict[str, Any]) -> list[str]:
@@ -411,6 +466,9 @@ def _parse(table: dict[str, Any], path: Path, plugin_tables: bool = True) -> Sui
             problems += recipe_problems({**recipe_table, **entry["recipe"]},
                                         f"[[sweeps]] entry {position + 1} recipe")
     problems += _plugin_problems(table) if plugin_tables else []
+    problems += _size_problems(table, count + held_out, entries, sweep_entries, world_side,
+                               None if world_problems else world_class.listed_val_size(
+                                   {k: v for k, v in world.items() if k != "name"}))
     if problems:
         raise_problems(path, problems)
 
@@ -444,6 +502,30 @@ def _parse(table: dict[str, Any], path: Path, plugin_tables: bool = True) -> Sui
     if problems:  # a user's image folder, checked now rather than after training
         raise_problems(path, problems)
     return suite
+
+
+def _size_problems(table: dict[str, Any], references: int, entries: list[dict[str, Any]],
+                   sweep_entries: list[dict[str, Any]], side: int | None,
+                   val_size: int | None) -> list[str]:
+    """Sizes that pass their own bounds but not together (``size_bounds.py``): the suite's models
+    in all, each image set in memory at the world's ``side``, and each set against the
+    ``val_size`` images it is drawn from (None: unknown until the world is built)."""
+    models = (references + sum(int(entry.get("replicates", 1)) for entry in entries)
+              + sum(len(entry["values"]) for entry in sweep_entries))
+    problems = [bounds.model_count_problem(models)]
+    evaluate = {**EvaluateTable().model_dump(), **table.get("evaluate", {})}
+    folders = table.get("image_sets", {})
+    for key in ("detection_images", "localization_images"):
+        if side is not None:
+            problems.append(bounds.image_set_memory_problem(f"[evaluate] {key}", evaluate[key], side))
+    # The detection set is a draw from the val split; an abnormal set, from a family's part of
+    # it, never more than the split (it may hold fewer: a planted slice has what the world has).
+    pools = {"detection_images": DETECTION not in folders,
+             "localization_images": not any(name.endswith(ABNORMAL_SUFFIX) for name in folders)}
+    for key in (key for key, drawn in pools.items() if drawn and val_size is not None):
+        problems.append(bounds.pool_problem(f"[evaluate] {key}", evaluate[key], val_size,
+                                            "validation images of the world ([world] num_val)"))
+    return [problem for problem in problems if problem]
 
 
 def image_folder_problems(suite: Suite, side: int | None, class_names: list[str] | None) -> list[str]:

@@ -28,6 +28,8 @@ from typing import Annotated, Any, Literal
 from pydantic import (BaseModel, ConfigDict, Field, StringConstraints, ValidationError,
                       create_model)
 
+from counteraudit.train.core import size_bounds as bounds
+from counteraudit.train.core.paths import redacted
 from counteraudit.train.core.registry import nearest
 
 # A name that becomes one path component (a suite's folder, a model's link, an image set's):
@@ -44,19 +46,23 @@ class SuiteFileError(ValueError):
 
 
 class _Table(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # allow_inf_nan: inf and nan are never a setting (an lr of inf trains a NaN model)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class ReferencesTable(_Table):
-    count: int = Field(5, ge=2, description=(
+    count: int = Field(5, ge=2, le=bounds.MODELS.limit, json_schema_extra=bounds.MODELS.extra,
+                       description=(
         "reference models to train: the anomaly score's spread needs a pair, and scoring (each "
         "reference against the others, left out in turn) needs 3 (the paper: 12, the demo: 5)"))
     seed_start: int = Field(0, ge=0, description="the first reference's seed; the others follow")
-    held_out: int = Field(0, ge=0, description=(
+    held_out: int = Field(0, ge=0, le=bounds.MODELS.limit, json_schema_extra=bounds.MODELS.extra,
+                          description=(
         "more seeds trained like the references and scored as null models (8 or more make the "
         "false-positive rate worth reading; 0: none); with 2 or more they are the null "
         "population that gives each model a p-value ([evaluate] p_value)"))
-    held_out_check: int = Field(0, ge=0, description=(
+    held_out_check: int = Field(0, ge=0, le=bounds.MODELS.limit,
+                                json_schema_extra=bounds.MODELS.extra, description=(
         "how many of the held_out models (the last ones) check the null p-values' calibration "
         "instead of fitting them: 0 (none) or about half of held_out (the replicated suite: 10 "
         "of 20)"))
@@ -74,10 +80,12 @@ DEFAULT_SUITE_DISTANCE = "l2"
 
 
 class EvaluateTable(_Table):
-    detection_images: int = Field(50, ge=2, description="m, images explained per model for "
-                                                        "detection (the paper: 50)")
-    localization_images: int = Field(40, ge=2, description="p, abnormal images per localizable "
-                                                           "model (the paper: 40)")
+    detection_images: int = Field(50, ge=2, le=bounds.SET_IMAGES.limit,
+                                  json_schema_extra=bounds.SET_IMAGES.extra,
+                                  description="m, images explained per model for detection (the paper: 50)")
+    localization_images: int = Field(40, ge=2, le=bounds.SET_IMAGES.limit,
+                                     json_schema_extra=bounds.SET_IMAGES.extra,
+                                     description="p, abnormal images per localizable model (the paper: 40)")
     seed: int = Field(0, ge=0, description="seed of the image sets' draw")
     distance: str = Field(DEFAULT_SUITE_DISTANCE, description=(
         "the image distance d(z, z') of the anomaly score, a registered distance: l2 (weight-free, "
@@ -98,9 +106,11 @@ class EvaluateTable(_Table):
 class ExplainTable(_Table):
     methods: list[str] | None = Field(None, description="explanation methods to run (default: "
                                                          "every registered method)")
-    batch_sizes: dict[str, Annotated[int, Field(ge=1)]] = Field(
-        default_factory=dict, description="images per batch, by method (default: the method's)")
-    chunk_images: int | None = Field(None, ge=0, description=(
+    batch_sizes: dict[str, Annotated[int, Field(ge=1, le=bounds.BATCH.limit)]] = Field(
+        default_factory=dict, json_schema_extra=bounds.BATCH.extra,
+        description="images per batch, by method (default: the method's)")
+    chunk_images: int | None = Field(None, ge=0, le=bounds.SET_IMAGES.limit,
+                                     json_schema_extra=bounds.SET_IMAGES.extra, description=(
         "images per work item of the explain stage (0 or absent: one item per model and method; "
         "16 is a good start on Slurm)"))
 
@@ -109,8 +119,9 @@ class DiscoverTable(_Table):
     auditors: list[str] | None = Field(None, description="failure-discovery auditors to run "
                                                           "(default: every registered auditor)")
     seed: int = Field(0, ge=0, description="seed of the auditors' searches")
-    budget: dict[str, Annotated[int, Field(ge=1)]] = Field(
-        default_factory=dict, description="images each auditor may generate, by auditor")
+    budget: dict[str, Annotated[int, Field(ge=1, le=bounds.DISCOVERY_IMAGES.limit)]] = Field(
+        default_factory=dict, json_schema_extra=bounds.DISCOVERY_IMAGES.extra,
+        description="images each auditor may generate, by auditor")
     score: Literal["relative", "absolute"] = Field("relative", description=(
         "how subgroups are ranked: relative (recommended: the model's statistic against the "
         "references' on the same images, each reference left out of its own baseline) or "
@@ -122,8 +133,10 @@ class ArchitectureTable(_Table):
 
 
 class ScheduleSegment(_Table):
-    epochs: int = Field(ge=1, description="epochs trained at this crop size")
-    size: int = Field(ge=1, description="the training crop's side in pixels")
+    epochs: int = Field(ge=1, le=bounds.EPOCHS.limit, json_schema_extra=bounds.EPOCHS.extra,
+                        description="epochs trained at this crop size")
+    size: int = Field(ge=1, le=bounds.IMAGE_SIDE.limit, json_schema_extra=bounds.IMAGE_SIDE.extra,
+                      description="the training crop's side in pixels")
 
 
 class AnomalyEntry(_Table):
@@ -140,7 +153,8 @@ class AnomalyEntry(_Table):
     recipe: dict[str, Any] = Field(default_factory=dict, description="keys of [recipe] to "
                                                                       "override for this model")
     row: str | None = Field(None, description="its Table 1 row (default: its family)")
-    replicates: int = Field(1, ge=1, description=(
+    replicates: int = Field(1, ge=1, le=bounds.MODELS.limit, json_schema_extra=bounds.MODELS.extra,
+                            description=(
         "models of this configuration that differ only in their seed, named <name>-r0, -r1, ...: "
         "Table 1 then reads a detection rate with an exact interval (1: one model, named <name>; "
         "5 or more to tell a family's rate from chance)"))
@@ -148,7 +162,9 @@ class AnomalyEntry(_Table):
 
 class SweepEntry(_Table):
     family: str = Field(description="a registered anomaly family with a strength parameter")
-    values: list[float] = Field(min_length=2, description="2 or more strengths, one model each")
+    values: list[float] = Field(min_length=2, max_length=bounds.MODELS.limit,
+                                json_schema_extra=bounds.MODELS.extra,
+                                description="2 or more strengths, one model each")
     params: dict[str, Any] = Field(default_factory=dict, description="the family's other "
                                                                       "parameters")
     seed: int | None = Field(None, ge=0, description="one seed for the whole sweep (default: "
@@ -166,8 +182,10 @@ class SuiteTable(_Table):
     architecture: ArchitectureTable = Field(default_factory=ArchitectureTable)
     recipe: dict[str, Any] = Field(default_factory=dict, description="the training recipe")
     references: ReferencesTable = Field(default_factory=ReferencesTable)
-    anomalies: list[AnomalyEntry] = Field(default_factory=list)
-    sweeps: list[SweepEntry] = Field(default_factory=list)
+    anomalies: list[AnomalyEntry] = Field(default_factory=list, max_length=bounds.MODELS.limit,
+                                          json_schema_extra=bounds.MODELS.extra)
+    sweeps: list[SweepEntry] = Field(default_factory=list, max_length=bounds.MODELS.limit,
+                                     json_schema_extra=bounds.MODELS.extra)
     explain: ExplainTable = Field(default_factory=ExplainTable)
     methods: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
         "[methods.<name>]: a method's parameters"))
@@ -238,7 +256,7 @@ def _real_loc(table: Any, loc: tuple, missing: bool) -> tuple:
 def raise_problems(path, problems: list[str]) -> typing.NoReturn:
     lines = "\n".join(f"  - {problem}" for problem in problems)
     count = "a problem" if len(problems) == 1 else f"{len(problems)} problems"
-    raise SuiteFileError(f"suite file {path} has {count}; nothing was run:\n{lines}")
+    raise SuiteFileError(redacted(f"suite file {path} has {count}; nothing was run:\n{lines}"))
 
 
 # ---------------------------------------------------------------- messages
@@ -315,6 +333,14 @@ def _siblings(schema: type[BaseModel], loc: tuple) -> list[str]:
     return list(model.model_fields) if model is not None else []
 
 
+def _why(info, sign: str) -> str:
+    """The reason for an upper bound (``size_bounds.py``), where the key has one."""
+    extra = info.json_schema_extra if info is not None else None
+    if sign not in ("<=", "<") or not isinstance(extra, dict) or bounds.BOUND_REASON not in extra:
+        return ""
+    return f" ({extra[bounds.BOUND_REASON]})"
+
+
 def _describe(problem: dict[str, Any], schema: type[BaseModel], table: Any, where: str) -> str:
     loc = tuple(part for part in problem["loc"]
                 if not (isinstance(part, str) and part.startswith(("function-", "json-"))))
@@ -335,7 +361,10 @@ def _describe(problem: dict[str, Any], schema: type[BaseModel], table: Any, wher
     meaning = f"; {loc[-1]}: {info.description}" if info is not None and info.description else ""
     if kind in _BOUNDS:
         sign, bound = _BOUNDS[kind][0], problem["ctx"][_BOUNDS[kind][1]]
-        return f"{key} = {_value_text(value)} must be {sign} {bound}{meaning}"
+        return f"{key} = {_value_text(value)} must be {sign} {bound}{_why(info, sign)}{meaning}"
+    if kind == "finite_number":
+        return (f"{key} = {_value_text(value)} must be a finite number (inf and nan are never a "
+                f"setting){meaning}")
     if kind == "string_pattern_mismatch" or (kind == "string_too_long"
                                                and info is not None and "name" in str(loc[-1])):
         return f"{key} = {_value_text(value)} is not {SAFE_NAME_RULE}"
@@ -344,7 +373,7 @@ def _describe(problem: dict[str, Any], schema: type[BaseModel], table: Any, wher
                 f"items{meaning}")
     if kind == "too_long":
         return (f"{key} = {_value_text(value)} must hold at most {problem['ctx']['max_length']} "
-                f"items{meaning}")
+                f"items{_why(info, '<=')}{meaning}")
     expected = " or ".join(dict.fromkeys(_EXPECTED.get(p["type"], p["msg"].lower())
                                          for p in problem.get("alternatives", [problem])))
     given = type(value).__name__

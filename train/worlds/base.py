@@ -140,6 +140,13 @@ class World(ABC):
         return list(names) if names is not None else None
 
     @classmethod
+    def listed_val_size(cls, config: dict[str, Any]) -> int | None:
+        """How many validation images (the pool image sets are drawn from) a suite's [world] table
+        (without ``name``) gives this world, found without reading data; None where that needs
+        the data (then checked when a set is drawn)."""
+        return None
+
+    @classmethod
     def check_config(cls, config: dict[str, Any]) -> None:
         """Raise ValueError for unknown or invalid options (``config_problems``)."""
         problems = cls.config_problems(config)

@@ -39,6 +39,7 @@ from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import find_classes
 
 from counteraudit.slurm.worker_pool import end_with_parent
+from counteraudit.train.core import size_bounds as bounds
 from counteraudit.train.core.artifacts import derive_seed
 from counteraudit.train.core.paths import expand_path
 from counteraudit.train.worlds import decoding
@@ -55,13 +56,16 @@ class ImageNetConfig:
     root: Annotated[str, Field(description=(
         "a folder with train/ and val/ of synset folders (e.g. \"${IMAGENET_ROOT}\")"))] = ""
     # crop size (train: random-resized crop; eval: centre crop)
-    image_size: Annotated[int, Field(ge=1, description="crop side in pixels (the paper: 224)")] = 224
+    image_size: Annotated[int, Field(ge=1, le=bounds.IMAGE_SIDE.limit, json_schema_extra=bounds.IMAGE_SIDE.extra,
+                                     description="crop side in pixels (the paper: 224)")] = 224
     # eval: shorter side resized to this before the centre crop
-    resize_size: Annotated[int, Field(ge=1, description=(
+    resize_size: Annotated[int, Field(ge=1, le=bounds.IMAGE_SIDE.limit, json_schema_extra=bounds.IMAGE_SIDE.extra,
+                                      description=(
         "evaluation: the shorter side before the centre crop (the paper: 256)"))] = 256
     class_names_file: str | None = None
     face_annotations: str | None = None
-    num_workers: Annotated[int, Field(ge=0, description=(
+    num_workers: Annotated[int, Field(ge=0, le=bounds.LOADER_PROCESSES.limit,
+                                      json_schema_extra=bounds.LOADER_PROCESSES.extra, description=(
         "data-loading processes for training (8)"))] = 8
     # How training JPEGs become crops (train/worlds/decoding.py): "pil" (the default, torchvision's
     # reference recipe), "tensor" (torchvision.io + transforms.v2: faster per core), "nvjpeg"

@@ -12,6 +12,7 @@ from typing import Any
 
 from counteraudit.train.core.artifacts import (WORLDS_FOLDER, artifact_lock, atomic_write_json, find_or_make,
                                                runs_dir, stable_hash)
+from counteraudit.train.core.size_bounds import world_memory_problem
 from counteraudit.train.worlds import synthetic_factors
 from counteraudit.train.worlds.base import WORLDS, Split, World
 from counteraudit.train.worlds.synthetic_factors import (PARTS, FactorPool, cached_generation,
@@ -51,7 +52,16 @@ class SyntheticWorld(World):
             return [f"[world] decode = {config['decode']!r}: the synthetic world renders its "
                     "images in memory and has no JPEG files to decode; remove decode from [world] "
                     "(it is an option of the imagenet world)"]
-        return super().config_problems(config)
+        problems = super().config_problems(config)
+        if not problems:  # each size valid: do they fit in memory together?
+            full = {**asdict(SyntheticConfig()), **config}
+            problem = world_memory_problem(full["num_train"], full["num_val"], full["image_size"])
+            problems += [problem] if problem else []
+        return problems
+
+    @classmethod
+    def listed_val_size(cls, config: dict[str, Any]) -> int | None:
+        return int(config.get("num_val", SyntheticConfig.num_val))
 
     @classmethod
     def from_config(cls, config: dict[str, Any], runs_root=None) -> "SyntheticWorld":

@@ -31,6 +31,7 @@ from PIL import Image, ImageDraw
 from pydantic import Field
 
 from counteraudit.slurm.worker_pool import worker_pool
+from counteraudit.train.core import size_bounds as bounds
 from counteraudit.train.core.artifacts import atomic_save_npz, derive_seed
 from counteraudit.train.core.keyed_store import KeyedArtifact
 from counteraudit.train.core.payloads import npz_arrays
@@ -52,7 +53,8 @@ class SyntheticConfig:
     """The synthetic world's [world] options; each annotation carries its range (checked when a
     suite is read, train/core/suite_schema.py)."""
     seed: Annotated[int, Field(ge=0, description="the world's seed")] = 0
-    image_size: Annotated[int, Field(ge=32, description=(
+    image_size: Annotated[int, Field(ge=32, le=bounds.IMAGE_SIDE.limit, json_schema_extra=bounds.IMAGE_SIDE.extra,
+                                     description=(
         "image side in pixels: 32 or more to draw faces and objects legibly (the demo: 64)"))] = 64
     num_train: Annotated[int, Field(ge=1, description="training images (the demo: 7000)")] = 10000
     num_val: Annotated[int, Field(ge=1, description="validation images (the demo: 2000)")] = 2000
@@ -62,7 +64,8 @@ class SyntheticConfig:
         "share of harmonica images held at a face's mouth (0.8)"))] = 0.8
     typical_texture_prob: Annotated[float, Field(ge=0, le=1, description=(
         "how strongly texture and hue predict the class (0.85)"))] = 0.85
-    clutter_max: Annotated[int, Field(ge=0, description=(
+    clutter_max: Annotated[int, Field(ge=0, le=bounds.CLUTTER.limit, json_schema_extra=bounds.CLUTTER.extra,
+                                      description=(
         "distractor strokes per image, 0 to clutter_max (2)"))] = 2
 
 
