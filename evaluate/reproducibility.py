@@ -1,7 +1,8 @@
 """Check a finished run against the digests the project publishes: the same bits on every machine.
 
-    python -m counteraudit.evaluate.reproducibility check --suite quick evaluate/digests/quick.json
-    python -m counteraudit.evaluate.reproducibility write --suite quick evaluate/digests/quick.json
+    counteraudit reproducibility check --quick         # against train/suites/quick.digests.json
+    counteraudit reproducibility check --suite demo    # against train/suites/demo.digests.json
+    counteraudit reproducibility write --suite mine --digests mine.digests.json
 
 A digest file holds the SHA-256 of every model's weights, the world's cached images and the
 suite's per-model Tables 1 and 2 (the files a verdict rests on), with the machine and numeric mode
@@ -91,13 +92,23 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("action", choices=("check", "write"),
                         help="check: compare the run with DIGESTS (exit 1 on any difference); "
                              "write: record the run's digests in DIGESTS")
-    parser.add_argument("digests", type=Path, metavar="DIGESTS", help="the digest file (JSON)")
+    parser.add_argument("--digests", type=Path, default=None,
+                        help="the digest file (JSON); default: the one shipped beside the suite's "
+                             "file, <suite>.digests.json")
     add_common_args(parser)
     return parser
 
 
+def shipped_digests(suite: Suite) -> Path:
+    return suite.path.with_name(f"{suite.path.stem}.digests.json")
+
+
 def main(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite)
+    args.digests = args.digests or shipped_digests(suite)
+    if args.action == "check" and not args.digests.is_file():
+        raise FileNotFoundError(f"no digest file {args.digests} for the {suite.name} suite; give one "
+                                "with --digests, or write one with: counteraudit reproducibility write")
     measured = measure(suite, args.runs_dir)
     if args.action == "write":
         atomic_write_json(args.digests, measured, chosen_by_user=True)

@@ -15,14 +15,14 @@ from counteraudit.train.core import numerics
 def test_a_run_matches_its_own_digests_and_a_changed_table_is_named(finished_run, tmp_path):
     suite, runs, _ = finished_run
     digests = tmp_path / "digests.json"
-    run_script("evaluate/reproducibility.py", "write", digests, "--suite", suite, "--runs-dir", runs)
+    run_script("evaluate/reproducibility.py", "write", "--digests", digests, "--suite", suite, "--runs-dir", runs)
     written = json.loads(digests.read_text())
     names = set(written["sha256"])
     assert {"weights/reference-00", "tables/detection-per-model-l2.csv",
             "tables/localization-per-model-l2.csv"} <= names
     assert any(name.startswith("world/") for name in names)
     assert written["made_on"]["mode"] == "portable"
-    ok = run_script("evaluate/reproducibility.py", "check", digests, "--suite", suite, "--runs-dir", runs)
+    ok = run_script("evaluate/reproducibility.py", "check", "--digests", digests, "--suite", suite, "--runs-dir", runs)
     assert f"all {len(names)} files of the e2e suite match" in ok
 
     # A copy of the run with one byte of a table changed: the check fails and says where.
@@ -31,8 +31,9 @@ def test_a_run_matches_its_own_digests_and_a_changed_table_is_named(finished_run
     table = copy / "e2e" / "tables" / "detection-per-model-l2.csv"
     text = table.read_text()
     table.write_text(text.replace("0", "1", 1))
-    result = subprocess.run([sys.executable, str(REPO / "evaluate/reproducibility.py"), "check", str(digests),
-                             "--suite", str(suite), "--runs-dir", str(copy)], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, str(REPO / "evaluate/reproducibility.py"), "check",
+                             "--digests", str(digests), "--suite", str(suite), "--runs-dir", str(copy)],
+                            capture_output=True, text=True)
     assert result.returncode == 1
     assert "1 of" in result.stderr and "tables/detection-per-model-l2.csv: SHA-256 " in result.stderr
     assert f"expected {written['sha256']['tables/detection-per-model-l2.csv']}" in result.stderr

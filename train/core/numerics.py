@@ -61,6 +61,8 @@ NUMPY_ENVIRONMENT = {
     # NumPy's BLAS (OpenBLAS picks a kernel per CPU model).
     "OPENBLAS_CORETYPE": "Haswell",
 }
+# Part of every portable artifact's key: bump it when a change of the caps changes what is computed.
+PORTABLE_VERSION = 1
 # What portable mode needs of the CPU (Linux's names in /proc/cpuinfo).
 REQUIRED_FLAGS = ("avx2", "fma")
 
@@ -211,10 +213,13 @@ def is_portable() -> bool:
 
 
 def key_tag() -> dict[str, str]:
-    """What an artifact's key adds for the numeric mode: nothing in portable mode (the keys every
-    shipped result is stored under), the instruction set in native mode (native bits are this
-    kind of CPU's own)."""
-    return {} if is_portable() else {"numerics": "native-" + instruction_set()}
+    """What an artifact's key holds of the numeric mode: the portable caps' version, or the
+    instruction set whose native kernels made it. A model made before modes existed has neither,
+    so no portable or native run ever takes it for its own (its bits are the native ones of
+    whatever CPU made it)."""
+    if is_portable():
+        return {"numerics": f"portable-v{PORTABLE_VERSION}"}
+    return {"numerics": "native-" + instruction_set()}
 
 
 def record(device: Any = None) -> dict[str, Any]:

@@ -186,8 +186,8 @@ class ModelSpec:
         return self.configuration or self.name
 
     def identity(self) -> dict[str, Any]:
-        """Everything that determines the weights (the name does not), and, in native numerics,
-        the instruction set whose kernels made them (numerics.key_tag: nothing when portable)."""
+        """Everything that determines the weights (the name does not), with the numeric mode that
+        computes them (numerics.key_tag: portable, or native to an instruction set)."""
         return {"family": self.family, "seed": self.seed, "world": self.world,
                 "architecture": self.architecture,
                 "architecture_version": ARCHITECTURES.get(self.architecture).version,
