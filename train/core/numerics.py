@@ -124,8 +124,8 @@ def configure(mode: str | None = None) -> str:
         os.environ[ENV_VAR] = mode
     mode = requested_mode()
     job_environment.carry(ENV_VAR, *NUMPY_ENVIRONMENT, *PORTABLE_ENVIRONMENT)
-    if "numpy" not in sys.modules:
-        os.environ.update(NUMPY_ENVIRONMENT)
+    os.environ[ENV_VAR] = mode  # explicit for every child and Slurm job
+    os.environ.update(NUMPY_ENVIRONMENT)  # for the children, if this process loaded NumPy already
     if mode == "native":
         for name in PORTABLE_ENVIRONMENT:  # back to what the environment had before portable
             if name in _BEFORE:
