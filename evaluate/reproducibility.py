@@ -64,16 +64,19 @@ def run_files(suite: Suite, runs_root: str | Path | None) -> dict[str, Path]:
 
 
 def measure(suite: Suite, runs_root: str | Path | None) -> dict[str, Any]:
+    """The digests of the run's files that exist; every model must be trained (a table that is
+    not there yet is left out, and ``check`` names it if the digest file expects it)."""
     files = run_files(suite, runs_root)
-    missing = [name for name, path in files.items() if not path.is_file()]
-    if missing:
+    untrained = [name for name, path in files.items() if name.startswith("weights/") and not path.is_file()]
+    if untrained:
         raise FileNotFoundError(f"the {suite.name} suite's run in {runs_dir(runs_root)} lacks "
-                                f"{', '.join(missing)}; finish it first: python evaluate/detect.py "
-                                f"--suite {suite.name} --runs-dir {runs_dir(runs_root)}")
+                                f"{', '.join(untrained)}; finish it first: python evaluate/localize.py "
+                                f"--suite {suite.name} --runs-dir {runs_dir(runs_root)} (it trains, "
+                                "explains and writes Tables 1 and 2)")
     facts = numerics.record()
     return {"version": DIGESTS_VERSION, "suite": suite.name,
             "made_on": {name: facts[name] for name in ("mode", "cpu", "instruction_set", "torch", "numpy")},
-            "sha256": {name: sha256(path) for name, path in files.items()}}
+            "sha256": {name: sha256(path) for name, path in files.items() if path.is_file()}}
 
 
 def differences(expected: dict[str, Any], measured: dict[str, Any]) -> list[str]:
@@ -82,7 +85,8 @@ def differences(expected: dict[str, Any], measured: dict[str, Any]) -> list[str]
     for name in sorted(set(expected["sha256"]) | set(measured["sha256"])):
         want, got = expected["sha256"].get(name), measured["sha256"].get(name)
         if want != got:
-            lines.append(f"  {name}: SHA-256 {got or '(not in this run)'}, expected {want or '(not expected)'}")
+            lines.append(f"  {name}: SHA-256 {got or '(not in this run: run localize.py for Table 2)'}, "
+                         f"expected {want or '(not expected)'}")
     return lines
 
 
