@@ -93,9 +93,9 @@ def differences(expected: dict[str, Any], measured: dict[str, Any]) -> list[str]
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser("counteraudit reproducibility", add_help=add_help,
                                      description=__doc__, formatter_class=ScriptHelpFormatter)
-    parser.add_argument("action", choices=("check", "write"),
-                        help="check: compare the run with DIGESTS (exit 1 on any difference); "
-                             "write: record the run's digests in DIGESTS")
+    parser.add_argument("action", choices=("check", "write"), nargs="?", default="check",
+                        help="check (the default): compare the run with the digest file (exit 1 "
+                             "on any difference); write: record the run's digests in it")
     parser.add_argument("--digests", type=Path, default=None,
                         help="the digest file (JSON); default: the one shipped beside the suite's "
                              "file, <suite>.digests.json")

@@ -23,7 +23,8 @@ from counteraudit.train.worlds.synthetic_images import CLASS_NAMES
 STD = (0.229, 0.224, 0.225)
 SUITE = {"name": "options", "world": {"name": "synthetic", "image_size": 32, "num_train": 64,
                                       "num_val": 32},
-         "recipe": {"epochs": 1, "batch_size": 16}, "references": {"count": 3}}
+         "recipe": {"epochs": 1, "batch_size": 16}, "references": {"count": 3},
+         "evaluate": {"detection_images": 16, "localization_images": 8}}  # within the 32 images
 
 
 def _suite(tmp_path, *entries):

@@ -1,9 +1,9 @@
 """Which kernels give the same bits on every CPU: the SHA-256 of each op's forward and backward
 output, and of a few training steps of the demo's model, in this process's numeric mode.
 
-    COUNTERAUDIT_NUMERICS=portable python -m counteraudit.evaluate.benchmarks.numerics --out a.json
-    COUNTERAUDIT_NUMERICS=native   python -m counteraudit.evaluate.benchmarks.numerics --out b.json
-    python -m counteraudit.evaluate.benchmarks.numerics --compare a.json c.json   # two machines
+    python evaluate/benchmarks/numerics.py --out a.json --time       # portable (the default)
+    COUNTERAUDIT_NUMERICS=native python evaluate/benchmarks/numerics.py --out b.json --time
+    python evaluate/benchmarks/numerics.py --compare a.json c.json   # c.json: another machine's
 
 Run it on two machines in one mode and compare: an op whose digest differs is a kernel the mode
 does not pin (the bisection of train/README.md, "Portable numerics"). Each op also runs on one
@@ -12,21 +12,29 @@ Timings (``--time``) compare the two modes' cost of one training step on this CP
 """
 from __future__ import annotations
 
+import sys
+
+if __package__ in (None, ""):
+    sys.path.pop(0)
+
+# First, before torch and NumPy load: the numeric mode (train/core/numerics.py).
+import counteraudit.train  # noqa: E402, F401, I001
+
 import argparse
 import hashlib
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from counteraudit.train.core import numerics  # first: the mode's settings before torch loads
+import numpy as np
+import torch
+import torch.nn.functional as F
 
-import numpy as np  # noqa: E402, I001
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from counteraudit.train.architectures import build_model  # noqa: E402
+from counteraudit.evaluate.benchmarks import benchmark_parser
+from counteraudit.train.architectures import build_model
+from counteraudit.train.core import numerics
+from counteraudit.train.core.stage import run_cli
 
 
 def digest(*tensors: torch.Tensor | np.ndarray) -> str:
@@ -137,13 +145,16 @@ def compare(a: dict, b: dict) -> int:
     return differ
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = benchmark_parser("numerics", __doc__, add_help)
     parser.add_argument("--out", type=Path, help="write the digests (and timings) as JSON here")
     parser.add_argument("--time", action="store_true", help="also time one training step per conv backend")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"),
                         help="compare two files this script wrote; exit 1 if any op differs")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(args: argparse.Namespace) -> int:
     if args.compare:
         a, b = (json.loads(path.read_text()) for path in args.compare)
         return 1 if compare(a, b) else 0
@@ -158,4 +169,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main, get_args_parser()))
