@@ -22,7 +22,6 @@ if __package__ in (None, ""):
 import counteraudit.train  # noqa: E402, F401, I001
 
 import argparse
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 from counteraudit.evaluate.scoring.stage import tables_dir
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core import numerics
-from counteraudit.train.core.artifacts import atomic_write_json, runs_dir
+from counteraudit.train.core.artifacts import atomic_write_json, file_sha256, runs_dir
 from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli
 from counteraudit.train.core.suite import Suite, load_suite
 from counteraudit.train.core.suite_schema import DEFAULT_SUITE_DISTANCE
@@ -39,14 +38,6 @@ from counteraudit.train.worlds import build_world
 
 DIGESTS_VERSION = 1
 PER_MODEL_TABLES = ("detection-per-model", "localization-per-model")
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def run_files(suite: Suite, runs_root: str | Path | None) -> dict[str, Path]:
@@ -76,7 +67,7 @@ def measure(suite: Suite, runs_root: str | Path | None) -> dict[str, Any]:
     facts = numerics.record()
     return {"version": DIGESTS_VERSION, "suite": suite.name,
             "made_on": {name: facts[name] for name in ("mode", "cpu", "instruction_set", "torch", "numpy")},
-            "sha256": {name: sha256(path) for name, path in files.items() if path.is_file()}}
+            "sha256": {name: file_sha256(path) for name, path in files.items() if path.is_file()}}
 
 
 def differences(expected: dict[str, Any], measured: dict[str, Any]) -> list[str]:
