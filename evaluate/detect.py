@@ -29,12 +29,13 @@ from counteraudit.anomalies.image_sets import DETECTION, set_sources
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.evaluate.scoring.baseline import DETECTION_VERSUS_CAPTION
 from counteraudit.evaluate.scoring.detection import margin_wide
-from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME, EXPLAIN_TIME_CAPTION, explain_time_table
+from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME, EXPLAIN_TIME_CAPTION
 from counteraudit.evaluate.scoring.stage import detection_scores, tables_dir
-from counteraudit.evaluate.scoring.tables import detection_tables
+from counteraudit.evaluate.scoring.provenance import PROVENANCE
+from counteraudit.evaluate.scoring.stability import OUTLYING_DISTANCE
+from counteraudit.evaluate.scoring.tables import stored_detection_tables
 from counteraudit.evaluate.scoring.verdicts import findings
 from counteraudit.train.core.stage import run_cli
-from counteraudit.train.implant_checks import read_implant
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -49,10 +50,8 @@ def main(args: argparse.Namespace) -> dict:
     scores = detection_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
     print(f"scored in {time.perf_counter() - started:.0f}s")
     references = [s.name for s in suite.references]
-    implants = {s.name: read_implant(suite, s, args.runs_dir) for s in suite.anomalies}
-    tables = detection_tables(suite, scores, distance_name, implants=implants,
-                              test=args.p_value)
-    tables[EXPLAIN_TIME] = explain_time_table(suite, methods, args.runs_dir)
+    tables = stored_detection_tables(suite, scores, distance_name, methods, args.runs_dir,
+                                     test=args.p_value)
     summary, per_model = tables[f"detection-{distance_name}"], tables[f"detection-per-model-{distance_name}"]
     write_tables(suite, tables, args.runs_dir, only_methods=args.method)
     anomalous = per_model[per_model["role"] == "anomalous"]
@@ -83,6 +82,8 @@ def main(args: argparse.Namespace) -> dict:
         print(to_markdown(ratios))
     print(f"\n{EXPLAIN_TIME_CAPTION}\n")
     print(to_markdown(tables[EXPLAIN_TIME], float_format="{:.3g}"))
+    print("\nWhere these numbers were computed (numeric mode and CPU of scoring and training)\n")
+    print(to_markdown(tables[PROVENANCE]))
     print(f"\ntables: {tables_dir(suite, args.runs_dir, args.method)}/")
     return tables
 
@@ -101,9 +102,22 @@ def print_verdicts(tables: dict, distance_name: str) -> None:
     if len(configurations) > len(verdicts):  # a family of several configurations: each apart
         print("\nThe same per configuration (its replicates only)\n")
         print(to_markdown(configurations))
+    families = tables[f"detection-families-{distance_name}"]
     print("\nWhat this run found:")
-    for line in findings(tables[f"detection-families-{distance_name}"]):
+    for line in findings(families):
         print(f"- {line}")
+    fragile = families[families["fragile"]]
+    print(f"\nFragile verdicts (one model left out flips them; {len(fragile)} of {len(families)}):"
+          + ("" if len(fragile) else " none"))
+    for row in fragile.itertuples(index=False):
+        print(f"- {row.family}, {row.method}: {row.verdict}; {row.flipped_by}")
+    outlying = tables[f"detection-outlying-nulls-{distance_name}"]
+    far = outlying[outlying["outlying_in"] != ""]
+    print(f"\nHeld-out clean models more than {OUTLYING_DISTANCE} robust SDs of log Abar from the "
+          "others" + (":" if len(far) else ": none"))
+    for row in far.itertuples(index=False):
+        print(f"- {row.model} ({row.role} null, val accuracy {row.val_accuracy:.3f}): far in "
+              f"{row.outlying_in}" + (f"; leaving it out flips {row.moves}" if row.moves else ""))
     print("\nEach method's null population (fitting held-out references) and power: a model is "
           "detected with probability 0.8 once its Abar reaches power_level (as a margin over the "
           "references' highest Abar: power_level_margin)\n")

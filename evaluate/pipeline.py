@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from counteraudit.evaluate.scoring.distances import MissingBackboneWeightsError, build_distance
+from counteraudit.evaluate.scoring.null_tests.base import describe_tests
 from counteraudit.explain.stage import (add_chunk_images_arg, explain_suite, explained_images_line,
                                         suite_methods)
 from counteraudit.slurm.executor import add_executor_args
@@ -38,8 +39,8 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("--p-value", default=None, metavar="TEST",
                         help="test each model's Abar against the null population of held-out "
                              "references ([references] held_out, 2 or more) and give each a "
-                             "verdict: student_t (recommended) or empirical; default: the suite's "
-                             "[evaluate] p_value, else the paper's rule alone")
+                             f"verdict: {describe_tests()}; default: the suite's [evaluate] "
+                             "p_value, else the paper's rule alone")
     add_chunk_images_arg(parser)  # the explain stage's work items
     return parser
 

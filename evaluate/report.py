@@ -47,10 +47,9 @@ from counteraudit.evaluate.pipeline import pipeline_parser, prepare
 from counteraudit.evaluate.reporting.page import DEFAULT_EXAMPLES, DEFAULT_IMAGE_SIDE, Report
 from counteraudit.evaluate.reporting.sensitivity import stored_sensitivity
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
-from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME, explain_time_table
 from counteraudit.evaluate.scoring.stage import (detection_scores, localization_scores, model_level_methods,
                                                 only_methods_label)
-from counteraudit.evaluate.scoring.tables import detection_tables, localization_tables, zoo_summary_tables
+from counteraudit.evaluate.scoring.tables import localization_tables, stored_detection_tables, zoo_summary_tables
 from counteraudit.evaluate.scoring.zoo import summary_caption
 from counteraudit.evaluate.studies.dose_response import suite_dose
 from counteraudit.explain.stage import load_image_sets
@@ -93,9 +92,8 @@ def main(args: argparse.Namespace) -> Path | None:
     output = report_path(suite, args)  # a link in its way fails before scoring and rendering
     detection = detection_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
     implants = {s.name: read_implant(suite, s, args.runs_dir) for s in suite.anomalies}
-    tables = detection_tables(suite, detection, distance_name, implants=implants,
-                              test=args.p_value)
-    tables[EXPLAIN_TIME] = explain_time_table(suite, methods, args.runs_dir)
+    tables = stored_detection_tables(suite, detection, distance_name, methods, args.runs_dir,
+                                     test=args.p_value)
     model_level = model_level_methods(methods)
     localization = None
     if localizable(suite):

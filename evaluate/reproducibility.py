@@ -37,16 +37,18 @@ from counteraudit.train.core.suite_schema import DEFAULT_SUITE_DISTANCE
 from counteraudit.train.worlds import build_world
 
 DIGESTS_VERSION = 1
-PER_MODEL_TABLES = ("detection-per-model", "localization-per-model")
+PER_MODEL_TABLES = ("detection-per-model", "localization-per-model", "detection-verdicts-per-model")
 
 
-def run_files(suite: Suite, runs_root: str | Path | None) -> dict[str, Path]:
-    """The files a suite's digests cover, by the name the digest file gives them."""
+def run_files(suite: Suite, runs_root: str | Path | None,
+              only_methods: list[str] | None = None) -> dict[str, Path]:
+    """The files a suite's digests cover, by the name the digest file gives them (the tables of
+    a run of ``only_methods``: its --method, when it ran some of the suite's methods)."""
     files = {f"weights/{spec.name}": model_dir(runs_root, spec) / "weights.pth" for spec in suite.models}
     world_folder = getattr(build_world(suite.world, runs_root=runs_root), "cache_dir", None)
     if world_folder is not None:
         files.update({f"world/{path.name}": path for path in sorted(Path(world_folder).glob("*.npz"))})
-    tables = tables_dir(suite, runs_root)
+    tables = tables_dir(suite, runs_root, only_methods)
     distance = suite.tables.get("evaluate", {}).get("distance", DEFAULT_SUITE_DISTANCE)
     for name in PER_MODEL_TABLES:  # every distance the run scored with, at least the suite's own
         paths = {tables / f"{name}-{distance}.csv", *tables.glob(f"{name}-*.csv")}
@@ -54,10 +56,11 @@ def run_files(suite: Suite, runs_root: str | Path | None) -> dict[str, Path]:
     return files
 
 
-def measure(suite: Suite, runs_root: str | Path | None) -> dict[str, Any]:
+def measure(suite: Suite, runs_root: str | Path | None,
+            only_methods: list[str] | None = None) -> dict[str, Any]:
     """The digests of the run's files that exist; every model must be trained (a table that is
     not there yet is left out, and ``check`` names it if the digest file expects it)."""
-    files = run_files(suite, runs_root)
+    files = run_files(suite, runs_root, only_methods)
     untrained = [name for name, path in files.items() if name.startswith("weights/") and not path.is_file()]
     if untrained:
         raise FileNotFoundError(f"the {suite.name} suite's run in {runs_dir(runs_root)} lacks "
@@ -66,6 +69,7 @@ def measure(suite: Suite, runs_root: str | Path | None) -> dict[str, Any]:
                                 "explains and writes Tables 1 and 2)")
     facts = numerics.record()
     return {"version": DIGESTS_VERSION, "suite": suite.name,
+            **({"methods": list(only_methods)} if only_methods else {}),
             "made_on": {name: facts[name] for name in ("mode", "cpu", "instruction_set", "torch", "numpy")},
             "sha256": {name: file_sha256(path) for name, path in files.items() if path.is_file()}}
 
@@ -90,6 +94,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--digests", type=Path, default=None,
                         help="the digest file (JSON); default: the one shipped beside the suite's "
                              "file, <suite>.digests.json")
+    parser.add_argument("--method", action="append", default=None, metavar="NAME",
+                        help="the run's tables are those of detect.py/localize.py --method NAME "
+                             "(repeatable; default: the digest file's methods, else the suite's)")
     add_common_args(parser)
     return parser
 
@@ -98,21 +105,25 @@ def shipped_digests(suite: Suite) -> Path:
     return suite.path.with_name(f"{suite.path.stem}.digests.json")
 
 
+def read_digests(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot read the digest file {path}: {error}") from None
+
+
 def main(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite)
     args.digests = args.digests or shipped_digests(suite)
     if args.action == "check" and not args.digests.is_file():
         raise FileNotFoundError(f"no digest file {args.digests} for the {suite.name} suite; give one "
                                 "with --digests, or write one with: counteraudit reproducibility write")
-    measured = measure(suite, args.runs_dir)
+    expected = read_digests(args.digests) if args.action == "check" else {}
+    measured = measure(suite, args.runs_dir, args.method or expected.get("methods"))
     if args.action == "write":
         atomic_write_json(args.digests, measured, chosen_by_user=True)
         print(f"wrote the digests of {len(measured['sha256'])} files of the {suite.name} suite to {args.digests}")
         return 0
-    try:
-        expected = json.loads(args.digests.read_text())
-    except (OSError, ValueError) as error:
-        raise ValueError(f"cannot read the digest file {args.digests}: {error}") from None
     machine = measured["made_on"]
     lines = differences(expected, measured)
     if lines:

@@ -9,7 +9,10 @@ import sys
 
 from conftest import REPO, run_script
 
+from counteraudit.evaluate.reproducibility import measure, run_files
+from counteraudit.evaluate.scoring.stage import tables_dir
 from counteraudit.train.core import numerics
+from counteraudit.train.core.suite import load_suite
 
 
 def test_a_run_matches_its_own_digests_and_a_changed_table_is_named(finished_run, tmp_path):
@@ -40,3 +43,16 @@ def test_a_run_matches_its_own_digests_and_a_changed_table_is_named(finished_run
     assert "1 of" in result.stderr and "tables/detection-per-model-l2.csv: SHA-256 " in result.stderr
     assert f"expected {written['sha256']['tables/detection-per-model-l2.csv']}" in result.stderr
     assert numerics.instruction_set() in result.stderr
+
+
+def test_a_run_of_some_methods_is_digested_from_its_own_tables(finished_run):
+    """detect.py --method writes its tables apart (tables/method-<names>/); the digests of such a
+    run read those, and the file records the methods so that check finds them again."""
+    suite_path, runs, _ = finished_run
+    suite = load_suite(suite_path)
+    files = run_files(suite, runs, ["gradcam", "outputs_only"])
+    tables = {path.parent for name, path in files.items() if name.startswith("tables/")}
+    assert tables == {tables_dir(suite, runs, ["gradcam", "outputs_only"])}
+    assert tables != {tables_dir(suite, runs)}
+    assert "methods" not in measure(suite, runs)
+    assert measure(suite, runs, ["gradcam"])["methods"] == ["gradcam"]

@@ -126,7 +126,7 @@ def test_three_verdicts_from_the_p_value_and_the_power_level():
     assert set(verdicts.index) == {"far-r0", *clean, "between-r0", *CHECK}
     # q is Benjamini-Hochberg over the anomalous cells (statsmodels)
     anomalous = verdicts[verdicts["role"] == "anomalous"]
-    p = anomalous["p_student_t"].to_numpy()
+    p = anomalous[f"p_{plan.test}"].to_numpy()
     order = np.argsort(p)
     expected = np.minimum.accumulate((p[order] * len(p) / np.arange(1, len(p) + 1))[::-1])[::-1]
     assert np.allclose(anomalous["q"].to_numpy()[order], np.minimum(expected, 1))
@@ -298,6 +298,15 @@ def test_a_replicated_suite_with_nulls_gets_verdicts_end_to_end(finished_run, tm
         assert row.n_detected == (rows["verdict"] == DETECTED).sum()
         assert (row.ci_low, row.ci_high) == pytest.approx(exact_interval(row.n_detected,
                                                                          row.n_models))
+    assert families["fragile"].dtype == bool and "flipped_by" in families
+    outlying = pd.read_csv(tables / "detection-outlying-nulls-l2.csv", keep_default_na=False)
+    assert set(outlying["model"]) == {s.name for s in replicated.held_out}
+    assert outlying["val_accuracy"].between(0, 1).all()  # read from each model's metrics.json
+    provenance = pd.read_csv(tables / "provenance.csv").set_index("stage")
+    assert provenance.loc["scoring", "mode"] == "portable"  # the tests' default
+    training = provenance.loc[["training"]]
+    assert training["models"].sum() == len(replicated.models)
+    assert set(training["mode"]) == {"portable"}
     calibration_table = pd.read_csv(tables / "detection-calibration-l2.csv")
     halves = calibration_table[calibration_table["design"] == "halves"]
     assert set(halves["n_checked"]) == {4, 8}  # 2 + 2 swapped; both methods pooled
@@ -324,12 +333,12 @@ def test_a_replicated_suite_with_nulls_gets_verdicts_end_to_end(finished_run, tm
 
 def test_the_replicated_suite_shares_demo_fulls_references_and_the_demos_models():
     """What the store reuses: demo-full's 12 references (the same keys) and, as each
-    configuration's r0, the demo's model; every demo configuration at 5 seeds; 10 + 10 nulls."""
+    configuration's r0, the demo's model; every demo configuration at 5 seeds; 20 + 20 nulls."""
     replicated, full, demo = (load_suite(name) for name in ("replicated", "demo-full", "demo"))
     assert [s.key for s in replicated.references] == [s.key for s in full.references]
     first = {s.configuration: s for s in replicated.anomalies if s.replicate == 0}
     assert {name: spec.key for name, spec in first.items()} == {s.name: s.key for s in demo.anomalies}
     counts = pd.Series([s.configuration for s in replicated.anomalies]).value_counts()
     assert (counts >= 5).all() and set(counts.index) == {s.name for s in demo.anomalies}
-    assert (len(replicated.null_fit), len(replicated.null_check)) == (10, 10)
+    assert (len(replicated.null_fit), len(replicated.null_check)) == (20, 20)
     assert replicated.tables["evaluate"]["p_value"] in NULL_TESTS.names()

@@ -128,6 +128,12 @@ def read_metrics(directory: Path) -> dict[str, Any]:
                                                    "yet; run python train/train.py for its suite")
 
 
+def validation_accuracies(specs: list[ModelSpec], runs_root=None) -> dict[str, float]:
+    """Each trained model's validation accuracy (its metrics.json), by the name the suite gives it."""
+    return {spec.name: float(read_metrics(model_dir(runs_root, spec))["val_accuracy"])
+            for spec in specs if is_trained(model_dir(runs_root, spec))}
+
+
 def training_lock(directory: Path) -> AbstractContextManager[None]:
     """Held while this process trains the model in ``directory``. A second process that needs it
     waits here (saying so), then finds it trained (``artifact_lock`` on the model's

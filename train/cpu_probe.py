@@ -22,9 +22,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import platform
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,6 +30,7 @@ from torch import nn
 
 from counteraudit.train.architectures import build_model
 from counteraudit.train.core.artifacts import atomic_write_json, inside_runs, read_json, stable_hash, store_dir
+from counteraudit.train.core import numerics
 from counteraudit.train.core.registries import WORLDS
 
 # Warn when the other precision trains more than this many times faster. Not lower: on one AMD
@@ -42,14 +41,6 @@ PROBE_BATCH = 64       # at most this batch: enough to time the kernels the trai
 PROBE_VERSION = 1      # part of the cache key: bump when the probe's step changes
 ENV_VAR = "COUNTERAUDIT_CPU_PROBE"
 _WARNED: set[tuple[str, str]] = set()  # (suite name, cache key): say it once per process
-
-
-def cpu_model_name() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def measure_precisions(architecture: str, num_classes: int, image_size: int, batch_size: int,
@@ -89,7 +80,7 @@ def measure_precisions(architecture: str, num_classes: int, image_size: int, bat
     return {"fp32_images_per_second": batch_size / best["fp32"],
             "bf16_images_per_second": batch_size / best["bf16"],
             "architecture": architecture, "num_classes": num_classes, "image_size": image_size,
-            "batch_size": batch_size, "threads": threads, "cpu": cpu_model_name(),
+            "batch_size": batch_size, "threads": threads, "cpu": numerics.cpu_model(),
             "torch": torch.__version__}
 
 
@@ -145,7 +136,7 @@ def check_cpu_precision(suite, runs_root: str | os.PathLike | None = None,
     if torch.device(device).type != "cpu":
         return None
     settings = _probe_settings(suite)
-    cache_key = stable_hash({"cpu": cpu_model_name(), "torch": torch.__version__,
+    cache_key = stable_hash({"cpu": numerics.cpu_model(), "torch": torch.__version__,
                              "version": PROBE_VERSION, **settings})
     # checked before the read below, whose errors mean "measure again"
     cache = inside_runs(store_dir(runs_root) / "cpu-probe" / f"{cache_key}.json")

@@ -30,7 +30,7 @@ from counteraudit.evaluate.benchmarks import benchmark_parser
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.stage import add_common_args, run_cli
 from counteraudit.train.core.suite import load_suite
-from counteraudit.train.cpu_probe import cpu_model_name
+from counteraudit.train.core.numerics import cpu_model
 from counteraudit.train.trainer import load_trained_model, new_model
 from counteraudit.train.worlds import build_world
 
@@ -120,7 +120,7 @@ def main(args: argparse.Namespace) -> dict:
     threads = attack_spec.recipe.cpu_threads
     torch.set_num_threads(threads)
     p = family.params
-    print(f"CPU: {cpu_model_name()}; {threads} thread(s); torch {torch.__version__}; attack of "
+    print(f"CPU: {cpu_model()}; {threads} thread(s); torch {torch.__version__}; attack of "
           f"{attack_spec.name}: {p.norm} eps={p.eps:.4g}")
     val = world.split("val")
     idx = verification_indices(val, count=args.images)

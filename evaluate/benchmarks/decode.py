@@ -28,7 +28,7 @@ from PIL import Image, ImageDraw
 
 from counteraudit.evaluate.benchmarks import benchmark_parser
 from counteraudit.train.core.stage import run_cli
-from counteraudit.train.cpu_probe import cpu_model_name
+from counteraudit.train.core.numerics import cpu_model
 from counteraudit.train.worlds import decoding
 
 # ImageNet's commonest shapes: 500x375 (4:3) and 375x500, with 500x333 and 333x500 (3:2) next.
@@ -131,7 +131,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
                      for i in range(args.images)]
         kilobytes = np.mean([Path(f).stat().st_size for f in files]) / 1024
         rates = time_paths(files, args.crop, args.rounds, args.batch)
-    print(f"CPU: {cpu_model_name()}; 1 thread; torch {torch.__version__}; {len(files)} JPEGs "
+    print(f"CPU: {cpu_model()}; 1 thread; torch {torch.__version__}; {len(files)} JPEGs "
           f"({'from ' + args.jpegs if args.jpegs else 'generated, sizes ' + ', '.join(f'{w}x{h}' for w, h in SIZES)}"
           f"; mean {kilobytes:.0f} kB); crop {args.crop}; fastest of {args.rounds} rounds")
     for name, rate in rates.items():

@@ -19,7 +19,7 @@ import time
 from counteraudit.evaluate.benchmarks import benchmark_parser
 from counteraudit.train.core.stage import run_cli
 from counteraudit.train.core.suite import load_suite
-from counteraudit.train.cpu_probe import cpu_model_name
+from counteraudit.train.core.numerics import cpu_model
 from counteraudit.train.worlds import build_world
 from counteraudit.train.worlds.synthetic_images import generate
 
@@ -44,7 +44,7 @@ def main(args: argparse.Namespace) -> None:
         if not world.has_generator:
             raise ValueError(f"suite {suite.name!r}: the {suite.world.get('name')} world has no "
                              "generator to measure")
-        print(f"CPU: {cpu_model_name()}; world of suite {suite.name!r}")
+        print(f"CPU: {cpu_model()}; world of suite {suite.name!r}")
         started = time.perf_counter()
         world.factor_pool()
         print(f"factor pool (once per world, then cached): {time.perf_counter() - started:.1f}s")

@@ -33,7 +33,7 @@ from counteraudit.explain.stage import method_params
 from counteraudit.train.architectures import build_model
 from counteraudit.train.core.stage import run_cli
 from counteraudit.train.core.suite import load_suite
-from counteraudit.train.cpu_probe import cpu_model_name
+from counteraudit.train.core.numerics import cpu_model
 
 # (label, architecture, image side, the suite whose [methods] tables parameterise the timing)
 SMALL = ("small_resnet, 64 px", "small_resnet", 64, "demo")
@@ -163,7 +163,7 @@ def main(args: argparse.Namespace) -> str:
         caption += (f" CPU seconds per image (the process's: steadier than wall time on a shared "
                     f"machine, the same on an idle one at 1 thread): {args.images} random images, "
                     f"each method's default batch size, best of {args.repeats}, "
-                    f"{args.threads} thread(s), on {cpu_model_name()}, "
+                    f"{args.threads} thread(s), on {cpu_model()}, "
                     f"{datetime.date.today().isoformat()} "
                     "(`python evaluate/benchmarks/methods.py`).")
     table = markdown_table(rows)

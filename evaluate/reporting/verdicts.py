@@ -6,6 +6,7 @@ from __future__ import annotations
 from html import escape
 
 from counteraudit.evaluate.reporting.html import html_table, verdict_class
+from counteraudit.evaluate.scoring.stability import OUTLYING_DISTANCE
 from counteraudit.evaluate.scoring.verdicts import findings, verdict_settings
 
 SECTION_ID = "verdicts"
@@ -42,7 +43,9 @@ def verdict_section(report) -> str:
              f"otherwise. A family is detected when its rate's interval starts above {alpha}, not "
              f"detected (missed with power) when most of its models are not detected and the "
              f"interval ends below {power}, inconclusive otherwise (undecidable at this scale). "
-             "Models whose implant failed are left out.</p>",
+             "Models whose implant failed are left out. A verdict marked <b>fragile</b> changes "
+             "when one model is left out (each fitting null in turn, and each replicate of a "
+             "configuration); the long table's flipped_by names it.</p>",
              html_table(plan, caption=(
                  f"Each method's null population (log Abar of the fitting held-out references) "
                  f"and power: power_level is the Abar detected with probability {power}, "
@@ -53,6 +56,17 @@ def verdict_section(report) -> str:
             f"(halves: checking against fitting, and swapped; leave-one-out: each against all "
             f"the others); the share with p <= {alpha} is the test's false-positive rate, exact "
             f"95% interval; ks_p tests the p-values against uniform ({where})")))
+    outlying_name = f"detection-outlying-nulls-{report.distance_name}"
+    if outlying_name in report.tables:
+        outlying = report.table("detection-outlying-nulls")
+        far = outlying[outlying["outlying_in"] != ""]
+        parts.append(html_table(far, caption=(
+            f"Held-out clean models more than {OUTLYING_DISTANCE} robust SDs of log Abar from "
+            f"the others (Huber's fit of the rest), with their validation accuracy and the family "
+            f"verdicts leaving them out of the fit flips ({where})"))
+            if len(far) else
+            f'<p class="note">No held-out clean model lies more than {OUTLYING_DISTANCE} robust '
+            "SDs of log Abar from the others for any method.</p>")
     parts.append("<details><summary>Per-model verdicts (every test's p-value)</summary>"
                  + html_table(per_model, cell_class=verdict_class,
                               caption=f"Per-model verdicts ({where})") + "</details>")

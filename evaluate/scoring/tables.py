@@ -2,7 +2,7 @@
 outputs-only comparisons, keyed by the file names ``write_tables`` gives them."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import pandas as pd
 
@@ -14,11 +14,14 @@ from counteraudit.evaluate.scoring.detection import (NO_LAYER, NULL_FAMILY, ROLE
                                                      null_rates, table1)
 from counteraudit.evaluate.scoring.localization import (NOT_APPLICABLE, localization_table, paper_layout,
                                                         replicate_localization_table, table2)
-from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME
+from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME, explain_time_table
+from counteraudit.evaluate.scoring.provenance import PROVENANCE, provenance_table
 from counteraudit.evaluate.scoring.zoo import zoo_summary
-from counteraudit.evaluate.scoring.verdicts import (calibration, family_verdicts, method_power,
-                                                    model_verdicts, null_plan, verdict_table)
+from counteraudit.evaluate.scoring.stability import outlying_nulls, with_stability
+from counteraudit.evaluate.scoring.verdicts import calibration, method_power, null_plan, verdict_table
+from counteraudit.train.checkpoint import validation_accuracies
 from counteraudit.train.core.suite import PAPER_REFERENCES, Suite
+from counteraudit.train.implant_checks import read_implant
 
 
 
@@ -29,7 +32,8 @@ def configurations(suite: Suite) -> dict[str, str]:
 
 def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str, *,
                      implants: dict[str, dict | None] | None = None,
-                     test: str | None = None) -> dict[str, pd.DataFrame]:
+                     test: str | None = None,
+                     accuracies: Mapping[str, float] | None = None) -> dict[str, pd.DataFrame]:
     """Table 1 (families in registry order, stark first), the per-model detection table (the
     replicates of a configuration side by side, its ``configuration`` column) and the per-layer
     rows of layered methods, keyed by the file names ``write_tables`` gives them. With a null
@@ -65,32 +69,50 @@ def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str, *,
             high="ratio_high", signed=False)
     plan = null_plan(suite, test)
     if plan is not None:
-        tables.update(verdict_tables(suite, per_model, plan, distance_name, implants or {}))
+        tables.update(verdict_tables(suite, per_model, plan, distance_name, implants or {},
+                                     accuracies))
+    return tables
+
+
+def stored_detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str,
+                            methods: Sequence[str], runs_root=None,
+                            test: str | None = None) -> dict[str, pd.DataFrame]:
+    """``detection_tables`` with what the store holds beside the scores: the implant records,
+    the held-out models' accuracies, each method's explanation time and the run's provenance
+    (``provenance.provenance_table``: numeric mode and CPU of scoring and training)."""
+    implants = {s.name: read_implant(suite, s, runs_root) for s in suite.anomalies}
+    tables = detection_tables(suite, scores, distance_name, implants=implants, test=test,
+                              accuracies=validation_accuracies(suite.held_out, runs_root))
+    tables[EXPLAIN_TIME] = explain_time_table(suite, methods, runs_root)
+    tables[PROVENANCE] = provenance_table(suite.models, runs_root)
     return tables
 
 
 def verdict_tables(suite: Suite, per_model: pd.DataFrame, plan, distance_name: str,
-                   implants: dict[str, dict | None]) -> dict[str, pd.DataFrame]:
+                   implants: dict[str, dict | None],
+                   accuracies: Mapping[str, float] | None = None) -> dict[str, pd.DataFrame]:
     """Table 1 with rates, exact intervals and verdicts (``detection-verdicts``), its long form
     (``detection-families``), the same per configuration (``detection-verdicts-configurations``:
     a family of two strengths read apart), the per-model verdicts with every test's p-value
     (``detection-verdicts-per-model``), each method's null population and power
-    (``detection-power``) and the tests' calibration on the checking nulls
-    (``detection-calibration``)."""
+    (``detection-power``), the tests' calibration on the checking nulls
+    (``detection-calibration``) and the held-out clean models' distances from each other
+    (``detection-outlying-nulls``, with ``accuracies``: validation accuracy by model). Every
+    verdict says whether one model left out flips it (``stability.with_stability``)."""
     passed = {name: (None if record is None else bool(record["passed"]))
               for name, record in implants.items()}
-    verdicts = model_verdicts(per_model, plan, configurations=configurations(suite),
-                              implants_passed=passed)
-    order = suite.table_rows()[1]
-    families = family_verdicts(verdicts, plan, family_order=order)
-    per_configuration = family_verdicts(verdicts, plan, family_order=order, by="configuration")
+    verdicts, families, per_configuration = with_stability(
+        per_model, plan, configurations=configurations(suite), implants_passed=passed,
+        family_order=suite.table_rows()[1])
     return {f"detection-verdicts-{distance_name}": verdict_table(families),
             f"detection-verdicts-configurations-{distance_name}":
                 verdict_table(per_configuration, row="configuration"),
             f"detection-families-{distance_name}": families,
             f"detection-verdicts-per-model-{distance_name}": verdicts,
             f"detection-power-{distance_name}": method_power(per_model, plan),
-            f"detection-calibration-{distance_name}": calibration(per_model, plan)}
+            f"detection-calibration-{distance_name}": calibration(per_model, plan),
+            f"detection-outlying-nulls-{distance_name}": outlying_nulls(per_model, plan,
+                                                                        accuracies, families)}
 
 
 def localization_tables(scores: pd.DataFrame, distance_name: str,

@@ -40,8 +40,8 @@ from statsmodels.stats.multitest import multipletests
 
 from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS, ROLE_NULL, check_columns
 from counteraudit.evaluate.scoring.localization import DEFAULT_LEVEL
-from counteraudit.evaluate.scoring.null_tests.base import (NULL_TESTS, below_level_p_values,
-                                                           detectable_effect)
+from counteraudit.evaluate.scoring.null_tests.base import (NULL_TESTS, RECOMMENDED_TEST,
+                                                           below_level_p_values, detectable_effect)
 from counteraudit.train.core.suite_schema import MIN_NULL_MODELS, EvaluateTable
 
 DETECTED, NOT_DETECTED, INCONCLUSIVE = "detected", "not detected", "inconclusive"
@@ -55,15 +55,16 @@ class NullPlan:
     """Which held-out references fit and check the null p-values, and the verdicts' settings."""
     fit: tuple[str, ...]
     check: tuple[str, ...]
-    test: str = "student_t"
+    test: str = RECOMMENDED_TEST
     alpha: float = 0.05
     power: float = 0.8
 
     def __post_init__(self):
-        NULL_TESTS.get(self.test)  # an unknown name lists the valid ones
-        if len(self.fit) < MIN_NULL_MODELS:
-            raise ValueError(f"null p-values need at least {MIN_NULL_MODELS} fitting held-out "
-                             f"references, got {len(self.fit)}: raise [references] held_out")
+        needed = max(MIN_NULL_MODELS, NULL_TESTS.get(self.test).min_nulls)  # a bad name: the list
+        if len(self.fit) < needed:
+            raise ValueError(f"the {self.test} test needs at least {needed} fitting held-out "
+                             f"references, got {len(self.fit)}: raise [references] held_out "
+                             "(its first held_out - held_out_check models fit the null)")
 
 
 def null_plan(suite, test: str | None = None) -> NullPlan | None:
@@ -89,7 +90,7 @@ def _detectable_effect(test: str, k: int, alpha: float, power: float) -> float:
     return detectable_effect(NULL_TESTS.get(test)(), k, alpha=alpha, target_power=power)
 
 
-def _null_abars(per_model: pd.DataFrame, method: str, names: Sequence[str]) -> np.ndarray:
+def null_abars(per_model: pd.DataFrame, method: str, names: Sequence[str]) -> np.ndarray:
     rows = per_model[(per_model["method"] == method) & per_model["model"].isin(list(names))]
     missing = sorted(set(names) - set(rows["model"]))
     if missing:
@@ -100,19 +101,22 @@ def _null_abars(per_model: pd.DataFrame, method: str, names: Sequence[str]) -> n
 
 def method_power(per_model: pd.DataFrame, plan: NullPlan) -> pd.DataFrame:
     """Per method, the null population and what the test can see against it: k (fitting nulls),
-    log_mean and log_sd of their Abars, detectable_effect (null SDs of log Abar at which the test
-    flags a model with the plan's power), power_level (that Abar) and power_level_margin (it over
-    the references' highest Abar: where the paper's margin would have to be)."""
+    log_location and log_scale of their log Abars as the plan's test fits them (the mean and SD,
+    or a robust fit's: ``NullTest.location_scale``), detectable_effect (null SDs of log Abar at
+    which the test flags a model with the plan's power), power_level (that Abar) and
+    power_level_margin (it over the references' highest Abar: where the paper's margin would
+    have to be)."""
     check_columns(per_model, ["method", "model", "abar", "max_reference_abar"], "detection table")
     rows = []
+    test = NULL_TESTS.get(plan.test)()
     for method in dict.fromkeys(per_model["method"]):
-        logs = np.log(_null_abars(per_model, method, plan.fit))
+        logs = np.log(null_abars(per_model, method, plan.fit))
         effect = _detectable_effect(plan.test, len(logs), plan.alpha, plan.power)
-        log_sd = float(logs.std(ddof=1))
-        level = float(np.exp(logs.mean() + effect * log_sd))
+        location, scale = test.location_scale(logs)
+        level = float(np.exp(location + effect * scale))
         highest = per_model.loc[per_model["method"] == method, "max_reference_abar"].dropna()
-        rows.append({"method": method, "k": len(logs), "log_mean": float(logs.mean()),
-                     "log_sd": log_sd, "detectable_effect": effect, "power_level": level,
+        rows.append({"method": method, "k": len(logs), "log_location": location,
+                     "log_scale": scale, "detectable_effect": effect, "power_level": level,
                      "power_level_margin": level / float(highest.iloc[0]) if len(highest) else np.nan})
     return pd.DataFrame(rows)
 
@@ -147,14 +151,15 @@ def model_verdicts(per_model: pd.DataFrame, plan: NullPlan, *,
         scored[f"p_{name}"] = np.nan
     scored["p_below"] = np.nan
     for method, rows in scored.groupby("method", sort=False):
-        nulls = _null_abars(per_model, method, plan.fit)
+        nulls = null_abars(per_model, method, plan.fit)
         abars = rows["abar"].to_numpy(np.float64)
         usable = np.isfinite(abars) & (abars > 0)
         for name, test in tests.items():
-            values = np.full(len(abars), np.nan)
-            values[usable] = test.p_values(nulls, abars[usable])
+            values = np.full(len(abars), np.nan)  # NaN: too few nulls for this test
+            if len(nulls) >= test.min_nulls:
+                values[usable] = test.p_values(nulls, abars[usable])
             scored.loc[rows.index, f"p_{name}"] = values
-        ratio = powers.loc[method, "power_level"] / np.exp(powers.loc[method, "log_mean"])
+        ratio = powers.loc[method, "power_level"] / np.exp(powers.loc[method, "log_location"])
         below = np.full(len(abars), np.nan)
         below[usable] = below_level_p_values(tests[plan.test], nulls, abars[usable], ratio)
         scored.loc[rows.index, "p_below"] = below
@@ -239,12 +244,16 @@ def family_verdicts(verdicts: pd.DataFrame, plan: NullPlan,
 
 def verdict_table(families: pd.DataFrame, row: str = "family") -> pd.DataFrame:
     """Table 1 with verdicts: rows = family (or ``row``: configuration), columns = method, cells
-    "0.80 [0.28, 0.99] detected (paper 0.60)"."""
+    "0.80 [0.28, 0.99] detected (paper 0.60)", and ", fragile" where leaving one model out
+    changes the verdict (``stability.with_stability``; the long table names the model)."""
+    fragile = families["fragile"] if "fragile" in families else [False] * len(families)
     cells = families.assign(cell=[
-        f"{r:.2f} [{lo:.2f}, {hi:.2f}] {v} (paper {p:.2f})" if n else "no model"
-        for r, lo, hi, v, p, n in zip(families["rate"], families["ci_low"], families["ci_high"],
-                                      families["verdict"], families["paper_rate"],
-                                      families["n_models"])])
+        (f"{r:.2f} [{lo:.2f}, {hi:.2f}] {v} (paper {p:.2f})" + (", fragile" if weak else ""))
+        if n else "no model"
+        for r, lo, hi, v, p, n, weak in zip(families["rate"], families["ci_low"],
+                                            families["ci_high"], families["verdict"],
+                                            families["paper_rate"], families["n_models"],
+                                            fragile)])
     wide = cells.pivot(index=row, columns="method", values="cell")
     wide = wide.reindex(index=list(dict.fromkeys(cells[row])),
                         columns=list(dict.fromkeys(cells["method"])))
@@ -276,10 +285,12 @@ def calibration(per_model: pd.DataFrame, plan: NullPlan) -> pd.DataFrame:
     for design, splits in designs.items():
         for name in NULL_TESTS.names():
             test = NULL_TESTS.get(name)()
+            if min(len(fit) for fit, _ in splits) < test.min_nulls:
+                continue  # too few nulls for this test in this design
             pooled = []
             for method in dict.fromkeys(per_model["method"]):
-                values = np.concatenate([test.p_values(_null_abars(per_model, method, fit),
-                                                       _null_abars(per_model, method, checked))
+                values = np.concatenate([test.p_values(null_abars(per_model, method, fit),
+                                                       null_abars(per_model, method, checked))
                                          for fit, checked in splits])
                 pooled.append(values)
                 rows.append(_calibration_row(design, test, method,
@@ -307,12 +318,16 @@ FINDING_WORDS = {DETECTED: "detected", NOT_DETECTED: "missed with power",
 
 def findings(families: pd.DataFrame) -> list[str]:
     """One sentence per family: which methods detect it, which miss it with power, and for which
-    the test cannot tell at this scale (rates and intervals in Table 1 with verdicts)."""
+    the test cannot tell at this scale (rates and intervals in Table 1 with verdicts); a method
+    whose verdict one left-out model flips says "(fragile)"."""
     lines = []
     for family, group in families.groupby("family", sort=False):
         parts = []
         for verdict in VERDICTS:
-            methods = group.loc[group["verdict"] == verdict, "method"].tolist()
+            chosen = group[group["verdict"] == verdict]
+            fragile = chosen["fragile"] if "fragile" in chosen else [False] * len(chosen)
+            methods = [method + (" (fragile)" if weak else "")
+                       for method, weak in zip(chosen["method"], fragile)]
             if methods:
                 parts.append(f"{FINDING_WORDS[verdict]} by {', '.join(methods)}"
                              if verdict != INCONCLUSIVE else

@@ -581,8 +581,8 @@ def _picks_normal_images_by_class(family: type) -> bool:
 def null_problems(held_out: int, held_out_check: int, p_value: str | None,
                   asked_by: str) -> list[str]:
     """What stops the null p-values (``p_value``, asked for by ``asked_by``: a suite key or a
-    command-line option) from being computed: an unknown test, or fewer than ``MIN_NULL_MODELS``
-    held-out references left to fit it."""
+    command-line option) from being computed: an unknown test, or fewer held-out references left
+    to fit it than the test needs (``MIN_NULL_MODELS``, or its ``min_nulls``)."""
     problems = []
     if held_out_check > held_out:
         problems.append(f"[references] held_out_check = {held_out_check} exceeds held_out = "
@@ -590,15 +590,17 @@ def null_problems(held_out: int, held_out_check: int, p_value: str | None,
                         f"held_out_check = {held_out // 2} (half) or raise held_out")
     if p_value is None:
         return problems
-    problems += _named_problems([p_value], NULL_TESTS, f"{asked_by} = {p_value!r}")
+    named = _named_problems([p_value], NULL_TESTS, f"{asked_by} = {p_value!r}")
+    problems += named
+    needed = MIN_NULL_MODELS if named else max(MIN_NULL_MODELS, NULL_TESTS.get(p_value).min_nulls)
     fitting = held_out - held_out_check
-    if fitting < MIN_NULL_MODELS:
+    if fitting < needed:
         problems.append(
             f"{asked_by} = {p_value!r} fits each method's null distribution to the held-out "
-            f"references and needs at least {MIN_NULL_MODELS} of them; [references] held_out = "
+            f"references and needs at least {needed} of them; [references] held_out = "
             f"{held_out} with held_out_check = {held_out_check} leaves {fitting}: set "
-            f"[references] held_out = {MIN_NULL_MODELS + held_out_check} or more (20 with "
-            "held_out_check = 10 fits on 10 and checks the calibration on the other 10)")
+            f"[references] held_out = {needed + held_out_check} or more (40 with "
+            "held_out_check = 20 fits on 20 and checks the calibration on the other 20)")
     return problems
 
 

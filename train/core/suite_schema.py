@@ -94,8 +94,9 @@ class EvaluateTable(_Table):
         "them once); the command line's --distance overrides it"))
     p_value: str | None = Field(None, description=(
         "the test that turns a model's Abar into a p-value against the null population of "
-        "held-out references: student_t (recommended: a Student-t prediction on log Abar) or "
-        "empirical (the rank among the nulls); absent: the paper's rule alone"))
+        "held-out references, a registered test (evaluate/scoring/null_tests/: huber, the "
+        "recommended one, fits a robust location and scale to log Abar that one outlying null "
+        "cannot move); absent: the paper's rule alone"))
     alpha: float = Field(0.05, gt=0, lt=1, description=(
         "the false-discovery rate at which a table's p-values are called detected (0.05)"))
     power: float = Field(0.8, gt=0, lt=1, description=(

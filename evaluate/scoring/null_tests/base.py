@@ -21,7 +21,10 @@ import numpy as np
 
 from counteraudit.train.core.registries import NULL_TESTS
 
-__all__ = ["NULL_TESTS", "NullTest", "power", "detectable_effect", "below_level_p_values"]
+__all__ = ["NULL_TESTS", "NullTest", "RECOMMENDED_TEST", "power", "detectable_effect",
+           "below_level_p_values", "describe_tests"]
+
+RECOMMENDED_TEST = "huber"  # why: null_tests/huber.py; its figures: evaluate/benchmarks/null_tests.py
 
 DEFAULT_SIMULATIONS = 20000
 LARGEST_EFFECT = 50.0  # null standard deviations; a test that cannot reach its power by then never does
@@ -33,11 +36,25 @@ class NullTest:
     name: str = ""
     summary: str = ""  # one line: what the p-value is, for the report and --help
     continuous: bool = True  # False: p-values on a grid (a rank), where a KS test says nothing
+    min_nulls: int = 2  # null models the test needs; ``_check_nulls`` enforces it
 
     def p_values(self, null_abars: np.ndarray, abars: np.ndarray) -> np.ndarray:
         """``null_abars`` (..., k) and ``abars`` (..., n), all > 0 -> p-values (..., n):
         P(a clean model's Abar >= abar) under this test's model of the null."""
         raise NotImplementedError
+
+    def location_scale(self, null_logs: np.ndarray) -> tuple[float, float]:
+        """The null's location and scale of log Abar as this test sees them: where its power
+        level lies (location + detectable effect x scale). The mean and SD, unless the test
+        fits others."""
+        null_logs = np.asarray(null_logs, dtype=np.float64)
+        return float(null_logs.mean()), float(null_logs.std(ddof=1))
+
+
+def describe_tests() -> str:
+    """The registered tests for --help: "huber (recommended: ...), student_t (...), ..."."""
+    return ", ".join(f"{name} ({'recommended: ' if name == RECOMMENDED_TEST else ''}"
+                     f"{NULL_TESTS.get(name).summary})" for name in NULL_TESTS.names())
 
 
 def _check_nulls(null_abars: np.ndarray, minimum: int) -> np.ndarray:
@@ -51,12 +68,17 @@ def _check_nulls(null_abars: np.ndarray, minimum: int) -> np.ndarray:
 
 
 def power(test: NullTest, k: int, effects, *, alpha: float,
-          simulations: int = DEFAULT_SIMULATIONS, seed: int = 0) -> np.ndarray:
+          simulations: int = DEFAULT_SIMULATIONS, seed: int = 0,
+          outliers: int = 0, outlier_shift: float = 5.0) -> np.ndarray:
     """P(p <= alpha) for a model whose log Abar lies ``effects`` null standard deviations above
     the null mean, tested against k null models (log-normal null; the same draws for every
-    effect, so the curve is monotone where the test is)."""
+    effect, so the curve is monotone where the test is). ``outliers``: that many of the k nulls
+    lie ``outlier_shift`` SDs higher (clean models that trained unlike the rest), while the
+    model tested is drawn from the others' distribution; at effect 0, the test's false-positive
+    rate on such a contaminated null."""
     rng = np.random.default_rng(seed)
-    null_draws = np.exp(rng.standard_normal((simulations, k)))
+    null_draws = np.exp(rng.standard_normal((simulations, k))
+                        + np.where(np.arange(k) < outliers, outlier_shift, 0.0))
     candidate_noise = rng.standard_normal((simulations, 1))
     effects = np.atleast_1d(np.asarray(effects, dtype=np.float64))
     return np.array([float((test.p_values(null_draws, np.exp(effect + candidate_noise))[:, 0]
@@ -65,14 +87,14 @@ def power(test: NullTest, k: int, effects, *, alpha: float,
 
 def detectable_effect(test: NullTest, k: int, *, alpha: float, target_power: float,
                       simulations: int = DEFAULT_SIMULATIONS, seed: int = 0,
-                      tolerance: float = 1e-3) -> float:
+                      tolerance: float = 1e-3, outliers: int = 0) -> float:
     """The smallest effect (null standard deviations of log Abar) that ``test`` with k null
     models detects with probability ``target_power`` at ``alpha``; inf when none up to
     ``LARGEST_EFFECT`` does (the empirical test with k + 1 < 1 / alpha: its p-value never gets
-    below 1 / (k + 1))."""
+    below 1 / (k + 1)). ``outliers``: on a null with that many outlying models (``power``)."""
     def reaches(effect: float) -> bool:
         return power(test, k, [effect], alpha=alpha, simulations=simulations,
-                     seed=seed)[0] >= target_power
+                     seed=seed, outliers=outliers)[0] >= target_power
     low, high = 0.0, LARGEST_EFFECT
     if not reaches(high):
         return np.inf

@@ -15,10 +15,11 @@ from counteraudit.evaluate.scoring.null_tests.base import NULL_TESTS, NullTest, 
 class Empirical(NullTest):
     name = "empirical"
     summary = "the rank among the null models, (1 + #{null >= Abar}) / (k + 1)"
+    min_nulls = 1
     continuous = False
 
     def p_values(self, null_abars: np.ndarray, abars: np.ndarray) -> np.ndarray:
-        nulls = _check_nulls(null_abars, 1)
+        nulls = _check_nulls(null_abars, self.min_nulls)
         abars = np.asarray(abars, dtype=np.float64)
         at_least = (nulls[..., None, :] >= abars[..., :, None]).sum(axis=-1)
         return (1 + at_least) / (nulls.shape[-1] + 1)

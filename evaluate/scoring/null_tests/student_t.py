@@ -23,7 +23,7 @@ class StudentT(NullTest):
     summary = "Student-t prediction on log Abar, fitted to the null models"
 
     def p_values(self, null_abars: np.ndarray, abars: np.ndarray) -> np.ndarray:
-        logs = np.log(_check_nulls(null_abars, 2))
+        logs = np.log(_check_nulls(null_abars, self.min_nulls))
         k = logs.shape[-1]
         mean = logs.mean(axis=-1, keepdims=True)
         scale = logs.std(axis=-1, ddof=1, keepdims=True) * np.sqrt(1 + 1 / k)
