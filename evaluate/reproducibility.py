@@ -2,14 +2,16 @@
 
     counteraudit reproducibility check --quick         # against train/suites/quick.digests.json
     counteraudit reproducibility check --suite demo    # against train/suites/demo.digests.json
+    counteraudit reproducibility check --suite replicated  # a run of 4 methods: the file names them
     counteraudit reproducibility write --suite mine --digests mine.digests.json
 
 A digest file holds the SHA-256 of every model's weights, the world's cached images and the
-suite's per-model Tables 1 and 2 (the files a verdict rests on), with the machine and numeric mode
-that made them. ``check`` compares a run with it and names each file that differs, with both
-digests and this machine's instruction set: in portable numerics (the default) a mismatch is a
-bug or a change of the code, never the CPU (train/README.md, "Portable numerics"). CI checks the
-quick suite's on whatever CPU runs it.
+suite's per-model Tables 1 and 2 and per-model verdicts (the files a verdict rests on), with the
+machine and numeric mode that made them, and the methods when the run had --method. ``check``
+compares a run with it and names each file that differs, with both digests and this machine's
+instruction set: in portable numerics (the default) a mismatch is a bug or a change of the code,
+never the CPU (train/README.md, "Portable numerics"). CI checks the quick suite's on whatever
+CPU runs it.
 """
 from __future__ import annotations
 
