@@ -94,7 +94,8 @@ def print_verdicts(tables: dict, distance_name: str) -> None:
     if verdicts is None:
         return
     power = tables[f"detection-power-{distance_name}"]
-    print("\nTable 1 with verdicts: each family's detection rate under the null test, its exact "
+    test = power["test"].iloc[0] if len(power) else "null"
+    print(f"\nTable 1 with verdicts: each family's detection rate under the {test} test, its exact "
           "95% interval and verdict (evaluate/scoring/verdicts.py states the rules), with the "
           "paper's rule's fraction over the same models\n")
     print(to_markdown(verdicts))

@@ -320,7 +320,7 @@ def test_a_replicated_suite_with_nulls_gets_verdicts_end_to_end(finished_run, tm
     stored = {f"{name}-l2": pd.read_csv(tables / f"{name}-l2.csv", keep_default_na=False)
               for name in ("detection-verdicts", "detection-families", "detection-power",
                            "detection-calibration", "detection-verdicts-per-model",
-                           "detection-verdicts-configurations")}
+                           "detection-verdicts-configurations", "detection-outlying-nulls")}
     stored["detection-families-l2"] = families
     html = verdict_section(SimpleNamespace(tables=stored, suite=replicated, distance_name="l2",
                                            references=[s.name for s in replicated.references],
@@ -329,6 +329,8 @@ def test_a_replicated_suite_with_nulls_gets_verdicts_end_to_end(finished_run, tm
     for verdict in set(families["verdict"]):
         assert f'class="v-{verdict.replace(" ", "-")}"' in html
     assert "randomized_smoothing (2 models):" in html
+    assert "robust SDs of log Abar" in html  # the outlying clean models: a table, or "none"
+    assert "<b>fragile</b>" in html
 
 
 def test_the_replicated_suite_shares_demo_fulls_references_and_the_demos_models():

@@ -25,12 +25,14 @@ def verdict_section(report) -> str:
     calibration = report.table("detection-calibration")
     per_model = report.table("detection-verdicts-per-model")
     k = int(plan["k"].iloc[0]) if len(plan) else 0
+    test = plan["test"].iloc[0] if "test" in plan and len(plan) else "null"
     sentences = "".join(f"<li>{escape(line)}</li>" for line in findings(families))
     parts = [f'<section id="{SECTION_ID}"><h2>{TITLE}</h2>',
              f"<p><b>What this run found</b> (each family's verdict per method):</p><ul>{sentences}</ul>",
              html_table(report.table("detection-verdicts"), cell_class=verdict_class, caption=(
-                 f"Table 1 with verdicts: detection rate over each family's models, exact 95% "
-                 f"interval, verdict, and the paper's rule over the same models ({where})")),
+                 f"Table 1 with verdicts under the {test} test: detection rate over each "
+                 f"family's models, exact 95% interval, verdict, and the paper's rule over the "
+                 f"same models ({where})")),
              *([html_table(report.table("detection-verdicts-configurations"),
                            cell_class=verdict_class,
                            caption=f"The same per configuration, its replicates only ({where})")]

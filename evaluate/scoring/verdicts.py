@@ -115,7 +115,7 @@ def method_power(per_model: pd.DataFrame, plan: NullPlan) -> pd.DataFrame:
         location, scale = test.location_scale(logs)
         level = float(np.exp(location + effect * scale))
         highest = per_model.loc[per_model["method"] == method, "max_reference_abar"].dropna()
-        rows.append({"method": method, "k": len(logs), "log_location": location,
+        rows.append({"method": method, "test": plan.test, "k": len(logs), "log_location": location,
                      "log_scale": scale, "detectable_effect": effect, "power_level": level,
                      "power_level_margin": level / float(highest.iloc[0]) if len(highest) else np.nan})
     return pd.DataFrame(rows)
@@ -184,7 +184,8 @@ def model_verdicts(per_model: pd.DataFrame, plan: NullPlan, *,
     scored = scored.rename(columns={"detected": "paper_detected"})
     columns = ["method", "family", "configuration", "model", "role", "abar", "margin",
                "paper_detected", *[f"p_{name}" for name in tests], "q", "p_below", "q_below",
-               "implant_passed", "verdict"]
+               "implant_passed", "verdict", "test"]
+    scored["test"] = plan.test
     return scored[[c for c in columns if c in scored.columns]].reset_index(drop=True)
 
 
@@ -232,7 +233,7 @@ def family_verdicts(verdicts: pd.DataFrame, plan: NullPlan,
                      "n_inconclusive": counts[INCONCLUSIVE],
                      "n_implant_failed": len(group) - n,
                      "rate": counts[DETECTED] / n if n else np.nan, "ci_low": low, "ci_high": high,
-                     "verdict": verdict,
+                     "verdict": verdict, "test": plan.test,
                      "paper_rate": float(took["paper_detected"].astype(bool).mean()) if n else np.nan})
     table = pd.DataFrame(rows)
     if family_order is not None and len(table):
