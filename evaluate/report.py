@@ -93,7 +93,7 @@ def main(args: argparse.Namespace) -> Path | None:
     detection = detection_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
     implants = {s.name: read_implant(suite, s, args.runs_dir) for s in suite.anomalies}
     tables = stored_detection_tables(suite, detection, distance_name, methods, args.runs_dir,
-                                     test=args.p_value)
+                                     test=args.p_value, implants=implants)
     model_level = model_level_methods(methods)
     localization = None
     if localizable(suite):

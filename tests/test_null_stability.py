@@ -148,7 +148,7 @@ def test_the_power_level_uses_the_tests_own_fit():
 
 
 def test_provenance_names_this_process_mode_and_cpu():
-    table = provenance_table([])
+    table = provenance_table(0)
     row = table.iloc[0]
     assert (row["stage"], row["mode"], row["cpu"]) == ("scoring", numerics.requested_mode(),
                                                        numerics.cpu_model())

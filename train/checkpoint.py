@@ -128,10 +128,11 @@ def read_metrics(directory: Path) -> dict[str, Any]:
                                                    "yet; run python train/train.py for its suite")
 
 
-def validation_accuracies(specs: list[ModelSpec], runs_root=None) -> dict[str, float]:
-    """Each trained model's validation accuracy (its metrics.json), by the name the suite gives it."""
-    return {spec.name: float(read_metrics(model_dir(runs_root, spec))["val_accuracy"])
-            for spec in specs if is_trained(model_dir(runs_root, spec))}
+def trained_metrics(specs: list[ModelSpec], runs_root=None) -> dict[str, dict[str, Any]]:
+    """Each trained model's metrics.json (accuracy, numerics, ...), by the name the suite gives it."""
+    directories = {spec.name: model_dir(runs_root, spec) for spec in specs}
+    return {name: read_metrics(directory) for name, directory in directories.items()
+            if is_trained(directory)}
 
 
 def training_lock(directory: Path) -> AbstractContextManager[None]:

@@ -4,30 +4,27 @@ table read beside another says whether their bits can agree (train/README.md, "P
 numerics")."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Iterable
 
 import pandas as pd
 
-from counteraudit.train.checkpoint import is_trained, model_dir, read_metrics
 from counteraudit.train.core import numerics
-from counteraudit.train.core.suite import ModelSpec
 
 FACTS = ("mode", "instruction_set", "cpu", "torch", "numpy")
 PROVENANCE = "provenance"  # the table's file name
 
 
-def provenance_table(specs: Sequence[ModelSpec], runs_root=None) -> pd.DataFrame:
-    """One row for this (scoring) process, then one per distinct way the trained ``specs`` were
-    made, with how many models: stage, models, mode, instruction_set, cpu, torch, numpy.
-    A model trained before numerics were recorded counts as "unrecorded"."""
+def provenance_table(models: int, metrics: Iterable[dict[str, Any]] = ()) -> pd.DataFrame:
+    """One row for this (scoring) process of ``models`` models, then one per distinct way the
+    trained ones were made (``metrics``: their metrics.json), with how many: stage, models,
+    mode, instruction_set, cpu, torch, numpy. A model trained before numerics were recorded
+    counts as "unrecorded"."""
     here = numerics.record()
-    rows = [{"stage": "scoring", "models": len(specs), **{f: here.get(f) for f in FACTS}}]
+    rows = [{"stage": "scoring", "models": models, **{f: here.get(f) for f in FACTS}}]
     made: dict[tuple, int] = {}
-    for spec in specs:
-        if is_trained(model_dir(runs_root, spec)):
-            record = read_metrics(model_dir(runs_root, spec)).get("numerics") or {}
-            facts = tuple(str(record.get(f, "unrecorded")) for f in FACTS)
-            made[facts] = made.get(facts, 0) + 1
+    for record in metrics:
+        facts = tuple(str((record.get("numerics") or {}).get(f, "unrecorded")) for f in FACTS)
+        made[facts] = made.get(facts, 0) + 1
     rows += [{"stage": "training", "models": count, **dict(zip(FACTS, facts))}
              for facts, count in made.items()]
     return pd.DataFrame(rows, columns=["stage", "models", *FACTS])

@@ -14,7 +14,7 @@ fit depends on it silently.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -26,12 +26,11 @@ from counteraudit.evaluate.scoring.verdicts import (NullPlan, null_abars, family
                                                     model_verdicts)
 
 OUTLYING_DISTANCE = 3.5  # robust SDs of log Abar from the other clean models (Iglewicz & Hoaglin)
-FLIPS_LISTED = 3  # flips named in a cell; the records keep them all
 
 VerdictTables = tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]  # per model, family, configuration
 
 
-def verdict_tables(per_model: pd.DataFrame, plan: NullPlan, *,
+def _all_verdicts(per_model: pd.DataFrame, plan: NullPlan, *,
                    configurations: Mapping[str, str] | None = None,
                    implants_passed: Mapping[str, bool | None] | None = None,
                    family_order: Sequence[str] | None = None) -> VerdictTables:
@@ -46,8 +45,7 @@ def left_out_models(per_model: pd.DataFrame, plan: NullPlan,
                     configurations: Mapping[str, str] | None = None) -> list[str]:
     """The models each verdict is recomputed without: every fitting null (when the test still
     has enough without one) and every anomalous model whose configuration has replicates."""
-    test = NULL_TESTS.get(plan.test)()
-    nulls = list(plan.fit) if len(plan.fit) - 1 >= max(test.min_nulls, 2) else []
+    nulls = list(plan.fit) if len(plan.fit) - 1 >= NULL_TESTS.get(plan.test).nulls_needed() else []
     configurations = dict(configurations or {})
     anomalous = list(dict.fromkeys(per_model.loc[per_model["role"] == ROLE_ANOMALOUS, "model"]))
     sizes = pd.Series([configurations.get(m, m) for m in anomalous]).value_counts()
@@ -65,11 +63,11 @@ def with_stability(per_model: pd.DataFrame, plan: NullPlan, *,
                    configurations: Mapping[str, str] | None = None,
                    implants_passed: Mapping[str, bool | None] | None = None,
                    family_order: Sequence[str] | None = None) -> VerdictTables:
-    """``verdict_tables`` with two more columns in each: ``fragile`` (some model left out
+    """``_all_verdicts`` with two more columns in each: ``fragile`` (some model left out
     changes the verdict) and ``flipped_by`` ("without <model>: <verdict>; ...", every such
     model)."""
     def tables(table, chosen_plan):
-        return verdict_tables(table, chosen_plan, configurations=configurations,
+        return _all_verdicts(table, chosen_plan, configurations=configurations,
                               implants_passed=implants_passed, family_order=family_order)
     full = tables(per_model, plan)
     flips: list[list[dict[tuple, str]]] = [[{} for _ in range(len(t))] for t in full]
@@ -88,18 +86,14 @@ def with_stability(per_model: pd.DataFrame, plan: NullPlan, *,
                  for t, flipped in zip(full, flips))
 
 
-def describe_flips(flips: Mapping[str, str], listed: int | None = None) -> str:
-    """"without held-out-07: inconclusive; without ..." ("" for none), the first ``listed``."""
-    names = list(flips)
-    shown = names if listed is None else names[:listed]
-    text = "; ".join(f"without {name}: {flips[name]}" for name in shown)
-    return text + (f"; and {len(names) - len(shown)} more" if len(shown) < len(names) else "")
+def describe_flips(flips: Mapping[str, str]) -> str:
+    """"without held-out-07: inconclusive; without ..." ("" for none)."""
+    return "; ".join(f"without {name}: {verdict}" for name, verdict in flips.items())
 
 
 def outlying_nulls(per_model: pd.DataFrame, plan: NullPlan,
                    accuracies: Mapping[str, float] | None = None,
-                   families: pd.DataFrame | None = None,
-                   location_scale: Callable = huber_location_scale) -> pd.DataFrame:
+                   families: pd.DataFrame | None = None) -> pd.DataFrame:
     """Every held-out clean model (fitting and checking), its validation accuracy, its robust
     distance from the other held-out models per method (``distance_<method>``: its log Abar
     minus their Huber location, over their Huber scale; Huber's fit so that one far model does
@@ -113,7 +107,7 @@ def outlying_nulls(per_model: pd.DataFrame, plan: NullPlan,
     for method in methods:
         logs = np.log(null_abars(per_model, method, everyone))
         others = np.stack([np.delete(logs, i) for i in range(len(logs))])
-        location, scale = location_scale(others)
+        location, scale = huber_location_scale(others)
         with np.errstate(divide="ignore", invalid="ignore"):
             distances[method] = (logs - location) / scale
     moved = {name: [] for name in everyone}

@@ -19,7 +19,7 @@ from counteraudit.evaluate.scoring.provenance import PROVENANCE, provenance_tabl
 from counteraudit.evaluate.scoring.zoo import zoo_summary
 from counteraudit.evaluate.scoring.stability import outlying_nulls, with_stability
 from counteraudit.evaluate.scoring.verdicts import calibration, method_power, null_plan, verdict_table
-from counteraudit.train.checkpoint import validation_accuracies
+from counteraudit.train.checkpoint import trained_metrics
 from counteraudit.train.core.suite import PAPER_REFERENCES, Suite
 from counteraudit.train.implant_checks import read_implant
 
@@ -75,16 +75,22 @@ def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str, *,
 
 
 def stored_detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str,
-                            methods: Sequence[str], runs_root=None,
-                            test: str | None = None) -> dict[str, pd.DataFrame]:
-    """``detection_tables`` with what the store holds beside the scores: the implant records,
-    the held-out models' accuracies, each method's explanation time and the run's provenance
-    (``provenance.provenance_table``: numeric mode and CPU of scoring and training)."""
-    implants = {s.name: read_implant(suite, s, runs_root) for s in suite.anomalies}
+                            methods: Sequence[str], runs_root=None, test: str | None = None,
+                            implants: dict[str, dict | None] | None = None
+                            ) -> dict[str, pd.DataFrame]:
+    """``detection_tables`` with what the store holds beside the scores: the implant records
+    (read here unless given), the held-out models' accuracies, each method's explanation time
+    and the run's provenance (``provenance.provenance_table``: numeric mode and CPU of scoring
+    and training); each model's metrics.json is read once for the last two."""
+    if implants is None:
+        implants = {s.name: read_implant(suite, s, runs_root) for s in suite.anomalies}
+    metrics = trained_metrics(suite.models, runs_root)
+    accuracies = {s.name: float(metrics[s.name]["val_accuracy"]) for s in suite.held_out
+                  if s.name in metrics}
     tables = detection_tables(suite, scores, distance_name, implants=implants, test=test,
-                              accuracies=validation_accuracies(suite.held_out, runs_root))
+                              accuracies=accuracies)
     tables[EXPLAIN_TIME] = explain_time_table(suite, methods, runs_root)
-    tables[PROVENANCE] = provenance_table(suite.models, runs_root)
+    tables[PROVENANCE] = provenance_table(len(suite.models), metrics.values())
     return tables
 
 

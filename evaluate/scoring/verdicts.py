@@ -60,7 +60,7 @@ class NullPlan:
     power: float = 0.8
 
     def __post_init__(self):
-        needed = max(MIN_NULL_MODELS, NULL_TESTS.get(self.test).min_nulls)  # a bad name: the list
+        needed = NULL_TESTS.get(self.test).nulls_needed()  # a bad name: the list
         if len(self.fit) < needed:
             raise ValueError(f"the {self.test} test needs at least {needed} fitting held-out "
                              f"references, got {len(self.fit)}: raise [references] held_out "

@@ -592,7 +592,7 @@ def null_problems(held_out: int, held_out_check: int, p_value: str | None,
         return problems
     named = _named_problems([p_value], NULL_TESTS, f"{asked_by} = {p_value!r}")
     problems += named
-    needed = MIN_NULL_MODELS if named else max(MIN_NULL_MODELS, NULL_TESTS.get(p_value).min_nulls)
+    needed = MIN_NULL_MODELS if named else NULL_TESTS.get(p_value).nulls_needed()
     fitting = held_out - held_out_check
     if fitting < needed:
         problems.append(

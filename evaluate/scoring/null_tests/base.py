@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from counteraudit.train.core.registries import NULL_TESTS
+from counteraudit.train.core.suite_schema import MIN_NULL_MODELS
 
 __all__ = ["NULL_TESTS", "NullTest", "RECOMMENDED_TEST", "power", "detectable_effect",
            "below_level_p_values", "describe_tests"]
@@ -42,6 +43,12 @@ class NullTest:
         """``null_abars`` (..., k) and ``abars`` (..., n), all > 0 -> p-values (..., n):
         P(a clean model's Abar >= abar) under this test's model of the null."""
         raise NotImplementedError
+
+    @classmethod
+    def nulls_needed(cls) -> int:
+        """Fitting nulls a suite must hold for this test: its own minimum, and never fewer than
+        ``MIN_NULL_MODELS`` (a null population has a spread)."""
+        return max(MIN_NULL_MODELS, cls.min_nulls)
 
     def location_scale(self, null_logs: np.ndarray) -> tuple[float, float]:
         """The null's location and scale of log Abar as this test sees them: where its power

@@ -11,10 +11,10 @@ null up to simulation error of about 1 / sqrt(draws).
 
 Why this test: the Student-t test's mean and SD are moved without bound by one clean model far
 from the others (a held-out reference that trained badly); with 10 nulls, one at 5 SD widens the
-fit enough that a model must lie 5.1 SD out to be detected with power 0.8, against 2.8 SD on a
-clean null. Huber's fit caps each value's pull: on the same contaminated null it needs 3.6 SD, on
-a clean one 2.9 (``evaluate/benchmarks/null_tests.py`` measures both), and with 20 nulls the
-clean-null cost over the Student-t test is 2.71 against 2.67 SD.
+fit enough that a model must lie 5.06 SD out to be detected with power 0.8, against 2.83 SD on a
+clean null. Huber's fit caps each value's pull: on the same contaminated null it needs 3.62 SD,
+on a clean one 2.88, and with 20 nulls 2.66 against the Student-t test's 2.64
+(``evaluate/benchmarks/null_tests.py`` measures them).
 """
 from __future__ import annotations
 
