@@ -33,6 +33,7 @@ from counteraudit.evaluate.scoring.stage import tables_dir
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core import numerics
 from counteraudit.train.core.artifacts import atomic_write_json, file_sha256, runs_dir
+from counteraudit.train.core.registries import METHODS
 from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli
 from counteraudit.train.core.suite import Suite, load_suite
 from counteraudit.train.core.suite_schema import DEFAULT_SUITE_DISTANCE
@@ -114,6 +115,24 @@ def read_digests(path: Path) -> dict[str, Any]:
         raise ValueError(f"cannot read the digest file {path}: {error}") from None
 
 
+def chosen_methods(given: list[str] | None, expected: dict[str, Any],
+                   digests: Path) -> list[str] | None:
+    """The methods whose tables the run's digests cover: --method, else the digest file's
+    ``methods`` (a file from anyone: registered method names only, so none becomes a path)."""
+    methods = given or expected.get("methods")
+    where = "--method" if given else f"the digest file {digests}, key 'methods'"
+    if methods is None:
+        return None
+    if not (isinstance(methods, list) and methods and all(isinstance(m, str) for m in methods)):
+        raise ValueError(f"{where} must be a list of method names, got {methods!r}; write the "
+                         "file again with: counteraudit reproducibility write --method NAME ...")
+    unknown = sorted(set(methods) - set(METHODS.names()))
+    if unknown:
+        raise ValueError(f"{where} names methods that are not registered: {unknown}; the "
+                         f"registered ones: {', '.join(METHODS.names())}")
+    return methods
+
+
 def main(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite)
     args.digests = args.digests or shipped_digests(suite)
@@ -121,7 +140,7 @@ def main(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"no digest file {args.digests} for the {suite.name} suite; give one "
                                 "with --digests, or write one with: counteraudit reproducibility write")
     expected = read_digests(args.digests) if args.action == "check" else {}
-    measured = measure(suite, args.runs_dir, args.method or expected.get("methods"))
+    measured = measure(suite, args.runs_dir, chosen_methods(args.method, expected, args.digests))
     if args.action == "write":
         atomic_write_json(args.digests, measured, chosen_by_user=True)
         print(f"wrote the digests of {len(measured['sha256'])} files of the {suite.name} suite to {args.digests}")

@@ -9,7 +9,9 @@ import sys
 
 from conftest import REPO, run_script
 
-from counteraudit.evaluate.reproducibility import measure, run_files
+import pytest
+
+from counteraudit.evaluate.reproducibility import chosen_methods, measure, run_files
 from counteraudit.evaluate.scoring.stage import tables_dir
 from counteraudit.train.core import numerics
 from counteraudit.train.core.suite import load_suite
@@ -56,3 +58,15 @@ def test_a_run_of_some_methods_is_digested_from_its_own_tables(finished_run):
     assert tables != {tables_dir(suite, runs)}
     assert "methods" not in measure(suite, runs)
     assert measure(suite, runs, ["gradcam"])["methods"] == ["gradcam"]
+
+
+@pytest.mark.parametrize("methods", [["../../outside"], "gradcam", [], [3]])
+def test_a_digest_files_methods_must_be_registered_names(methods, tmp_path):
+    """A digest file may come from anyone: its methods name table folders, so anything but a
+    list of registered method names is one clear error naming the file and the key."""
+    digests = tmp_path / "theirs.digests.json"
+    with pytest.raises(ValueError, match=r"theirs\.digests\.json, key 'methods'"):
+        chosen_methods(None, {"methods": methods}, digests)
+    assert chosen_methods(None, {"methods": ["gradcam"]}, digests) == ["gradcam"]
+    assert chosen_methods(["outputs_only"], {"methods": methods}, digests) == ["outputs_only"]
+    assert chosen_methods(None, {}, digests) is None
