@@ -45,7 +45,8 @@ from counteraudit.train.core.image_folders import (DETECTION, ImageFolder, abnor
 from counteraudit.train.core.keyed_store import KeyedArtifact
 from counteraudit.train.core.payloads import npz_arrays
 from counteraudit.train.core.size_bounds import pool_problem
-from counteraudit.train.core.suite import ModelSpec, Suite
+from counteraudit.train.core.model_spec import ModelSpec
+from counteraudit.train.core.suite import Suite
 from counteraudit.train.worlds import World
 
 DEFAULT_DETECTION_IMAGES = 50     # SPEC: m

@@ -13,7 +13,8 @@ from counteraudit.explain.stage import (add_chunk_images_arg, explain_suite, exp
                                         suite_methods)
 from counteraudit.slurm.executor import add_executor_args
 from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, suite_name
-from counteraudit.train.core.suite import Suite, load_suite, null_problems
+from counteraudit.train.core.suite import Suite, load_suite
+from counteraudit.train.core.suite_checks import null_problems
 from counteraudit.train.core.suite_schema import DEFAULT_SUITE_DISTANCE, MIN_SCORED_REFERENCES, SuiteFileError
 from counteraudit.train.train import train_and_check
 

@@ -64,7 +64,8 @@ from counteraudit.train.core.artifacts import (artifact_lock, find_or_make, link
 from counteraudit.train.core.keyed_store import as_stored
 from counteraudit.train.core.registries import WORLDS
 from counteraudit.train.core.stage import StagePlan, executor_config, longest_first, run_stage, stage_item
-from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
+from counteraudit.train.core.model_spec import ModelSpec
+from counteraudit.train.core.suite import Suite, load_suite
 from counteraudit.train.implant_checks import read_implant
 from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds import build_world

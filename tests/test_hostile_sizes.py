@@ -19,7 +19,8 @@ from counteraudit.train import train
 from counteraudit.train.checkpoint import CHECKPOINT_NAME, METRICS_NAME, WEIGHTS_NAME
 from counteraudit.train.core import size_bounds as bounds
 from counteraudit.train.core.stage import run_cli
-from counteraudit.train.core.suite import MAX_EXTENDS_DEPTH, MAX_NESTING_DEPTH, load_suite
+from counteraudit.train.core.suite import load_suite
+from counteraudit.train.core.suite_files import MAX_EXTENDS_DEPTH, MAX_NESTING_DEPTH
 from counteraudit.train.trainer import train_model
 from counteraudit.train.worlds import build_world
 

@@ -14,7 +14,8 @@ from counteraudit.anomalies.families.blurred_faces import BlurredFaces, blur_box
 from counteraudit.anomalies.families.spurious import Spurious, add_watermark
 from counteraudit.anomalies.watermark_digits import digit_overlay
 from counteraudit.train.architectures import build_model
-from counteraudit.train.core.suite import load_suite, toml_text
+from counteraudit.train.core.suite import load_suite
+from counteraudit.train.core.suite_files import toml_text
 from counteraudit.train.core.suite_schema import SuiteFileError
 from counteraudit.train.core.weights import clean_state_dict
 from counteraudit.train.stage import _provenance_text

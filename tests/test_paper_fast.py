@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from counteraudit.train.checkpoint import WEIGHTS_NAME, model_dir
-from counteraudit.train.core.suite import Recipe, load_suite
+from counteraudit.train.core.recipe import Recipe
+from counteraudit.train.core.suite import load_suite
 from counteraudit.train.trainer import train_model
 from tests.conftest import REPO
 from tests.test_per_rank_ddp import write_imagefolder

@@ -7,7 +7,8 @@ import pytest
 from conftest import write_suite
 from counteraudit.anomalies import FAMILIES
 from counteraudit.anomalies.base import Verdict
-from counteraudit.train.core.suite import SuiteFileError, load_suite
+from counteraudit.train.core.suite import load_suite
+from counteraudit.train.core.suite_schema import SuiteFileError
 from counteraudit.train.train import get_args_parser, main
 from counteraudit.train.worlds import build_world
 

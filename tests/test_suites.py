@@ -9,7 +9,8 @@ import torch
 
 from counteraudit.explain.stage import suite_methods
 from counteraudit.train.architectures import ARCHITECTURES, build_model, layer_name, resolve_layer
-from counteraudit.train.core.suite import available_suites, load_suite
+from counteraudit.train.core.suite import load_suite
+from counteraudit.train.core.suite_files import available_suites
 from counteraudit.train.train import get_args_parser, main
 from tests.conftest import write_suite
 

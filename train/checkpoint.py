@@ -35,7 +35,8 @@ import torch
 from counteraudit.train.core.artifacts import (artifact_lock, atomic_torch_save, link_into_store,
                                                marker_says, set_aside, store_dir)
 from counteraudit.train.core.keyed_store import KeyedArtifact
-from counteraudit.train.core.suite import ModelSpec, Suite
+from counteraudit.train.core.model_spec import ModelSpec
+from counteraudit.train.core.suite import Suite
 from counteraudit.train.core.weights import CheckpointNotLoaded, check_plain_values, load_weights_only
 
 CHECKPOINT_NAME = "checkpoint.pth"

@@ -19,7 +19,8 @@ from counteraudit.train.core.artifacts import (artifact_lock, atomic_write_json,
 from counteraudit.train.core.payloads import read_json_object
 from counteraudit.train.core.registries import FAMILIES
 from counteraudit.train.core.stage import plan_stage, run_stage, stage_item
-from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
+from counteraudit.train.core.model_spec import ModelSpec
+from counteraudit.train.core.suite import Suite, load_suite
 from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds import World, build_world
 

@@ -15,7 +15,8 @@ from counteraudit.train.core.artifacts import store_dir
 from counteraudit.train.core.published_recipes import provenance
 from counteraudit.train.core.registries import FAMILIES
 from counteraudit.train.core.stage import executor_config, plan_stage, run_stage, stage_item
-from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
+from counteraudit.train.core.model_spec import ModelSpec
+from counteraudit.train.core.suite import Suite, load_suite
 from counteraudit.train.cpu_probe import check_cpu_precision
 from counteraudit.train.trainer import build_family, train_model
 from counteraudit.train.worlds import build_world

@@ -44,7 +44,8 @@ from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_N
                                            load_training_state, model_dir, read_metrics,
                                            save_trained_model, save_training_state,
                                            training_lock)
-from counteraudit.train.core.suite import REFERENCE, ModelSpec, Recipe
+from counteraudit.train.core.model_spec import ModelSpec, REFERENCE
+from counteraudit.train.core.recipe import Recipe
 from counteraudit.train.core.published_recipes import provenance
 from counteraudit.train.core.weights import load_backbone_weights, load_weights_only
 from counteraudit.train.worlds import Batch, World, build_world

@@ -13,7 +13,7 @@ import numpy as np
 from counteraudit.evaluate.discovery.auditors.base import Subgroup
 from counteraudit.train.core.artifacts import atomic_save_npz, inside_runs, stable_hash, store_dir
 from counteraudit.train.core.payloads import read_npz
-from counteraudit.train.core.suite import ModelSpec
+from counteraudit.train.core.model_spec import ModelSpec
 
 PREDICTIONS = "subgroup-predictions"
 

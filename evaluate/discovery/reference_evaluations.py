@@ -37,7 +37,8 @@ from counteraudit.train.core.artifacts import (atomic_write_json, read_json,
 from counteraudit.train.core.keyed_store import KeyedArtifact
 from counteraudit.train.core.payloads import json_fields
 from counteraudit.train.core.stage import executor_config, plan_stage, run_stage, stage_item
-from counteraudit.train.core.suite import ModelSpec, Suite, load_suite
+from counteraudit.train.core.model_spec import ModelSpec
+from counteraudit.train.core.suite import Suite, load_suite
 from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds import build_world
 

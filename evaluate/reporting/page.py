@@ -30,7 +30,7 @@ from counteraudit.evaluate.reporting.power import power_section
 from counteraudit.evaluate.scoring.stage import TABLES
 from counteraudit.evaluate.reporting.dose import dose_section
 from counteraudit.evaluate.reporting.discovery import discovery_section
-from counteraudit.train.core.suite import SUITES_DIR
+from counteraudit.train.core.suite_files import SUITES_DIR
 
 DEFAULT_EXAMPLES = 1     # normal and abnormal inputs shown per localizable model
 DEFAULT_IMAGE_SIDE = 128  # embedded images are downscaled to at most this many pixels a side

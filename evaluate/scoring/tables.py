@@ -20,7 +20,8 @@ from counteraudit.evaluate.scoring.zoo import zoo_summary
 from counteraudit.evaluate.scoring.stability import outlying_nulls, with_stability
 from counteraudit.evaluate.scoring.verdicts import calibration, method_power, null_plan, verdict_table
 from counteraudit.train.checkpoint import trained_metrics
-from counteraudit.train.core.suite import PAPER_REFERENCES, Suite
+from counteraudit.train.core.model_spec import PAPER_REFERENCES
+from counteraudit.train.core.suite import Suite
 from counteraudit.train.implant_checks import read_implant
 
 

@@ -26,7 +26,9 @@ from counteraudit.train.core import numerics
 from counteraudit.train.core.artifacts import (SLURM_LOGS, bound_to_runs_folder, inside_runs, runs_dir,
                                                runs_folder_bound)
 from counteraudit.train.core.paths import redacted
-from counteraudit.train.core.suite import ModelSpec, Suite, available_suites, load_suite
+from counteraudit.train.core.model_spec import ModelSpec
+from counteraudit.train.core.suite import Suite, load_suite
+from counteraudit.train.core.suite_files import available_suites
 
 
 class ScriptHelpFormatter(argparse.RawDescriptionHelpFormatter):
