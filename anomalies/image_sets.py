@@ -49,8 +49,6 @@ from counteraudit.train.core.model_spec import ModelSpec
 from counteraudit.train.core.suite import Suite
 from counteraudit.train.worlds import World
 
-DEFAULT_DETECTION_IMAGES = 50     # SPEC: m
-DEFAULT_LOCALIZATION_IMAGES = 40  # SPEC: p
 # A set's images, marked by index.json, which also records how the set was made; its key is the
 # set's id.
 IMAGE_SET = KeyedArtifact(payload="images.npz", marker="index.json", digest_field="images_sha256",
@@ -97,17 +95,12 @@ def nested_draw(pool: np.ndarray, count: int, rng: np.random.Generator) -> np.nd
 
 
 def set_sizes(suite: Suite) -> tuple[int, int]:
-    table = suite.tables.get("evaluate", {})
-    m = int(table.get("detection_images", DEFAULT_DETECTION_IMAGES))
-    p = int(table.get("localization_images", DEFAULT_LOCALIZATION_IMAGES))
-    if m < 2 or p < 2:
-        raise ValueError(f"[evaluate] detection_images={m} and localization_images={p} must be >= 2 "
-                         "(the paper uses 50 and 40)")
-    return m, p
+    """(m, p): images per detection set and per abnormal set ([evaluate], its schema's ranges)."""
+    return suite.evaluate.detection_images, suite.evaluate.localization_images
 
 
 def image_set_seed(suite: Suite) -> int:
-    return int(suite.tables.get("evaluate", {}).get("seed", 0))
+    return suite.evaluate.seed
 
 
 def abnormal_set_name(spec: ModelSpec) -> str:
@@ -123,7 +116,7 @@ def normal_set_name(suite: Suite, spec: ModelSpec) -> str:
 
 def image_folders(suite: Suite) -> dict[str, str]:
     """The suite's [image_sets]: set name -> the folder that replaces its seeded draw."""
-    return dict(suite.tables.get("image_sets", {}))
+    return dict(suite.image_sets)
 
 
 def set_names(suite: Suite) -> list[str]:

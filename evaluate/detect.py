@@ -43,17 +43,18 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict:
-    suite, methods, distance, distance_name, _ = prepare(args)
-    if getattr(args, "dry_run", False):
+    run = prepare(args)
+    suite, methods, distance, options = run.suite, run.method_names, run.distance, run.options
+    distance_name = distance.name
+    if options.dry_run:
         return {}
     started = time.perf_counter()
-    scores = detection_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
+    scores = detection_scores(suite, distance, distance_name, methods, options.runs_dir, options)
     print(f"scored in {time.perf_counter() - started:.0f}s")
     references = [s.name for s in suite.references]
-    tables = stored_detection_tables(suite, scores, distance_name, methods, args.runs_dir,
-                                     test=args.p_value)
+    tables = stored_detection_tables(suite, scores, distance_name, methods, options.runs_dir)
     summary, per_model = tables[f"detection-{distance_name}"], tables[f"detection-per-model-{distance_name}"]
-    write_tables(suite, tables, args.runs_dir, only_methods=args.method)
+    write_tables(suite, tables, options.runs_dir, only_methods=args.method)
     anomalous = per_model[per_model["role"] == "anomalous"]
     print(f"\nTable 1 -- fraction of each family's models detected by the paper's rule (Abar above every "
           f"reference's; {describe_distance(distance_name)};"
@@ -84,7 +85,7 @@ def main(args: argparse.Namespace) -> dict:
     print(to_markdown(tables[EXPLAIN_TIME], float_format="{:.3g}"))
     print("\nWhere these numbers were computed (numeric mode and CPU of scoring and training)\n")
     print(to_markdown(tables[PROVENANCE]))
-    print(f"\ntables: {tables_dir(suite, args.runs_dir, args.method)}/")
+    print(f"\ntables: {tables_dir(suite, options.runs_dir, args.method)}/")
     return tables
 
 

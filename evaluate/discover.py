@@ -38,8 +38,8 @@ from counteraudit.evaluate.discovery.stage import (discover_score, discover_seed
 from counteraudit.evaluate.discovery.tables import discovery_notes, discovery_tables
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.slurm.executor import add_executor_args
-from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli, suite_name
-from counteraudit.train.core.suite import load_suite
+from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli, run_options
+from counteraudit.train.suite_plugins import load_checked_suite
 from counteraudit.train.train import train_and_check
 from counteraudit.train.worlds import build_world
 
@@ -74,27 +74,28 @@ def auditors_epilog() -> str:
 
 
 def main(args: argparse.Namespace) -> dict:
-    suite = load_suite(suite_name(args))
+    suite = load_checked_suite(args.suite).with_settings({"score": "--score"}, discover={"score": args.score})
+    options = run_options(args)
+    runs_root = options.runs_dir
     suite_auditors(suite, args.auditor)  # an unknown --auditor fails here, not after training
-    score = discover_score(suite, args)
+    score = discover_score(suite)
     check_relative(suite, score)  # ... and a relative score without references
-    train_and_check(suite, suite.models, args)
+    train_and_check(suite, suite.models, options)
     started = time.perf_counter()
-    counts = discover_suite(suite, args, auditors=args.auditor)  # a dry run prints its plan
-    if getattr(args, "dry_run", False):
+    counts = discover_suite(suite, options, auditors=args.auditor)  # a dry run prints its plan
+    if options.dry_run:
         return {}
-    world = build_world(suite.world, runs_root=args.runs_dir)
-    evaluated = (evaluate_references(suite, args, adaptive_results(suite, args.runs_dir,
-                                                                   args.auditor, world))
+    world = build_world(suite.world, runs_root=runs_root)
+    evaluated = (evaluate_references(suite, options, adaptive_results(suite, runs_root, args.auditor, world))
                  if score == "relative" else 0)
     print(f"\n{counts['computed']} auditor result(s) computed, {counts['stored']} already stored, "
           f"{evaluated} reference evaluation(s) of adaptive auditors' subgroups computed, in "
           f"{time.perf_counter() - started:.0f}s")
-    results = scored_findings(suite, args.runs_dir, args.auditor, world, score)
+    results = scored_findings(suite, runs_root, args.auditor, world, score)
     references = [s.name for s in suite.references]
-    tables = discovery_tables(suite, results, world, args.runs_dir, score)
+    tables = discovery_tables(suite, results, world, runs_root, score)
     detections = tables["discovery-detection-per-model"]
-    write_tables(suite, tables, args.runs_dir)
+    write_tables(suite, tables, runs_root)
     scale = ("relative score: the model's statistic minus the references' mean on the same "
              "images, over their spread, each reference left out of its own baseline"
              if score == "relative" else "absolute statistic, as the seeds' papers ranked")
@@ -128,10 +129,9 @@ def main(args: argparse.Namespace) -> dict:
         print("\nReferences with any significant finding (the false-positive rate of auditors "
               "that keep only significant findings)\n")
         print(to_markdown(tables["discovery-false-positives"], float_format="{:.2f}"))
-    study = search_study(suite, results, world, args.runs_dir, discover_seed(suite),
-                         getattr(args, "device", None))
+    study = search_study(suite, results, world, runs_root, discover_seed(suite), options.device)
     if study:
-        write_tables(suite, study["tables"], args.runs_dir)
+        write_tables(suite, study["tables"], runs_root)
         tables.update(study["tables"])
         print("\nSelection functions compared by lookup in the exhaustive references (10 search "
               "seeds): coverage of the 10% worst subdomains (mean, sd over seeds), mean accuracy "
@@ -140,7 +140,7 @@ def main(args: argparse.Namespace) -> dict:
         print(to_markdown(study["tables"]["search-selection-comparison"], float_format="{:.3f}"))
         overview = {"search-selections-over-models": selections_over_models(
             study["tables"]["search-selection-comparison"])}
-        write_tables(suite, overview, args.runs_dir)
+        write_tables(suite, overview, runs_root)
         tables.update(overview)
         print("\nThe same over models: each model's coverage (mean over seeds), averaged over the "
               "models, sd over models\n")
@@ -153,7 +153,7 @@ def main(args: argparse.Namespace) -> dict:
         if len(curves):
             equal = {f"search-equal-budgets-top{k}": equal_budget_table(curves, within=k)
                      for k in (1, 5)}
-            write_tables(suite, equal, args.runs_dir)
+            write_tables(suite, equal, runs_root)
             tables.update(equal)
             print("\nAt equal image budgets -- share of localizable models whose planted slice is "
                   "first (top 1) once each auditor has spent that many images, 95% interval over "
@@ -163,7 +163,7 @@ def main(args: argparse.Namespace) -> dict:
         print(to_markdown(needed, float_format="{:.0f}") if len(needed) else
               f"(none: the {suite.name} suite has no localizable anomalous model, so no auditor "
               "has a planted slice to rank)")
-    print(f"\ntables: {suite.root(args.runs_dir) / 'tables'}/")
+    print(f"\ntables: {suite.root(runs_root) / 'tables'}/")
     return tables
 
 

@@ -43,24 +43,26 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
-def suite_dose_tables(suite, methods, distance, distance_name, runs_root=None, args=None):
+def suite_dose_tables(suite, methods, distance, distance_name, runs_root=None, options=None):
     """(dose table, thresholds) of a suite with [[sweeps]], from its detection and localization
     score tables (computed when missing) and its implant records."""
     if not suite.sweeps:
         raise ValueError(f"suite {suite.name!r} declares no [[sweeps]]; run --suite dose, or add "
                          "[[sweeps]] entries (family, values, params) to your suite file")
-    detection = detection_scores(suite, distance, distance_name, methods, runs_root, args=args)
-    localization = (localization_scores(suite, distance, distance_name, methods, runs_root, args=args)
+    detection = detection_scores(suite, distance, distance_name, methods, runs_root, options)
+    localization = (localization_scores(suite, distance, distance_name, methods, runs_root, options)
                     if localizable(suite) else None)
     implants = {s.name: read_implant(suite, s, runs_root) for s in suite.anomalies}
     return suite_dose(suite, detection, localization, implants)
 
 
 def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
-    suite, methods, distance, distance_name, _ = prepare(args)
-    if getattr(args, "dry_run", False):
+    run = prepare(args)
+    suite, methods, distance, options = run.suite, run.method_names, run.distance, run.options
+    distance_name = distance.name
+    if options.dry_run:
         return {}
-    dose, limits = suite_dose_tables(suite, methods, distance, distance_name, args.runs_dir, args)
+    dose, limits = suite_dose_tables(suite, methods, distance, distance_name, options.runs_dir, options)
     print(f"\nDose-response ({describe_distance(distance_name)}; {suite.name} suite, "
           f"{len(suite.references)} references). margin = Abar(f) / max_i Abar(g_i), * = detected "
           "(above every reference); AUROC [95% bootstrap band over images]")
@@ -88,8 +90,8 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
         print("\nlocalization\n")
         print(to_markdown(wide.rename_axis(None, axis=1).reset_index()))
     tables = {f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits}
-    write_tables(suite, tables, args.runs_dir, only_methods=args.method)
-    print(f"\ntables: {tables_dir(suite, args.runs_dir, args.method)}/")
+    write_tables(suite, tables, options.runs_dir, only_methods=args.method)
+    print(f"\ntables: {tables_dir(suite, options.runs_dir, args.method)}/")
     return tables
 
 

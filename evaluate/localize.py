@@ -37,17 +37,19 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict:
-    suite, methods, distance, distance_name, _ = prepare(args)
-    if getattr(args, "dry_run", False):
+    run = prepare(args)
+    suite, methods, distance, options = run.suite, run.method_names, run.distance, run.options
+    distance_name = distance.name
+    if options.dry_run:
         return {}
     started = time.perf_counter()
-    scores = localization_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
+    scores = localization_scores(suite, distance, distance_name, methods, options.runs_dir, options)
     print(f"scored in {time.perf_counter() - started:.0f}s")
     model_level = model_level_methods(methods)
     tables = localization_tables(scores, distance_name, suite, not_applicable=model_level)
     summary = tables[f"localization-{distance_name}"]
     per_model = tables[f"localization-per-model-{distance_name}"]
-    write_tables(suite, tables, args.runs_dir, only_methods=args.method)
+    write_tables(suite, tables, options.runs_dir, only_methods=args.method)
     print(f"\nTable 2 -- localization AUROC, abnormal vs normal inputs "
           f"({describe_distance(distance_name)}; {suite.name} suite; images: {set_sources(suite)})\n")
     print(to_markdown(summary, float_format="{:.2f}"))
@@ -70,7 +72,7 @@ def main(args: argparse.Namespace) -> dict:
     power = localization_power_note(suite)
     if power:
         print(power)
-    print(f"tables: {tables_dir(suite, args.runs_dir, args.method)}/")
+    print(f"tables: {tables_dir(suite, options.runs_dir, args.method)}/")
     return tables
 
 

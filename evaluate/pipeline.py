@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from dataclasses import dataclass
 
-from counteraudit.evaluate.scoring.distances import MissingBackboneWeightsError, build_distance
+from counteraudit.evaluate.scoring.distances import DISTANCES, Distance, MissingBackboneWeightsError, build_distance
 from counteraudit.evaluate.scoring.null_tests.base import describe_tests
-from counteraudit.explain.stage import (add_chunk_images_arg, explain_suite, explained_images_line,
-                                        suite_methods)
+from counteraudit.explain.run import add_chunk_images_arg
+from counteraudit.explain.settings import MethodSpec, method_specs
+from counteraudit.explain.stage import explain_suite, explained_images_line
 from counteraudit.slurm.executor import add_executor_args
-from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, suite_name
-from counteraudit.train.core.suite import Suite, load_suite
-from counteraudit.train.core.suite_checks import null_problems
-from counteraudit.train.core.suite_schema import DEFAULT_SUITE_DISTANCE, MIN_SCORED_REFERENCES, SuiteFileError
+from counteraudit.train.core.stage import RunOptions, ScriptHelpFormatter, add_common_args, run_options
+from counteraudit.train.core.suite import Suite
+from counteraudit.train.core.suite_checks import named_problems
+from counteraudit.train.core.suite_schema import MIN_SCORED_REFERENCES, SuiteFileError, problem_lines
+from counteraudit.train.suite_plugins import load_checked_suite, null_test_problems
 from counteraudit.train.train import train_and_check
 
 
@@ -61,45 +63,79 @@ def add_distance_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     return parser
 
 
-def scoring_distance(suite: Suite, args: argparse.Namespace) -> tuple[Any, str, str]:
-    """The distance the scores use, built: --distance over the suite's [evaluate] distance.
-    Returns (distance, its name, where it was chosen). An LPIPS distance whose backbone weights
-    are missing fails here, before any work, with the fix (--download-weights downloads them);
-    nothing is downloaded unasked, so a run gives the same tables online and offline."""
-    requested = getattr(args, "distance", None)
-    name = requested or suite.tables.get("evaluate", {}).get("distance", DEFAULT_SUITE_DISTANCE)
+@dataclass(frozen=True)
+class Prepared:
+    """What a scoring script scores, once the upstream stages ran: the suite (the command line's
+    overrides merged in), its methods, the distance built, where the distance was chosen, and
+    how to run (the runs folder, the device, the executor)."""
+    suite: Suite
+    methods: dict[str, MethodSpec]
+    distance: Distance
+    source: str
+    options: RunOptions
+
+    @property
+    def method_names(self) -> list[str]:
+        return list(self.methods)
+
+
+def scoring_suite(name: str, *, distance: str | None = None, p_value: str | None = None,
+                  chunk_images: int | None = None) -> Suite:
+    """The suite, its plug-in tables checked, with the command line's overrides of what it
+    computes merged in once (--distance, --p-value, --chunk-images; None: the suite's own) and
+    checked as the file's own values are."""
+    suite = load_checked_suite(name).with_settings(
+        {"distance": "--distance", "p_value": "--p-value", "chunk_images": "--chunk-images"},
+        evaluate={"distance": distance, "p_value": p_value}, explain={"chunk_images": chunk_images})
+    problems = named_problems([suite.evaluate.distance], DISTANCES,
+                              "--distance" if distance else "[evaluate] distance")
+    problems += null_test_problems(suite.settings.references, suite.evaluate.p_value,
+                                   "--p-value" if p_value else "[evaluate] p_value")
+    if problems:
+        raise SuiteFileError(f"suite file {suite.path} with the command line's options has "
+                             f"{problem_lines(problems)}")
+    check_scorable(suite)
+    return suite
+
+
+def scoring_distance(suite: Suite, options: RunOptions, requested: bool = False) -> tuple[Distance, str]:
+    """The distance the scores use, built (``suite.evaluate.distance``: --distance merged into the
+    suite's), and where it was chosen (``requested``: by --distance). An LPIPS distance whose
+    backbone weights are missing fails here, before any work, with the fix (--download-weights
+    downloads them); nothing is downloaded unasked, so a run gives the same tables online and
+    offline."""
+    name = suite.evaluate.distance
     source = ("--distance" if requested else
-              "the suite's [evaluate] distance" if "distance" in suite.tables.get("evaluate", {})
+              "the suite's [evaluate] distance" if "distance" in suite.evaluate.model_fields_set
               else "the default: the suite sets no [evaluate] distance")
     try:
-        distance = build_distance(name, weights_dir=getattr(args, "weights_dir", None),
-                                  download=getattr(args, "download_weights", False))
+        distance = build_distance(name, weights_dir=options.weights_dir, download=options.download_weights)
     except MissingBackboneWeightsError as error:
         where = "--distance" if requested else f"suite file {suite.path}: [evaluate] distance"
         raise MissingBackboneWeightsError(f"{where} = {name!r}: {error}") from error
-    return distance, name, source
+    return distance, source
 
 
-def prepare(args: argparse.Namespace) -> tuple[Suite, list[str], Any, str, str]:
+def prepare(args: argparse.Namespace) -> Prepared:
     """Everything upstream of scoring that is missing: world, training, implant checks,
-    image sets, visualizations. Returns (suite, methods, distance, its name, where it was chosen);
-    the distance is built first, so missing LPIPS weights fail before any work."""
-    suite = load_suite(suite_name(args))
-    check_scorable(suite)
-    check_null_request(suite, getattr(args, "p_value", None))
-    distance, distance_name, source = scoring_distance(suite, args)
-    methods = suite_methods(suite, args.method)
+    image sets, visualizations. The distance is built first, so missing LPIPS weights fail
+    before any work."""
+    suite = scoring_suite(args.suite, distance=args.distance, p_value=args.p_value,
+                          chunk_images=args.chunk_images)
+    options = run_options(args)
+    distance, source = scoring_distance(suite, options, requested=args.distance is not None)
+    methods = method_specs(suite, args.method)
     started = time.perf_counter()
     _stage(f"1/3 training {len(suite.models)} models of suite {suite.name!r} (skips trained ones)")
-    train_and_check(suite, suite.models, args)
+    train_and_check(suite, suite.models, options)
     print(f"training and implant checks: {time.perf_counter() - started:.0f}s")
     _stage(f"2/3 explaining with {', '.join(methods)}")
     started = time.perf_counter()
-    counts = explain_suite(suite, args, methods=methods)
+    counts = explain_suite(suite, options, methods=methods)
     print(f"{counts['computed']} visualization set(s) computed, {counts['stored']} already stored, "
           f"in {time.perf_counter() - started:.0f}s; {explained_images_line(counts)}")
-    _stage(f"3/3 scoring with distance {distance_name} ({source})")
-    return suite, methods, distance, distance_name, source
+    _stage(f"3/3 scoring with distance {distance.name} ({source})")
+    return Prepared(suite, methods, distance, source, options)
 
 
 def check_scorable(suite: Suite) -> None:
@@ -110,16 +146,6 @@ def check_scorable(suite: Suite) -> None:
             f"score: each reference is scored against the others with it left out, so at least "
             f"{MIN_SCORED_REFERENCES} are needed; set count = {MIN_SCORED_REFERENCES} or more (the "
             "paper: 12, the demo: 5). Nothing was run.")
-
-
-def check_null_request(suite: Suite, p_value: str | None) -> None:
-    """Fail before training when --p-value names no test or the suite has too few held-out
-    references to fit it."""
-    problems = null_problems(len(suite.held_out), suite.held_out_check, p_value, "--p-value")
-    if p_value is not None and problems:
-        lines = "\n".join(f"  - {problem}" for problem in problems)
-        raise SuiteFileError(f"suite file {suite.path} cannot give null p-values; nothing was "
-                             f"run:\n{lines}")
 
 
 def _stage(text: str) -> None:

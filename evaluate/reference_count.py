@@ -37,17 +37,17 @@ import numpy as np
 import pandas as pd
 
 from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_images
-from counteraudit.evaluate.pipeline import add_distance_args, check_scorable, scoring_distance
-from counteraudit.evaluate.reporting.power import power_tables, print_power
+from counteraudit.evaluate.pipeline import add_distance_args, scoring_distance, scoring_suite
+from counteraudit.evaluate.reporting.power import PowerSettings, power_tables, print_power
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.evaluate.scoring.localization import auroc
 from counteraudit.evaluate.scoring.stage import tables_dir
 from counteraudit.evaluate.scoring.scores import (ZERO_SPREAD_TOLERANCE, mean_pair_distance,
                                                   reference_distance_matrix, score_frame)
 from counteraudit.evaluate.studies.power import detection_by_reference_count
-from counteraudit.explain.stage import load_image_sets, load_results, suite_methods
-from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli, suite_name
-from counteraudit.train.core.suite import load_suite
+from counteraudit.explain.settings import method_specs
+from counteraudit.explain.stage import load_image_sets, load_results
+from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli, run_options
 from counteraudit.train.worlds import build_world
 
 
@@ -116,13 +116,14 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
     if not 0 < args.level <= 1 or not 0 < args.auroc_target <= 1 or args.subsets < 1:
         raise ValueError(f"--level {args.level} and --auroc-target {args.auroc_target} must be in "
                          f"(0, 1] (0.8 each recommended), --subsets {args.subsets} >= 1")
-    suite = load_suite(suite_name(args))
-    check_scorable(suite)
-    methods = suite_methods(suite, args.method)
-    distance, distance_name, source = scoring_distance(suite, args)
+    suite = scoring_suite(args.suite, distance=args.distance)
+    methods = list(method_specs(suite, args.method))
+    runs_root = args.runs_dir
+    distance, source = scoring_distance(suite, run_options(args), requested=args.distance is not None)
+    distance_name = distance.name
     print(f"distance: {distance_name} ({source})")
-    world = build_world(suite.world, runs_root=args.runs_dir)
-    image_sets = load_image_sets(suite, args.runs_dir, world)
+    world = build_world(suite.world, runs_root=runs_root)
+    image_sets = load_image_sets(suite, runs_root, world)
     references = [s.name for s in suite.references]
     anomalous = [s.name for s in suite.anomalies]
     specs = localizable(suite)
@@ -133,21 +134,21 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
         # The detection set's renders serve as every model's normal images: load them, and
         # compute their distances, once per method.
         names = [*references, *anomalous]
-        detection = load_results(suite, method, names, DETECTION, args.runs_dir)
+        detection = load_results(suite, method, names, DETECTION, runs_root)
         if detection[references[0]].layers is not None:
             continue  # one render per layer: Table 2's per-layer rows, not scored here
         on_detection = distance_matrix(detection, names, distance)
         for spec in specs:
             keep = [*range(len(references)), names.index(spec.name)]
             triggered = load_results(suite, method, [*references, spec.name],
-                                     abnormal_set_name(spec), args.runs_dir)
+                                     abnormal_set_name(spec), runs_root)
             on_abnormal = distance_matrix(triggered, [*references, spec.name], distance)
             normal_set, positions = normal[spec.name]
             if normal_set == DETECTION:
                 on_normal = on_detection[positions][:, keep][:, :, keep]
             else:  # its own normal folder ([image_sets] <model>-normal)
                 on_normal = distance_matrix(load_results(suite, method, [*references, spec.name], normal_set,
-                                                         args.runs_dir), [*references, spec.name], distance)[positions]
+                                                         runs_root), [*references, spec.name], distance)[positions]
             abnormal = np.r_[np.ones(len(on_abnormal), bool), np.zeros(len(on_normal), bool)]
             by_n = aurocs_by_reference_count(np.concatenate([on_abnormal, on_normal]), abnormal,
                                              args.subsets, rng)
@@ -166,15 +167,16 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
           f"{distance_name}; mean over {args.subsets} random subsets "
           "per n; all n: the suite's own Table 2 value)\n")
     print(to_markdown(table, float_format="{:.2f}"))
-    tables = power_tables(suite, methods, distance, distance_name, args,
+    settings = PowerSettings(subsets=args.subsets, level=args.level, auroc_target=args.auroc_target)
+    tables = power_tables(suite, methods, distance, distance_name, settings, runs_root,
                           detection_by_n=pd.concat(detected, ignore_index=True) if detected else None,
                           localization_by_n=pd.DataFrame(located) if located else None, rng=rng)
-    print_power(tables, suite, args)
+    print_power(tables, suite, settings)
     tables = {"localization-by-n": table, **tables}
     # runs/<suite>/tables/power-*: the report's power section reads them
     write_tables(suite, {f"power-{name}-{distance_name}": frame for name, frame in tables.items()},
-                 args.runs_dir, only_methods=args.method)
-    print(f"\ntables: {tables_dir(suite, args.runs_dir, args.method)}/power-*")
+                 runs_root, only_methods=args.method)
+    print(f"\ntables: {tables_dir(suite, runs_root, args.method)}/power-*")
     return tables
 
 

@@ -86,18 +86,20 @@ def report_path(suite, args: argparse.Namespace) -> Path:
 def main(args: argparse.Namespace) -> Path | None:
     if args.examples < 1 or args.image_side < 8:
         raise ValueError(f"--examples {args.examples} must be >= 1 and --image-side {args.image_side} >= 8")
-    suite, methods, distance, distance_name, source = prepare(args)
-    if getattr(args, "dry_run", False):
+    run = prepare(args)
+    suite, methods, distance, options = run.suite, run.method_names, run.distance, run.options
+    distance_name, runs_root = distance.name, options.runs_dir
+    if options.dry_run:
         return None
     output = report_path(suite, args)  # a link in its way fails before scoring and rendering
-    detection = detection_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
-    implants = {s.name: read_implant(suite, s, args.runs_dir) for s in suite.anomalies}
-    tables = stored_detection_tables(suite, detection, distance_name, methods, args.runs_dir,
-                                     test=args.p_value, implants=implants)
+    detection = detection_scores(suite, distance, distance_name, methods, runs_root, options)
+    implants = {s.name: read_implant(suite, s, runs_root) for s in suite.anomalies}
+    tables = stored_detection_tables(suite, detection, distance_name, methods, runs_root,
+                                     implants=implants)
     model_level = model_level_methods(methods)
     localization = None
     if localizable(suite):
-        localization = localization_scores(suite, distance, distance_name, methods, args.runs_dir, args=args)
+        localization = localization_scores(suite, distance, distance_name, methods, runs_root, options)
         tables.update(localization_tables(localization, distance_name, suite,
                                           not_applicable=model_level))
         tables.update(zoo_summary_tables(tables, distance_name, len(suite.references),
@@ -105,18 +107,18 @@ def main(args: argparse.Namespace) -> Path | None:
     if suite.sweeps:  # dose-response: one panel per sweep
         dose, limits = suite_dose(suite, detection, localization, implants)
         tables.update({f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits})
-    write_tables(suite, tables, args.runs_dir, only_methods=args.method)
+    write_tables(suite, tables, runs_root, only_methods=args.method)
     summary = tables.get(f"zoo-summary-{distance_name}")
     if summary is not None:
         print(f"\n{summary_caption(distance_name)}\n\n{to_markdown(summary, float_format='{:.2f}')}")
-    discovery = stored_discovery(suite, args.runs_dir)
-    report = Report(suite=suite, methods=methods, distance_name=distance_name, source=source,
+    discovery = stored_discovery(suite, runs_root)
+    report = Report(suite=suite, methods=methods, distance_name=distance_name, source=run.source,
                     detection=detection, localization=localization, tables=tables,
                     implants=implants,
-                    image_sets=load_image_sets(suite, args.runs_dir, classes=bool(model_level)),
-                    runs_root=args.runs_dir,
+                    image_sets=load_image_sets(suite, runs_root, classes=bool(model_level)),
+                    runs_root=runs_root,
                     examples=args.examples, image_side=args.image_side, discovery=discovery,
-                    sensitivity=stored_sensitivity(suite, distance_name, args.runs_dir))
+                    sensitivity=stored_sensitivity(suite, distance_name, runs_root))
     text = report.html()
     atomic_write_text(output, text, chosen_by_user=bool(args.output))
     print(f"\nreport ({len(text.encode()) / 1e6:.2f} MB, {report.image_count} images): {output}")

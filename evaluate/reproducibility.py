@@ -36,7 +36,6 @@ from counteraudit.train.core.artifacts import atomic_write_json, file_sha256, ru
 from counteraudit.train.core.registries import METHODS
 from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli
 from counteraudit.train.core.suite import Suite, load_suite
-from counteraudit.train.core.suite_schema import DEFAULT_SUITE_DISTANCE
 from counteraudit.train.worlds import build_world
 
 DIGESTS_VERSION = 1
@@ -52,7 +51,7 @@ def run_files(suite: Suite, runs_root: str | Path | None,
     if world_folder is not None:
         files.update({f"world/{path.name}": path for path in sorted(Path(world_folder).glob("*.npz"))})
     tables = tables_dir(suite, runs_root, only_methods)
-    distance = suite.tables.get("evaluate", {}).get("distance", DEFAULT_SUITE_DISTANCE)
+    distance = suite.evaluate.distance
     for name in PER_MODEL_TABLES:  # every distance the run scored with, at least the suite's own
         paths = {tables / f"{name}-{distance}.csv", *tables.glob(f"{name}-*.csv")}
         files.update({f"tables/{path.name}": path for path in sorted(paths)})

@@ -53,9 +53,11 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
-    suite, methods, distance, distance_name, _ = prepare(args)
-    variants, skipped = plan_variants(suite, methods, args.choice, args.runs_dir)
-    if getattr(args, "dry_run", False):
+    run = prepare(args)
+    suite, methods, distance, options = run.suite, run.method_names, run.distance, run.options
+    distance_name = distance.name
+    variants, skipped = plan_variants(suite, methods, args.choice, options.runs_dir)
+    if options.dry_run:
         for variant in variants:
             print(f"{variant.choice} = {variant.value}: would explain {', '.join(variant.methods)}")
         return {}
@@ -63,7 +65,7 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
           f"({describe_distance(distance_name)})")
     for line in skipped:
         print(f"skipped {line}")
-    base = scored_tables(suite, methods, distance, distance_name, args)
+    base = scored_tables(suite, methods, distance, distance_name, options)
     detections, localizations = [], []
     for variant in variants:
         if not variant.methods:
@@ -73,9 +75,9 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
               flush=True)
         # the outputs-only control rides along (stored, never recomputed): the "adds over the
         # outputs" verdict needs it on the same images
-        run = variant.methods + ([BASELINE] if BASELINE in methods and BASELINE not in
-                                 variant.methods else [])
-        other = scored_tables(variant.suite, run, distance, distance_name, args)
+        variant_methods = variant.methods + ([BASELINE] if BASELINE in methods and BASELINE not in
+                                             variant.methods else [])
+        other = scored_tables(variant.suite, variant_methods, distance, distance_name, options)
         det, loc = compare(base, other, variant)
         detections.append(det)
         localizations.append(loc)
@@ -84,7 +86,7 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
         return {}
     tables = {f"sensitivity-detection-{distance_name}": pd.concat(detections, ignore_index=True),
               f"sensitivity-localization-{distance_name}": pd.concat(localizations, ignore_index=True)}
-    write_tables(suite, tables, args.runs_dir, only_methods=args.method)
+    write_tables(suite, tables, options.runs_dir, only_methods=args.method)
     detection, localization = tables.values()
     print(f"\nTable 1 margins, the suite's protocol -> the alternative ({CHANGED}: the detection "
           f"verdict changes)\n")

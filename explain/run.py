@@ -32,10 +32,13 @@ import counteraudit.train  # noqa: E402, F401, I001
 import argparse
 import time
 
-from counteraudit.explain.stage import add_chunk_images_arg, explain_suite, explained_images_line
+from counteraudit.explain.settings import method_specs
+from counteraudit.explain.stage import explain_suite, explained_images_line
 from counteraudit.slurm.executor import add_executor_args
-from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli, suite_name
-from counteraudit.train.core.suite import load_suite
+from counteraudit.train.core.stage import (ScriptHelpFormatter, add_common_args, run_cli, run_options,
+                                           selected_models)
+from counteraudit.train.core.suite import Suite
+from counteraudit.train.suite_plugins import load_checked_suite
 from counteraudit.train.train import train_and_check
 
 
@@ -54,18 +57,38 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
+def explain_overrides(suite: Suite, args: argparse.Namespace) -> Suite:
+    """The suite with the command line's overrides of its [explain] table merged in, once."""
+    return suite.with_settings({"chunk_images": "--chunk-images"},
+                               explain={"chunk_images": args.chunk_images})
+
+
 def main(args: argparse.Namespace) -> None:
-    suite = load_suite(suite_name(args))
+    suite = explain_overrides(load_checked_suite(args.suite), args)
+    options = run_options(args)
+    methods = method_specs(suite, args.method)
     # This stage needs trained models, and the blurred-faces image set needs the implant checks:
     # whatever is missing runs first, through the same executor, instead of failing (a no-op when
     # everything is there).
-    train_and_check(suite, [suite.model(name) for name in args.model] if args.model else suite.models,
-                    args)
+    train_and_check(suite, selected_models(suite, args.model), options)
     started = time.perf_counter()
-    done = explain_suite(suite, args, methods=args.method, models=args.model)
+    done = explain_suite(suite, options, methods=methods, models=args.model)
     parts = f" (from {done['parts']} new part(s))" if done.get("parts") else ""
     print(f"{suite.name}: {done['computed']} visualization set(s) computed{parts}, {done['stored']} "
           f"already stored, in {time.perf_counter() - started:.1f}s; {explained_images_line(done)}")
+
+
+def add_chunk_images_arg(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument(
+        "--chunk-images", type=int, default=None, metavar="N",
+        help="split the explain stage into work items of one (model, method, image set, image "
+             "range) of N images each (rounded up to a multiple of the method's batch size, so "
+             "results are bit for bit those of an unchunked run), stored as parts and gathered "
+             "into the usual result; default: the suite's [explain] chunk_images, else no "
+             "chunking (one item per (model, method): one model load each, best locally); 0: no "
+             "chunking. On Slurm 16 is a good start (four batches of Caricatures, the slow "
+             "method; cheap methods, whose batches are larger, stay one item per image set)")
+    return parser
 
 
 if __name__ == "__main__":

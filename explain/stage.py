@@ -36,12 +36,11 @@ the message says about how much the unfinished items need (``space_needed``).
 """
 from __future__ import annotations
 
-import argparse
 import time
 import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -52,7 +51,8 @@ from counteraudit.anomalies.image_sets import (CLASSES, DETECTION, IMAGE_SET, IM
                                                build_image_sets, classes_set, classes_set_id,
                                                detection_recipe, localizable, normal_set_name,
                                                same_lineage, set_sizes)
-from counteraudit.explain.base import METHODS, Explanation, ExplanationMethod, build_method
+from counteraudit.explain.base import METHODS, Explanation, ExplanationMethod
+from counteraudit.explain.settings import MethodSpec, method_specs
 from counteraudit.explain.store import (ARRAYS_FILE, PARAMS_FILE, VISUALIZATION, concatenate, gather_parts, is_stored,
                                         load_explanation, part_dir, part_key, result_key, row_range,
                                         save_explanation)
@@ -63,33 +63,16 @@ from counteraudit.train.core.artifacts import (artifact_lock, find_or_make, link
                                                read_json, stable_hash, store_dir)
 from counteraudit.train.core.keyed_store import as_stored
 from counteraudit.train.core.registries import WORLDS
-from counteraudit.train.core.stage import StagePlan, executor_config, longest_first, run_stage, stage_item
+from counteraudit.train.core.stage import (RunOptions, StageItem, StagePlan, executor_config, longest_first,
+                                           resolved_runs_dir, run_stage)
 from counteraudit.train.core.model_spec import ModelSpec
-from counteraudit.train.core.suite import Suite, load_suite
+from counteraudit.train.core.suite import Suite
 from counteraudit.train.implant_checks import read_implant
 from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds import build_world
 
 VISUALIZATIONS = "visualizations"
 IMAGE_SETS = "image_sets"
-
-
-def suite_methods(suite: Suite, only: list[str] | None = None) -> list[str]:
-    """The methods a suite explains with (``only``: a subset), each built from its
-    ``[methods.<name>]`` table: an unknown method, parameter, choice or renderer fails here, when
-    the suite is read, with the valid names, and not after the models are trained."""
-    names = only or suite.tables.get("explain", {}).get("methods") or METHODS.names()
-    for name in names:
-        build_method(name, method_params(suite, name))
-    return list(names)
-
-
-def method_params(suite: Suite, name: str) -> dict[str, Any]:
-    return dict(suite.tables.get("methods", {}).get(name, {}))
-
-
-def method_batch_size(suite: Suite, name: str) -> int | None:
-    return suite.tables.get("explain", {}).get("batch_sizes", {}).get(name)
 
 
 def is_model_level(method: str) -> bool:
@@ -182,32 +165,10 @@ def linked_image_sets(suite: Suite, runs_root=None) -> dict[str, LinkedSet]:
     return found
 
 
-def add_chunk_images_arg(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument(
-        "--chunk-images", type=int, default=None, metavar="N",
-        help="split the explain stage into work items of one (model, method, image set, image "
-             "range) of N images each (rounded up to a multiple of the method's batch size, so "
-             "results are bit for bit those of an unchunked run), stored as parts and gathered "
-             "into the usual result; default: the suite's [explain] chunk_images, else no "
-             "chunking (one item per (model, method): one model load each, best locally); 0: no "
-             "chunking. On Slurm 16 is a good start (four batches of Caricatures, the slow "
-             "method; cheap methods, whose batches are larger, stay one item per image set)")
-    return parser
-
-
-def chunk_images(suite: Suite, args: argparse.Namespace | None = None) -> int | None:
-    """Images per work item: --chunk-images over the suite's [explain] chunk_images; None: no
-    chunking."""
-    value = getattr(args, "chunk_images", None)
-    where = "--chunk-images"
-    if value is None:
-        value, where = suite.tables.get("explain", {}).get("chunk_images"), "[explain] chunk_images"
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{where} must be a whole number of images >= 0 (0: no chunking), "
-                         f"got {value!r}")
-    return value or None
+def chunk_images(suite: Suite) -> int | None:
+    """Images per work item: [explain] chunk_images (the command line's --chunk-images merged into
+    it by the entry script); None: no chunking (0 or absent)."""
+    return suite.explain.chunk_images or None
 
 
 def part_size(method: ExplanationMethod, batch_size: int | None, chunk: int) -> int:
@@ -296,7 +257,7 @@ QUIET = [("ignore", r"Setting backward hooks on ReLU", UserWarning),
 
 
 @contextmanager
-def _item_context(spec: ModelSpec, device) -> Iterator[None]:
+def method_run_context(spec: ModelSpec, device) -> Iterator[None]:
     """Library notices quiet; on the CPU, the model's ``recipe.cpu_threads`` threads (module
     docstring), restored on exit."""
 
@@ -323,19 +284,36 @@ def timed(images: int) -> Iterator[dict[str, float]]:
                   cpu_seconds=round(time.process_time() - cpu, 3))
 
 
-class _Item:
+@dataclass(frozen=True, kw_only=True)
+class ExplainItem(StageItem):
+    """One model and one method: all of the model's image sets, or with ``image_set`` (a chunked
+    run) the images [start, stop) of that set."""
+    model: str
+    method: MethodSpec
+    device: str | None = None
+    image_set: str | None = None
+    start: int = 0
+    stop: int = 0
+
+    @property
+    def name(self) -> str:
+        pair = f"{self.model}/{self.method.name}"
+        return pair if self.image_set is None else f"{pair}/{self.image_set}/{self.start}-{self.stop}"
+
+
+class _Work:
     """What a work item needs, loaded in the process that runs it."""
 
-    def __init__(self, item: dict[str, Any]):
-        self.suite = load_suite(item["suite"])
-        self.spec = self.suite.model(item["model"])
-        self.runs_root = item.get("runs_dir")
+    def __init__(self, item: ExplainItem):
+        self.suite = item.suite
+        self.spec = self.suite.model(item.model)
+        self.runs_root = item.runs_dir
         self.root = self.suite.root(self.runs_root)
-        self.method = build_method(item["method"], method_params(self.suite, item["method"]))
-        self.batch_size = method_batch_size(self.suite, item["method"])
-        self.device = pick_device(item.get("device"))
-        self.world = build_world(self.suite.world, runs_root=item.get("runs_dir"))
-        self.image_sets = load_image_sets(self.suite, item.get("runs_dir"), self.world,
+        self.method = item.method.build()
+        self.batch_size = item.method.batch_size
+        self.device = pick_device(item.device)
+        self.world = build_world(self.suite.world, runs_root=self.runs_root)
+        self.image_sets = load_image_sets(self.suite, self.runs_root, self.world,
                                           classes=self.method.model_level)
         self._model = None
 
@@ -380,12 +358,12 @@ def part_lock(folder: Path, what: str) -> AbstractContextManager[None]:
     return artifact_lock(folder, ".explaining.lock", "explain", f"explaining {what} ({folder})")
 
 
-def explain_one(item: dict[str, Any]) -> dict[str, int]:
+def explain_one(item: ExplainItem) -> dict[str, int]:
     """Work item: one model, one method, all of that model's image sets (missing ones only)."""
-    work = _Item(item)
+    work = _Work(item)
     counts = {"computed": 0, "stored": 0, "explained_images": 0, "reused_images": 0}
     batch = work.batch_size or work.method.default_batch_size
-    with _item_context(work.spec, work.device):
+    with method_run_context(work.spec, work.device):
         for set_name in sets_for(work.suite, work.spec, work.method.name):
             image_set, directory, key = work.target(set_name)
 
@@ -408,18 +386,18 @@ def explain_one(item: dict[str, Any]) -> dict[str, int]:
     return counts
 
 
-def explain_part(item: dict[str, Any]) -> dict[str, int]:
+def explain_part(item: ExplainItem) -> dict[str, int]:
     """Work item of a chunked run: one model, one method, images [start, stop) of one image set,
     stored as a part (or as the full result when the range is the whole set)."""
-    work = _Item(item)
-    start, stop = int(item["start"]), int(item["stop"])
-    image_set, directory, key = work.target(item["image_set"])
+    work = _Work(item)
+    start, stop = item.start, item.stop
+    image_set, directory, key = work.target(item.image_set)
     whole = (start, stop) == (0, len(image_set.images))
     folder, folder_key = (directory, key) if whole else (part_dir(directory, start, stop),
                                                          part_key(key, start, stop))
 
     def explain_range() -> dict[str, int]:
-        with _item_context(work.spec, work.device), timed(stop - start) as timing:
+        with method_run_context(work.spec, work.device), timed(stop - start) as timing:
             explanation = work.run_from(image_set, start, stop)
         save_explanation(folder, explanation, work.spec.key, image_set.id,
                          image_range=None if whole else (start, stop), timing=timing)
@@ -430,7 +408,7 @@ def explain_part(item: dict[str, Any]) -> dict[str, int]:
             return {"computed": 0, "stored": 1, "explained_images": 0}
         return None
 
-    what = work.what(item["image_set"])
+    what = work.what(item.image_set)
     lock = (result_lock(directory, what) if whole
             else part_lock(folder, f"{what}, images {start}-{stop}"))
     return find_or_make(stored, explain_range, lock)
@@ -453,7 +431,7 @@ class Gather(NamedTuple):
 
 
 @dataclass(frozen=True)
-class ExplainPlan(StagePlan[dict[str, Any]]):
+class ExplainPlan(StagePlan[ExplainItem]):
     """The explain stage's plan: ``missing``, its work items, most expensive first (e.g.
     Caricatures before Guided Backprop, so local workers end together); ``stored``, the results
     stored already; ``gathers``, what a chunked run must gather; ``reused_images``, how many
@@ -462,9 +440,9 @@ class ExplainPlan(StagePlan[dict[str, Any]]):
     reused_images: int = 0
 
 
-def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
-                      image_sets: dict[str, ImageSet] | None, chunk: int | None,
-                      base_item: dict[str, Any],
+def plan_explanations(suite: Suite, methods: list[MethodSpec], specs: list[ModelSpec],
+                      image_sets: dict[str, ImageSet] | None, chunk: int | None, runs_root,
+                      device: str | None = None,
                       linked_sets: dict[str, LinkedSet] | None = None) -> ExplainPlan:
     """The work items of the missing results and what a chunked run gathers (``ExplainPlan``).
 
@@ -473,10 +451,9 @@ def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
     nominal sizes ([evaluate] detection_images / localization_images) for the ranges."""
     items, gathers, stored, reused = [], [], 0, 0
     cost: dict[tuple[str, str], float] = {}  # (method, model) -> passes per image
-    runs_root = base_item.get("runs_dir")
-    for name in methods:
-        method = build_method(name, method_params(suite, name))
-        batch_size = method_batch_size(suite, name)
+    for method_spec in methods:
+        name, batch_size = method_spec.name, method_spec.batch_size
+        method = method_spec.build()
         # A model-level result (one row per class) is small: one part, written whole.
         size = part_size(method, batch_size, chunk) if chunk and not method.model_level else None
         items_before = len(items)
@@ -485,7 +462,8 @@ def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
             description = method.describe(spec.architecture, batch_size)
             missing, already = _missing_results(suite, name, description, spec, image_sets,
                                                 runs_root, linked_sets or {})
-            item = {**base_item, "model": spec.name, "method": name}
+            item = ExplainItem(suite=suite, runs_dir=resolved_runs_dir(runs_root), device=device,
+                               model=spec.name, method=method_spec)
             if not chunk:  # one item for the (model, method); it counts the stored sets itself
                 items += [item] if missing else []
                 stored += 0 if missing else already
@@ -498,13 +476,13 @@ def plan_explanations(suite: Suite, methods: list[str], specs: list[ModelSpec],
                     runs_root, description, spec.key, image_sets[result.image_set],
                     result.directory, result.key, ranges, batch_size or method.default_batch_size)
                 reused += covered
-                items += [{**item, "image_set": result.image_set, "start": start, "stop": stop}
+                items += [replace(item, image_set=result.image_set, start=start, stop=stop)
                           for start, stop in _parts_to_compute(result, ranges, covered)]
         if size and size != chunk and len(items) > items_before:
             say("explain", f"{name}: parts of {size} images (chunk_images={chunk} rounded up to "
                            f"a multiple of its batch size {batch_size or method.default_batch_size}, "
                            "so its batches are those of an unchunked run)")
-    return ExplainPlan(longest_first(items, lambda item: cost[(item["method"], item["model"])]),
+    return ExplainPlan(longest_first(items, lambda item: cost[(item.method.name, item.model)]),
                        stored, gathers, reused)
 
 
@@ -553,17 +531,10 @@ def _parts_to_compute(result: MissingResult, ranges: list[tuple[int, int]],
             if stop > covered and not part_stored(start, stop)]
 
 
-def _pair_name(item: dict[str, Any]) -> str:
-    return f"{item['model']}/{item['method']}"
-
-
-def _part_name(item: dict[str, Any]) -> str:
-    return f"{_pair_name(item)}/{item['image_set']}/{item['start']}-{item['stop']}"
-
-
-def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | None = None,
+def explain_suite(suite: Suite, options: RunOptions, methods: dict[str, MethodSpec] | None = None,
                   models: list[str] | None = None) -> dict[str, int]:
-    """Every missing visualization of the suite, through the local or Slurm executor.
+    """Every missing visualization of the suite, through the local or Slurm executor
+    (``methods``: those ``method_specs`` made; default: the suite's).
 
     Returns counts of (model, method, image set) results: ``computed`` in this run, ``stored``
     before it, and ``parts`` computed by a chunked run (module docstring); and of images:
@@ -571,19 +542,19 @@ def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | N
     set of the same lineage (``shared_rows``). If some items fail,
     the complete results are still gathered before ``ItemsFailedError`` is raised, and a rerun
     submits only the missing items."""
-    methods = suite_methods(suite, methods)
+    methods = list((methods or method_specs(suite)).values())
     specs = [suite.model(m) for m in models] if models else suite.models
-    config = executor_config(suite, args, "explain")
-    chunk = chunk_images(suite, args)
+    config = executor_config(suite, options, "explain")
+    chunk = chunk_images(suite)
+    runs_root = options.runs_dir
     # Made once, here, so work items only read them; a dry run makes none, and reads the
     # results stored for the sets an earlier run made.
     image_sets = None if config.dry_run else load_image_sets(
-        suite, args.runs_dir, classes=any(is_model_level(name) for name in methods))
-    linked = linked_image_sets(suite, args.runs_dir) if config.dry_run else None
-    base_item = stage_item(suite, args.runs_dir, device=getattr(args, "device", None))
-    plan = plan_explanations(suite, methods, specs, image_sets, chunk, base_item, linked)
+        suite, runs_root, classes=any(method.model_level for method in methods))
+    linked = linked_image_sets(suite, runs_root) if config.dry_run else None
+    plan = plan_explanations(suite, methods, specs, image_sets, chunk, runs_root, options.device, linked)
 
-    def describe(missing: list[dict[str, Any]]) -> str:  # a dry run's first line
+    def describe(missing: list[ExplainItem]) -> str:  # a dry run's first line
         not_made = sets_needed(suite, specs) - set(linked or {})
         unmade = (f"; {len(not_made)} image set(s) not made yet "
                   "(a dry run makes none), so every result on them counts as missing"
@@ -591,10 +562,13 @@ def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | N
         return (f"[dry-run] stage 'explain': {plan.stored} visualization set(s) already stored "
                 f"(not computed again), {len(missing)} work item(s) to compute the rest{unmade}")
 
-    def needed(unfinished: list[dict[str, Any]]) -> int | None:
-        return space_needed(suite, image_sets, base_item["runs_dir"], unfinished)
+    def needed(unfinished: list[ExplainItem]) -> int | None:
+        return space_needed(suite, image_sets, runs_root, unfinished)
+
+    def item_name(item: ExplainItem) -> str:
+        return item.name
     if not chunk:
-        outcome = run_stage("explain", explain_one, plan, config, item_name=_pair_name,
+        outcome = run_stage("explain", explain_one, plan, config, item_name=item_name,
                             space_needed=needed, describe=describe)
         return {"computed": outcome.total("computed"),
                 "stored": plan.stored + outcome.total("stored"), "parts": 0,
@@ -609,7 +583,7 @@ def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | N
         return sum(gather_one(each) for each in plan.gathers)
 
     try:
-        outcome = run_stage("explain", explain_part, plan, config, item_name=_part_name,
+        outcome = run_stage("explain", explain_part, plan, config, item_name=item_name,
                             space_needed=needed, describe=describe)
     except ItemsFailedError as error:
         if not isinstance(error, OutOfSpaceError):  # no space to gather: the parts wait for a rerun
@@ -624,7 +598,7 @@ def explain_suite(suite: Suite, args: argparse.Namespace, methods: list[str] | N
 
 
 def space_needed(suite: Suite, image_sets: dict[str, ImageSet], runs_root,
-                 items: list[dict[str, Any]]) -> int | None:
+                 items: list[ExplainItem]) -> int | None:
     """About how many bytes the results of ``items`` (work items not finished) will take: the
     images they have left to explain times the stored bytes per image of their method's finished
     results (for a method without any yet, the largest of the other methods': better too much
@@ -637,7 +611,7 @@ def space_needed(suite: Suite, image_sets: dict[str, ImageSet], runs_root,
         return None
     total = 0.0
     for item in items:
-        size = per_image.get(item["method"]) or max(known)
+        size = per_image.get(item.method.name) or max(known)
         total += size * _images_left(suite, image_sets, runs_root, item)
     return round(total)
 
@@ -655,17 +629,15 @@ def _stored_bytes_per_image(method_folder: Path, sample: int = 100) -> float | N
     return sizes / images if images else None
 
 
-def _images_left(suite: Suite, image_sets: dict[str, ImageSet], runs_root,
-                 item: dict[str, Any]) -> int:
+def _images_left(suite: Suite, image_sets: dict[str, ImageSet], runs_root, item: ExplainItem) -> int:
     """Images a work item has left to explain: its range (a chunked run's part), or the images of
     the sets of its (model, method) that are not stored."""
-    if "start" in item:
-        return int(item["stop"]) - int(item["start"])
-    spec = suite.model(item["model"])
-    method = build_method(item["method"], method_params(suite, item["method"]))
-    description = method.describe(spec.architecture, method_batch_size(suite, item["method"]))
+    if item.image_set is not None:
+        return item.stop - item.start
+    spec = suite.model(item.model)
+    description = item.method.build().describe(spec.architecture, item.method.batch_size)
     left = 0
-    for set_name in sets_for(suite, spec, item["method"]):
+    for set_name in sets_for(suite, spec, item.method.name):
         key = result_key(description, spec.key, image_sets[set_name].id)
         if not is_stored(stored_result_dir(runs_root, key), key):
             left += len(image_sets[set_name].images)

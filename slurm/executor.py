@@ -2,7 +2,7 @@
 
     parser = add_executor_args(argparse.ArgumentParser())
     args = parser.parse_args()
-    config = executor_config_from(args, suite.tables.get("slurm"), stage_name="train")
+    config = executor_config_from(executor_options(args), suite.slurm, stage_name="train")
     results = run_items(train_model, specs_to_train, config, "train")
 
 Local: fn(item) runs in this process, item after item, or with --jobs N in N worker processes
@@ -38,7 +38,8 @@ from counteraudit.slurm.checkpointing import resumable
 from counteraudit.slurm.cluster import max_array_size
 from counteraudit.slurm.errors import (ExecutorConfigError, ItemFailure, NoGpuError, OutOfSpaceError,
                                        SlurmUnreachableError, SubmissionError, out_of_space)
-from counteraudit.slurm.executor_config import ExecutorConfig, add_executor_args, executor_config_from
+from counteraudit.slurm.executor_config import (ExecutorConfig, add_executor_args, executor_config_from,
+                                                executor_options)
 from counteraudit.slurm.request_checks import (check_local_gpus, check_local_layout, check_slurm_request,
                                                sbatch_parameters)
 from counteraudit.slurm.stage_run import FinishedStageRun, SlurmStageRun, StageRun, default_item_name, say
@@ -52,6 +53,7 @@ __all__ = [
     "add_executor_args",
     "default_item_name",
     "executor_config_from",
+    "executor_options",
     "run_items",
     "submit_items",
 ]

@@ -239,12 +239,20 @@ def _values_from_suite_table(table: Mapping[str, Any], where: str) -> dict[str, 
     return values
 
 
+def executor_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The executor options given on the command line (those ``add_executor_args`` added and the
+    user set), for an entry script to pass down as plain values: the namespace stays there."""
+    known_fields = {f.name for f in fields(ExecutorConfig)}
+    return {name: value for name, value in vars(args).items() if name in known_fields and value is not None}
+
+
 def executor_config_from(
-    args: argparse.Namespace | None,
+    overrides: Mapping[str, Any] | None,
     suite_table: Mapping[str, Any] | None = None,
     stage_name: str | None = None,
 ) -> ExecutorConfig:
-    """The executor config for a stage: the command line over the suite's [slurm] table.
+    """The executor config for a stage: the command line's options (``executor_options``) over
+    the suite's [slurm] table.
 
     suite_table is the suite file's [slurm] table; a sub-table named after a stage (e.g.
     [slurm.train] with gpus_per_node = 1) applies to that stage only, over the general keys.
@@ -273,9 +281,9 @@ def executor_config_from(
         if extra:
             values["slurm_extra"] = extra
 
-    if args is not None:
+    if overrides is not None:
         known_fields = {f.name for f in fields(ExecutorConfig)}
-        for name, value in vars(args).items():
+        for name, value in overrides.items():
             if name not in known_fields or value is None:
                 continue
             if name == "slurm_extra":

@@ -107,11 +107,10 @@ def trained_suite(suite_path: Path, runs: Path) -> tuple[Path, Path]:
     # module reads this file, and most never train (ruff's per-file exception, pyproject.toml).
     from counteraudit.explain.stage import load_image_sets
     from counteraudit.train.core.suite import load_suite
-    from counteraudit.train.stage import train_one
+    from counteraudit.train.stage import TrainItem, train_one
     suite = load_suite(suite_path)
     for spec in suite.models:
-        train_one({"suite": str(suite_path), "model": spec.name, "runs_dir": str(runs),
-                   "progress": False})
+        train_one(TrainItem(suite=suite, runs_dir=str(runs), model=spec.name, progress=False))
     load_image_sets(suite, runs)
     return suite_path, runs
 

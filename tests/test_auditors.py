@@ -27,12 +27,12 @@ from counteraudit.evaluate.report import stored_discovery
 from counteraudit.evaluate.reporting.discovery import (EXAMPLES_PER_SUBGROUP, TOP_SUBGROUPS,
                                                        discovery_section, example_images)
 from counteraudit.evaluate.reporting.html import html_table
-from counteraudit.slurm.executor import add_executor_args
 from counteraudit.train import train
 from counteraudit.train.architectures import build_model
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.worlds import build_world, synthetic_factors
 from counteraudit.train.worlds.synthetic import SyntheticConfig, SyntheticWorld
+from counteraudit.train.core.stage import RunOptions
 from tests.test_world_factors import imagenet_x_sample
 
 TINY = SyntheticConfig(seed=3, image_size=32, num_train=640, num_val=160)
@@ -397,9 +397,7 @@ def trained(tmp_path_factory):
 def test_a_killed_run_resumes_and_computes_only_what_is_missing(trained):
     suite_path, runs = trained
     suite = load_suite(suite_path)
-    parser = add_executor_args(argparse.ArgumentParser())
-    args = parser.parse_args(["--jobs", "1"])
-    args.runs_dir, args.device = str(runs), "cpu"
+    args = RunOptions(runs_dir=str(runs), device="cpu", executor={"local_jobs": 1})
     first = discover_suite(suite, args)
     assert first == {"computed": 3 * len(AUDITORS), "stored": 0}
     results = sorted((runs / "store" / FINDINGS).glob("*/*/findings.json"))

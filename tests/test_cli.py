@@ -4,6 +4,7 @@ distance fixed by the suite: the same tables online and offline, nothing downloa
 import argparse
 import re
 import shutil
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -15,9 +16,12 @@ from counteraudit.evaluate.pipeline import pipeline_parser, prepare
 from counteraudit.evaluate.scoring.detection import margin_text
 from counteraudit.evaluate.scoring.distances import MissingBackboneWeightsError
 from counteraudit.evaluate.scoring.tables import chance_band_note
+from counteraudit.explain.settings import method_specs
 from counteraudit.explain.stage import explain_suite
+from counteraudit.train.core.stage import RunOptions
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.suite_schema import SuiteFileError
+from counteraudit.train.suite_plugins import load_checked_suite
 from tests.conftest import write_suite
 
 
@@ -115,7 +119,8 @@ def test_the_demo_scores_with_its_declared_distance_and_downloads_nothing(no_net
     own distance (l2, the same on every machine), said once where it comes from; no download
     tried, no download line printed."""
     runs = tmp_path / "runs"
-    _, _, _, name, source = prepare(dry_run_args("--runs-dir", str(runs)))
+    run = prepare(dry_run_args("--runs-dir", str(runs)))
+    name, source = run.distance.name, run.source
     printed = "".join(capfd.readouterr())
     assert (name, source) == ("l2", "the suite's [evaluate] distance")
     assert printed.count("scoring with distance l2 (the suite's [evaluate] distance)") == 1
@@ -123,8 +128,8 @@ def test_the_demo_scores_with_its_declared_distance_and_downloads_nothing(no_net
     assert not runs.exists()  # a dry run writes nothing
     # every shipped suite but the paper's declares a distance that needs no weights
     for suite in ["demo", "demo-full", "dose", "quick", "replicated"]:
-        assert load_suite(suite).tables["evaluate"]["distance"] in ("l2", "ssim"), suite
-    assert load_suite("paper").tables["evaluate"]["distance"] == "lpips-alex"
+        assert load_suite(suite).evaluate.distance in ("l2", "ssim"), suite
+    assert load_suite("paper").evaluate.distance == "lpips-alex"
 
 
 def test_a_suite_that_declares_lpips_fails_with_the_fix_before_any_work(no_network, tmp_path):
@@ -138,7 +143,7 @@ def test_a_suite_that_declares_lpips_fails_with_the_fix_before_any_work(no_netwo
     assert no_network == [] and not runs.exists()
     # --distance overrides the suite's; --download-weights is what tries the network
     assert prepare(dry_run_args("--suite", str(suite), "--runs-dir", str(runs),
-                                "--distance", "ssim"))[3] == "ssim"
+                                "--distance", "ssim")).distance.name == "ssim"
     with pytest.raises(MissingBackboneWeightsError, match="download failed"):
         prepare(dry_run_args("--suite", str(suite), "--runs-dir", str(runs),
                              "--download-weights"))
@@ -148,7 +153,7 @@ def test_a_suite_that_declares_lpips_fails_with_the_fix_before_any_work(no_netwo
 def test_an_unknown_distance_in_a_suite_is_one_error_naming_the_key(tmp_path):
     suite = write_suite(tmp_path / "typo.toml", body='[evaluate]\ndistance = "lpips-alexnet"\n')
     with pytest.raises(SuiteFileError, match=r"\[evaluate\] distance.*lpips-alex"):
-        load_suite(suite)
+        load_checked_suite(suite)
 
 
 def test_a_dry_run_says_what_is_stored_and_plans_only_the_rest(finished_run, tmp_path, capsys):
@@ -158,19 +163,19 @@ def test_a_dry_run_says_what_is_stored_and_plans_only_the_rest(finished_run, tmp
     suite_file, runs, _ = finished_run
     suite = load_suite(suite_file)
     before = sorted(str(path) for path in runs.rglob("*"))
-    args = argparse.Namespace(runs_dir=str(runs), dry_run=True, device=None, chunk_images=None)
-    counts = explain_suite(suite, args)
+    options = RunOptions(runs_dir=str(runs), executor={"dry_run": True})
+    counts = explain_suite(suite, options)
     printed = capsys.readouterr().out
     assert counts["stored"] == 18
     assert "18 visualization set(s) already stored (not computed again), 0 work item(s)" in printed
-    explain_suite(suite, args, methods=["guided_backprop", "outputs_only", "gradcam"])
+    explain_suite(suite, options, methods=method_specs(suite, ["guided_backprop", "outputs_only", "gradcam"]))
     printed = capsys.readouterr().out
     assert "18 visualization set(s) already stored (not computed again), 5 work item(s)" in printed
     assert "would run 5 items" in printed and "reference-00/guided_backprop" not in printed
     assert sorted(str(path) for path in runs.rglob("*")) == before
     # a suite whose image sets are not made yet: every result counts as missing, and says why
     copy = shutil.copy(suite_file, tmp_path / "e2e.toml")
-    explain_suite(load_suite(copy), argparse.Namespace(**{**vars(args), "runs_dir": str(tmp_path)}))
+    explain_suite(load_suite(copy), replace(options, runs_dir=str(tmp_path)))
     printed = capsys.readouterr().out
     assert "0 visualization set(s) already stored" in printed
     assert "2 image set(s) not made yet" in printed

@@ -13,12 +13,11 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from counteraudit.anomalies.image_sets import DETECTION
-from counteraudit.explain.base import build_method
-from counteraudit.explain.stage import (load_image_sets, method_batch_size, method_params,
-                                           result_lock, stored_result_dir, suite_methods)
+from counteraudit.explain.stage import (load_image_sets, result_lock, stored_result_dir)
 from counteraudit.explain.store import result_key
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.worlds import build_world
+from counteraudit.explain.settings import method_specs
 from tests.conftest import REPO, TINY_WORLD
 
 
@@ -67,10 +66,10 @@ def result_folders(suite_path: Path, runs: Path) -> list[Path]:
     suite = load_suite(suite_path)
     detection = load_image_sets(suite, runs)[DETECTION]
     folders = []
-    for name in suite_methods(suite):
-        method = build_method(name, method_params(suite, name))
+    for spec_of_method in method_specs(suite).values():
+        method = spec_of_method.build()
         for spec in suite.models:
-            key = result_key(method.describe(spec.architecture, method_batch_size(suite, name)),
+            key = result_key(method.describe(spec.architecture, spec_of_method.batch_size),
                              spec.key, detection.id)
             folders.append(stored_result_dir(runs, key))
     return folders

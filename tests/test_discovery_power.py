@@ -32,6 +32,7 @@ from counteraudit.train.core.suite import load_suite
 from counteraudit.train.implant_checks import read_implant
 from counteraudit.train.train import train_and_check
 from counteraudit.train.worlds import build_world
+from counteraudit.train.core.stage import run_options
 
 pytestmark = pytest.mark.discovery_power
 
@@ -59,8 +60,8 @@ def discovered(tmp_path_factory):
     path.write_text(path.read_text().replace("lr_step_epochs = 1",
                                              "lr_step_epochs = 5\nlr_warmup_epochs = 0.5"))
     runs = base / "runs"
-    args = get_args_parser().parse_args(["--suite", str(path), "--runs-dir", str(runs),
-                                         "--no-progress"])
+    args = run_options(get_args_parser().parse_args(["--suite", str(path), "--runs-dir", str(runs),
+                                                     "--no-progress"]))
     suite = load_suite(path)
     train_and_check(suite, suite.models, args)  # as discover.py trains: implant checks too
     world = build_world(suite.world, runs_root=runs)

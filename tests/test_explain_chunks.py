@@ -30,6 +30,10 @@ from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.trainer import load_trained_model
 from counteraudit.train.worlds import build_world
+from counteraudit.explain.run import explain_overrides
+from counteraudit.explain.settings import method_specs, suite_method
+from counteraudit.train.core.stage import run_options
+from counteraudit.train.core.suite_schema import SuiteFileError
 from tests.conftest import trained_suite, write_suite
 
 METHODS = ["guided_backprop", "caricature"]
@@ -66,7 +70,9 @@ def copy_of(trained_runs: Path, destination: Path) -> Path:
 def explain(suite_path: Path, runs: Path, *options, methods=None, models=None) -> dict:
     args = get_args_parser().parse_args(["--suite", str(suite_path), "--runs-dir", str(runs),
                                          "--no-progress", "--jobs", "1", *map(str, options)])
-    return explain_suite(load_suite(suite_path), args, methods=methods, models=models)
+    suite = explain_overrides(load_suite(suite_path), args)  # as explain/run.py merges --chunk-images
+    return explain_suite(suite, run_options(args), methods=method_specs(suite, methods) if methods else None,
+                         models=models)
 
 
 @pytest.fixture(scope="module")
@@ -128,12 +134,15 @@ def assert_same_results(suite_path: Path, expected_runs: Path, runs: Path, metho
 def test_chunk_size_from_the_command_line_over_the_suite(tmp_path):
     suite = load_suite(write_suite(tmp_path / "chunked.toml", body="[explain]\nchunk_images = 16\n"))
     parse = get_args_parser().parse_args
-    assert chunk_images(suite, parse([])) == 16
-    assert chunk_images(suite, parse(["--chunk-images", "4"])) == 4
-    assert chunk_images(suite, parse(["--chunk-images", "0"])) is None  # 0: no chunking
-    assert chunk_images(load_suite(write_suite(tmp_path / "plain.toml")), parse([])) is None
-    with pytest.raises(ValueError, match="--chunk-images must be a whole number"):
-        chunk_images(suite, parse(["--chunk-images", "-2"]))
+
+    def chunk(suite, argv):
+        return chunk_images(explain_overrides(suite, parse(argv)))
+    assert chunk(suite, []) == 16
+    assert chunk(suite, ["--chunk-images", "4"]) == 4
+    assert chunk(suite, ["--chunk-images", "0"]) is None  # 0: no chunking
+    assert chunk(load_suite(write_suite(tmp_path / "plain.toml")), []) is None
+    with pytest.raises(SuiteFileError, match=r"\[explain\] chunk_images \(from --chunk-images\) = -2 must be >= 0"):
+        chunk(suite, ["--chunk-images", "-2"])
 
 
 def test_part_ranges_start_at_multiples_of_the_batch_size():
@@ -189,7 +198,7 @@ def test_a_rerun_after_a_failed_part_submits_only_that_part(trained, unchunked, 
     explain_part = explain_pipeline.explain_part
 
     def broken(item):
-        if (item["model"], item["start"]) == ("reference-01", 3):
+        if (item.model, item.start) == ("reference-01", 3):
             raise RuntimeError("this part breaks")
         return explain_part(item)
     monkeypatch.setattr(explain_pipeline, "explain_part", broken)
@@ -335,7 +344,7 @@ def test_a_stored_result_of_another_draw_is_not_reused(trained, unchunked, tmp_p
 def test_the_stage_gives_per_model_noise_each_models_key_and_label_targets_the_labels(
         trained, tmp_path):
     """The explain stage passes each model's key (Caricatures' per-model noise) and the image
-    set's labels (explained_class = "label"; chunked items call the same ``_Item.run_from``): it
+    set's labels (explained_class = "label"; chunked items call the same ``_Work.run_from``): it
     stores what a direct run with that key and those labels gives."""
     suite_path, trained_runs = trained
     body = BODY.replace("[methods.caricature]", '[methods.gradcam]\nexplained_class = "label"\n'
@@ -356,8 +365,8 @@ def test_the_stage_gives_per_model_noise_each_models_key_and_label_targets_the_l
     threads = torch.get_num_threads()
     torch.set_num_threads(spec.recipe.cpu_threads)  # as the stage (explain/stage.py)
     try:
-        direct = build_method("caricature", explain_pipeline.method_params(suite, "caricature")
-                              ).run(model, image_set.tensor(), batch_size=2, model_id=spec.key)
+        direct = suite_method(suite, "caricature").run(model, image_set.tensor(), batch_size=2,
+                                                       model_id=spec.key)
     finally:
         torch.set_num_threads(threads)
     np.testing.assert_array_equal(direct.images, caricatures[names[1]].images)

@@ -26,7 +26,7 @@ from counteraudit.explain.caricature_transforms import (AUGMENTATIONS, draw_para
                                                         sampling_grid, sampling_grids)
 from counteraudit.explain.methods.caricature import floor_uint8, per_row_start
 from counteraudit.explain.renderers import RENDERERS, build_renderer
-from counteraudit.explain.stage import method_params
+from counteraudit.explain.settings import suite_method
 from counteraudit.train.architectures import ARCHITECTURES, build_model, resolve_layer
 from counteraudit.train.core.artifacts import derive_seed
 from counteraudit.train.core.registry import UnknownNameError
@@ -286,7 +286,7 @@ def test_paper_caricature_settings_are_render_vis_defaults(monkeypatch):
     monkeypatch.setattr(torch.optim, "Adam", RecordingAdam)
     render.render_vis(Probe().to(lucent_param.spatial.device), "conv:0", thresholds=(1,),
                       show_image=False, progress=False)
-    method = build_method("caricature", method_params(load_suite("paper"), "caricature"))
+    method = suite_method(load_suite("paper"), "caricature")
     params = method.params
     assert recorded["image"] == ((params.canvas,), {})  # param.image(128)
     assert recorded["lr"] == params.learning_rate
@@ -346,7 +346,7 @@ def test_the_paper_suites_transforms_are_lucents_chain_bit_for_bit():
     """The paper suite's Caricature augmentation, on a noise canvas and with numpy's global seed
     (noise = "shared"): the output and its gradient are those of lucent's standard_transforms +
     render_vis's upsample, bit for bit."""
-    path = build_method("caricature", method_params(load_suite("paper"), "caricature")).params.transforms
+    path = suite_method(load_suite("paper"), "caricature").params.transforms
     canvas = noise_canvas(2, CANVAS)
     weights = torch.rand(2, 3, INPUT, INPUT, generator=torch.Generator().manual_seed(3))
     for seed in range(3):

@@ -139,7 +139,7 @@ def test_a_pool_known_only_when_the_world_is_built_is_checked_before_the_draw(tm
     """A world whose val split is listed only when built (ImageNet's) is checked at the draw;
     the synthetic world's count is changed past the load-time check to reach it."""
     suite = load_suite(write_suite(tmp_path / "pool.toml"))
-    suite.tables["evaluate"] = {"detection_images": TINY_WORLD["num_val"] + 1}
+    suite = suite.with_settings(evaluate={"detection_images": TINY_WORLD["num_val"] + 1})
     world = build_world(suite.world, runs_root=runs)
     with pytest.raises(ValueError, match=r"\[evaluate\] detection_images = 161 images cannot be "
                                          r"drawn from the 160 validation images"):

@@ -15,7 +15,8 @@ import pytest
 import submitit
 
 from counteraudit.slurm.errors import ExecutorConfigError
-from counteraudit.slurm.executor import ExecutorConfig, add_executor_args, executor_config_from, submit_items
+from counteraudit.slurm.executor import (ExecutorConfig, add_executor_args, executor_config_from, executor_options,
+                                         submit_items)
 from counteraudit.slurm.request_checks import sbatch_parameters
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.suite_schema import SuiteFileError
@@ -104,7 +105,7 @@ def test_a_hostile_command_line_option_is_refused_with_its_name(place, injection
         value = value.replace("acct", "reservation")
     args = add_executor_args(argparse.ArgumentParser()).parse_args(PLACES[place][1](value))
     with pytest.raises(ExecutorConfigError) as raised:
-        executor_config_from(args, None, stage_name="train")
+        executor_config_from(executor_options(args), None, stage_name="train")
     flag = "--slurm-extra" if place.startswith("slurm_extra") else f"--{place}"
     assert f"({flag})" in str(raised.value) and repr(value) in str(raised.value)
 
@@ -191,7 +192,7 @@ def test_the_script_submitted_for_tricky_but_valid_values_has_one_line_per_optio
                            f"{key} = {{ {', '.join(f'{k} = {json.dumps(v)}' for k, v in value.items())} }}"
                            for key, value in TRICKY_SUITE_TABLE.items() if key != "executor")
     suite = load_suite(suite_with_slurm(tmp_path / "tricky.toml", toml_lines))
-    config = executor_config_from(None, suite.tables["slurm"], stage_name="train")
+    config = executor_config_from(None, suite.slurm, stage_name="train")
     plain = ExecutorConfig(executor="slurm", partition="gpu", log_dir=tmp_path / "plain-logs")
 
     submit_items(square, [1, 2], config.with_changes(log_dir=tmp_path / "logs"), "train")

@@ -16,6 +16,8 @@ from counteraudit.evaluate.scoring.stability import outlying_nulls, with_stabili
 from counteraudit.evaluate.scoring.verdicts import (DETECTED, NullPlan, method_power,
                                                     verdict_table)
 from counteraudit.train.core import numerics
+from counteraudit.train.core.suite_schema import ReferencesTable
+from counteraudit.train.suite_plugins import null_test_problems
 from tests.test_verdicts import CHECK, FIT, REFERENCES, _scores
 
 
@@ -58,8 +60,9 @@ def test_the_recommended_test_is_registered_and_is_the_plans_default():
 def test_a_test_refuses_fewer_nulls_than_it_needs():
     with pytest.raises(ValueError, match="at least 5"):
         NULL_TESTS.get("huber")().p_values(np.ones(4), np.ones(1))
-    with pytest.raises(ValueError, match="huber test needs at least 5"):
-        NullPlan(fit=tuple(FIT[:4]), check=(), test="huber")
+    # a suite (or --p-value) asking for it with too few fitting nulls fails when read
+    problems = null_test_problems(ReferencesTable(held_out=4), "huber", "[evaluate] p_value")
+    assert len(problems) == 1 and "needs at least 5" in problems[0]
 
 
 # ---------------------------------------------------------------- stability and outliers

@@ -24,6 +24,7 @@ from counteraudit.train.core.artifacts import store_dir
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.stage import train_models
 from counteraudit.train.train import get_args_parser as train_args
+from counteraudit.train.core.stage import run_options
 from tests.conftest import write_suite
 
 NO_SPACE = os.strerror(errno.ENOSPC)
@@ -32,7 +33,7 @@ NO_SPACE = os.strerror(errno.ENOSPC)
 def explain(suite_path: Path, runs: Path) -> dict:
     args = get_args_parser().parse_args(["--suite", str(suite_path), "--runs-dir", str(runs),
                                          "--no-progress", "--jobs", "1"])
-    return explain_suite(load_suite(suite_path), args)
+    return explain_suite(load_suite(suite_path), run_options(args))
 
 
 def stored_results(runs: Path) -> dict[Path, int]:
@@ -49,7 +50,7 @@ def test_a_full_disk_stops_the_explain_stage_and_says_what_it_needs(trained_pair
     explain_one = explain_pipeline.explain_one
 
     def recording(item):
-        started.append(f"{item['model']}/{item['method']}")
+        started.append(item.name)
         return explain_one(item)
     monkeypatch.setattr(explain_pipeline, "explain_one", recording)
     savez, writes = np.savez, []
@@ -122,7 +123,7 @@ def test_a_full_disk_stops_the_training_stage(tmp_path, monkeypatch):
     args = train_args().parse_args(["--suite", str(suite.path), "--runs-dir", str(runs),
                                      "--no-progress", "--jobs", "1"])
     with pytest.raises(OutOfSpaceError) as raised:
-        train_models(suite, suite.models, args)
+        train_models(suite, suite.models, run_options(args))
     assert len(saves) == 1  # the first model's first checkpoint; the second model never started
     assert f"writing {store_dir(runs) / 'models'}" in str(raised.value)
     assert "the 2 unfinished item(s) need more (no estimate)" in str(raised.value)

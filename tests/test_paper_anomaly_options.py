@@ -31,7 +31,7 @@ SUITE = {"name": "options", "world": {"name": "synthetic", "image_size": 32, "nu
 def _suite(tmp_path, *entries):
     path = tmp_path / "options.toml"
     path.write_text(toml_text({**SUITE, "anomalies": list(entries)}))
-    return load_suite(path, plugin_tables=False)
+    return load_suite(path)
 
 
 def _spurious(**params):

@@ -120,7 +120,7 @@ def test_a_slice_without_val_images_fails_before_any_model_trains(tmp_path):
 
 
 def test_the_slices_suite_is_the_demo_with_held_out_models_and_24_planted_slices():
-    demo, slices = load_suite("demo", plugin_tables=False), load_suite("slices", plugin_tables=False)
+    demo, slices = load_suite("demo"), load_suite("slices")
     assert [s.key for s in slices.references] == [s.key for s in demo.references]
     assert [s.key for s in slices.anomalies[:len(demo.anomalies)]] == [s.key for s in demo.anomalies]
     assert len(slices.held_out) == 8

@@ -10,8 +10,8 @@ import pytest
 
 from counteraudit.evaluate.studies.protocol_choices import PROTOCOL_CHOICES
 from counteraudit.evaluate.studies.sensitivity import Variant, compare, plan_variants
-from counteraudit.explain.base import METHODS, build_method
-from counteraudit.explain.stage import method_params, suite_methods
+from counteraudit.explain.base import METHODS
+from counteraudit.explain.settings import method_specs, suite_method
 from counteraudit.train.core.registry import UnknownNameError
 from counteraudit.train.core.suite import load_suite, write_derived_suite
 from tests.conftest import run_script
@@ -20,7 +20,7 @@ ALL_METHODS = METHODS.names()
 
 
 def _params(suite, method):
-    return build_method(method, method_params(suite, method)).params
+    return suite_method(suite, method).params
 
 
 @pytest.mark.parametrize("choice_name", PROTOCOL_CHOICES.names())
@@ -56,7 +56,7 @@ def test_each_option_sets_its_parameter_on_its_methods_and_nothing_else(choice_n
 
 def test_plan_runs_the_alternatives_only_on_the_methods_they_change(tmp_path):
     suite = load_suite("demo")
-    methods = suite_methods(suite)
+    methods = list(method_specs(suite))
     variants, skipped = plan_variants(suite, methods, None, tmp_path)
     assert not skipped  # the demo runs every kind of method
     for choice_name in PROTOCOL_CHOICES.names():
@@ -74,7 +74,7 @@ def test_plan_runs_the_alternatives_only_on_the_methods_they_change(tmp_path):
 def test_unknown_choice_lists_the_valid_ones(tmp_path):
     suite = load_suite("demo")
     with pytest.raises(UnknownNameError, match="ig_baseline") as error:
-        plan_variants(suite, suite_methods(suite), ["ig-baseline"], tmp_path)
+        plan_variants(suite, list(method_specs(suite)), ["ig-baseline"], tmp_path)
     assert "'ig-baseline'" in str(error.value)
 
 

@@ -10,7 +10,7 @@ from counteraudit.slurm.executor import ExecutorConfig, run_items
 from tests.conftest import write_suite
 from counteraudit.train.architectures import build_model
 from counteraudit.train.checkpoint import WEIGHTS_NAME, model_dir
-from counteraudit.train.stage import train_one
+from counteraudit.train.stage import TrainItem, train_one
 from counteraudit.train.core.suite import load_suite
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
@@ -40,14 +40,13 @@ def test_two_process_ddp_training_matches_one_process_accumulating_the_two_half_
     suite = load_suite(suite_path)
     spec = suite.references[0]
 
-    def item(runs: str, **extra) -> dict:
-        return {"suite": str(suite_path), "model": spec.name, "runs_dir": str(tmp_path / runs),
-                "progress": False, **extra}
+    def item(runs: str, **extra) -> TrainItem:
+        return TrainItem(suite=suite, runs_dir=str(tmp_path / runs), model=spec.name, progress=False, **extra)
 
     config = ExecutorConfig(executor="slurm", tasks_per_node=2, cpus_per_task=1, time_minutes=10,
                             log_dir=tmp_path / "logs")
     [ddp_metrics] = run_items(train_one, [item("ddp")], config, "train-ddp",
-                              item_name=lambda i: i["model"])
+                              item_name=lambda i: i.model)
     assert ddp_metrics["processes"] == 2 and ddp_metrics["distributed_backend"] == "gloo"
     assert len(list((tmp_path / "logs" / "train-ddp").glob("*_1_log.out"))) == 1  # a second task ran
 

@@ -12,11 +12,13 @@ import torch
 from counteraudit.slurm.checkpointing import ResumableCall, resumable
 from counteraudit.slurm.distributed import cleanup_distributed, init_distributed
 from counteraudit.slurm.errors import ExecutorConfigError, ItemsFailedError, NoGpuError, SlurmUnreachableError
-from counteraudit.slurm.executor import ExecutorConfig, add_executor_args, executor_config_from, run_items
+from counteraudit.slurm.executor import (ExecutorConfig, add_executor_args, executor_config_from, executor_options,
+                                         run_items)
 
 
-def parse(*command_line: str) -> argparse.Namespace:
-    return add_executor_args(argparse.ArgumentParser()).parse_args(list(command_line))
+def parse(*command_line: str) -> dict:
+    """The executor options of a command line, as an entry script hands them down."""
+    return executor_options(add_executor_args(argparse.ArgumentParser()).parse_args(list(command_line)))
 
 
 def test_defaults_without_options_or_suite_table():

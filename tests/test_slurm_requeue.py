@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import cloudpickle
@@ -19,7 +20,7 @@ import torch
 from counteraudit.slurm.executor import ExecutorConfig, run_items, submit_items
 from counteraudit.train.checkpoint import CHECKPOINT_NAME, WEIGHTS_NAME, model_dir
 from counteraudit.train.core.suite import load_suite
-from counteraudit.train.stage import train_one
+from counteraudit.train.stage import TrainItem, train_one
 from tests.conftest import TINY_WORLD, require_slurm_cluster, write_suite
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
@@ -122,10 +123,10 @@ def test_training_job_requeued_mid_run_resumes_from_its_checkpoint_to_the_same_w
                              world={**TINY_WORLD, "num_train": 2560})  # fmt: skip
     suite = load_suite(suite_path)
     spec = suite.references[0]
-    item = {"suite": str(suite_path), "model": spec.name, "runs_dir": str(tmp_path / "slurm"), "progress": False}
+    item = TrainItem(suite=suite, runs_dir=str(tmp_path / "slurm"), model=spec.name, progress=False)
     directory = model_dir(tmp_path / "slurm", spec)
     config = ExecutorConfig(executor="slurm", cpus_per_task=1, time_minutes=10, log_dir=tmp_path / "logs")
-    stage = submit_items(train_one, [item], config, "train", item_name=lambda i: i["model"])
+    stage = submit_items(train_one, [item], config, "train", item_name=lambda i: i.model)
 
     deadline = time.monotonic() + 90
     while not (directory / CHECKPOINT_NAME).exists():
@@ -134,7 +135,7 @@ def test_training_job_requeued_mid_run_resumes_from_its_checkpoint_to_the_same_w
     subprocess.run(["scontrol", "requeue", stage.job_ids[0]], check=True, capture_output=True)
     # While Slurm holds the requeued job back (KillWait, then cred_expire: 10 s), train the same
     # model locally, uninterrupted.
-    train_one({**item, "runs_dir": str(tmp_path / "local")})
+    train_one(replace(item, runs_dir=str(tmp_path / "local")))
     [metrics] = stage.results()
 
     log = stage.jobs[0].paths.stdout.read_text()

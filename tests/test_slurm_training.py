@@ -5,7 +5,7 @@ import torch
 from counteraudit.slurm.executor import ExecutorConfig, run_items
 from tests.conftest import write_suite
 from counteraudit.train.checkpoint import WEIGHTS_NAME, model_dir
-from counteraudit.train.stage import train_one
+from counteraudit.train.stage import TrainItem, train_one
 from counteraudit.train.core.suite import load_suite
 
 
@@ -14,15 +14,14 @@ from counteraudit.train.core.suite import load_suite
 def test_training_job_array_gives_the_same_weights_as_local(tmp_path):
     suite_path = write_suite(tmp_path / "slurmtiny.toml", references=2, epochs=1)
     suite = load_suite(suite_path)
-    items = [{"suite": str(suite_path), "model": s.name, "runs_dir": str(tmp_path / runs),
-              "progress": False} for s in suite.references for runs in ("slurm",)]
+    items = [TrainItem(suite=suite, runs_dir=str(tmp_path / "slurm"), model=s.name, progress=False)
+             for s in suite.references]
     config = ExecutorConfig(executor="slurm", cpus_per_task=1, time_minutes=10,
                             log_dir=tmp_path / "logs")
-    on_slurm = run_items(train_one, items, config, "train", item_name=lambda i: i["model"])
+    on_slurm = run_items(train_one, items, config, "train", item_name=lambda i: i.model)
     assert [m["name"] for m in on_slurm] == ["reference-00", "reference-01"]
     for spec in suite.references:
-        train_one({"suite": str(suite_path), "model": spec.name, "runs_dir": str(tmp_path / "local"),
-                   "progress": False})
+        train_one(TrainItem(suite=suite, runs_dir=str(tmp_path / "local"), model=spec.name, progress=False))
         a = torch.load(model_dir(tmp_path / "slurm", spec) / WEIGHTS_NAME)
         b = torch.load(model_dir(tmp_path / "local", spec) / WEIGHTS_NAME)
         assert all(torch.equal(a[k], b[k]) for k in a), f"{spec.name}: Slurm and local weights differ"

@@ -13,6 +13,7 @@ import pytest
 from counteraudit.evaluate.detect import get_args_parser, main
 from counteraudit.train.core.stage import run_cli
 from counteraudit.train.core.recipe import Recipe
+from counteraudit.train.suite_plugins import load_checked_suite
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.suite_files import toml_text
 from counteraudit.train.core.suite_schema import SuiteFileError, SuiteTable, dataclass_table
@@ -152,7 +153,8 @@ def test_unknown_keys_and_tables_name_the_nearest(tmp_path):
     table["references"].pop("cuont")
     with pytest.raises(SuiteFileError, match=r"unknown method 'guided_backprob' \(did you mean "
                                              r"'guided_backprop'\?\)"):
-        load_suite(_write(tmp_path / "typos.toml", table))
+        load_checked_suite(_write(tmp_path / "typos.toml", table))
+    load_suite(_write(tmp_path / "typos.toml", table))  # training's own tables are right
 
 
 def test_whole_numbers_stay_whole_and_values_are_not_converted(tmp_path):
@@ -174,7 +176,7 @@ def test_plugin_tables_are_checked_against_their_registries(tmp_path):
     table["anomalies"][0]["params"] = {"sigma": "0.5"}
     table["slurm"] = {"log_dir": "/tmp/elsewhere", "mem_gb": -1}
     with pytest.raises(SuiteFileError) as caught:
-        load_suite(_write(tmp_path / "plugins.toml", table))
+        load_checked_suite(_write(tmp_path / "plugins.toml", table))
     message = str(caught.value)
     assert "(did you mean 'gradcam'?)" in message
     assert "[methods.caricature]" in message and "steps" in message

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from counteraudit.explain.stage import suite_methods
+from counteraudit.explain.settings import method_specs
 from counteraudit.train.architectures import ARCHITECTURES, build_model, layer_name, resolve_layer
 from counteraudit.train.core.suite import load_suite
+from counteraudit.train.suite_plugins import load_checked_suite
 from counteraudit.train.core.suite_files import available_suites
 from counteraudit.train.train import get_args_parser, main
 from tests.conftest import write_suite
@@ -35,18 +36,19 @@ def test_shipped_suites():
 def test_every_shipped_suites_method_tables_build(name):
     """Each shipped suite's [methods.*] tables are valid (params, choices, renderers): a typo in
     one would otherwise surface only in a user's run."""
-    assert suite_methods(load_suite(name))
+    suite = load_checked_suite(name)  # every plug-in table built, as an entry script does
+    assert set(method_specs(suite)) == set(suite.explain.methods or method_specs(suite))
 
 def test_demo_full_is_the_demo_at_the_papers_counts():
     demo, full = load_suite("demo"), load_suite("demo-full")
     assert full.name == "demo-full" and len(full.references) == 12
-    assert full.tables["evaluate"] == {"detection_images": 50, "localization_images": 40,
+    assert full.evaluate.model_dump(exclude_unset=True) == {"detection_images": 50, "localization_images": 40,
                                        "distance": "l2"}  # the demo's distance, inherited
     # Everything else is the demo's: the same models (same artifact keys) and method settings.
     assert [s.key for s in full.models[:5]] == [s.key for s in demo.references]
     assert [s.key for s in full.anomalies] == [s.key for s in demo.anomalies]
-    assert full.tables["methods"] == demo.tables["methods"]
-    assert full.tables["explain"] == demo.tables["explain"]
+    assert full.method_tables == demo.method_tables
+    assert full.explain.model_dump(exclude_unset=True) == demo.explain.model_dump(exclude_unset=True)
 
 
 def test_extends_merges_tables_replaces_arrays_and_refuses_cycles(tmp_path):
@@ -58,7 +60,7 @@ def test_extends_merges_tables_replaces_arrays_and_refuses_cycles(tmp_path):
                      '[[anomalies]]\nname = "s"\nfamily = "spurious"\n')
     parent, suite = load_suite(base), load_suite(child)
     assert suite.name == "child", "the name is never inherited"
-    assert suite.tables["evaluate"] == {"detection_images": 8, "localization_images": 6}
+    assert suite.evaluate.model_dump(exclude_unset=True) == {"detection_images": 8, "localization_images": 6}
     assert [s.name for s in suite.anomalies] == ["s"], "an array replaces the base's"
     assert suite.world == parent.world and suite.recipe == parent.recipe
     (tmp_path / "a.toml").write_text('extends = "b.toml"\n')

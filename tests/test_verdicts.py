@@ -13,7 +13,7 @@ from scipy.stats import kstest, nct
 from scipy.stats import t as student_t
 from statsmodels.stats.proportion import proportion_confint
 
-from counteraudit.evaluate.pipeline import check_null_request
+from counteraudit.evaluate.pipeline import scoring_suite
 from counteraudit.evaluate.reporting.verdicts import verdict_section
 from counteraudit.evaluate.scoring.detection import detection_table
 from counteraudit.evaluate.scoring.localization import auroc, replicate_auroc_interval
@@ -256,12 +256,12 @@ def test_null_p_values_need_two_fitting_nulls(tmp_path, references):
 
 
 def test_the_command_line_test_is_checked_before_any_work(tmp_path):
-    suite = load_suite(_with_nulls(tmp_path, "held_out = 1", "seed = 0"))
-    check_null_request(suite, None)  # the paper's rule alone: nothing asked
+    path = _with_nulls(tmp_path, "held_out = 1", "seed = 0")
+    assert scoring_suite(str(path)).evaluate.p_value is None  # the paper's rule alone: nothing asked
     with pytest.raises(SuiteFileError, match=r"--p-value = 'student_t' .* at least 2"):
-        check_null_request(suite, "student_t")
+        scoring_suite(str(path), p_value="student_t")
     with pytest.raises(SuiteFileError, match=r"--p-value = 'bogus'.*student_t"):
-        check_null_request(suite, "bogus")
+        scoring_suite(str(path), p_value="bogus")
 
 
 # ---------------------------------------------------------------- a small real run
@@ -343,4 +343,4 @@ def test_the_replicated_suite_shares_demo_fulls_references_and_the_demos_models(
     counts = pd.Series([s.configuration for s in replicated.anomalies]).value_counts()
     assert (counts >= 5).all() and set(counts.index) == {s.name for s in demo.anomalies}
     assert (len(replicated.null_fit), len(replicated.null_check)) == (20, 20)
-    assert replicated.tables["evaluate"]["p_value"] in NULL_TESTS.names()
+    assert replicated.evaluate.p_value in NULL_TESTS.names()

@@ -13,7 +13,7 @@ from counteraudit.train.core.suite import load_suite
 
 def test_zoo_suite_runs_every_registered_method_on_the_demos_models():
     zoo, demo = load_suite("zoo"), load_suite("demo")
-    methods = zoo.tables["explain"]["methods"]
+    methods = zoo.explain.methods
     assert sorted(methods) == sorted(METHODS.names()), "add a new method to zoo.toml's list"
     assert len(methods) == len(set(methods))
     # the demo's models, key for key, then the sanity checks (Adebayo et al. 2018)
@@ -21,8 +21,8 @@ def test_zoo_suite_runs_every_registered_method_on_the_demos_models():
     extra = zoo.models[len(demo.models):]
     assert extra and all(FAMILIES.get(s.family).sanity_check for s in extra)
     assert {s.family for s in extra} == {n for n in FAMILIES.names() if FAMILIES.get(n).sanity_check}
-    for name, table in demo.tables["methods"].items():  # the demo's visualizations, same keys
-        assert zoo.tables["methods"][name] == table
+    for name, table in demo.method_tables.items():  # the demo's visualizations, same keys
+        assert zoo.method_tables[name] == table
 
 
 def _detections(rows):

@@ -10,6 +10,8 @@ anomaly, and a suite sharing references with another measures nothing twice.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +20,9 @@ from counteraudit.train.checkpoint import is_trained, model_dir, read_metrics
 from counteraudit.train.core.artifacts import (artifact_lock, atomic_write_json, find_or_make, stable_hash)
 from counteraudit.train.core.payloads import read_json_object
 from counteraudit.train.core.registries import FAMILIES
-from counteraudit.train.core.stage import plan_stage, run_stage, stage_item
+from counteraudit.train.core.stage import StageItem, plan_stage, resolved_runs_dir, run_stage
 from counteraudit.train.core.model_spec import ModelSpec
-from counteraudit.train.core.suite import Suite, load_suite
+from counteraudit.train.core.suite import Suite
 from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds import World, build_world
 
@@ -49,15 +51,21 @@ def _cached_figures(family, anomaly: ModelSpec, measured: ModelSpec, directory: 
     return figures
 
 
-def verify_one(item: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class VerifyItem(StageItem):
+    """One trained anomalous model whose implant is checked."""
+    model: str
+    device: str | None = None
+
+
+def verify_one(item: VerifyItem) -> dict[str, Any]:
     """Work item: the implant record of one trained anomalous model (read if already made)."""
-    suite = load_suite(item["suite"], plugin_tables=False)  # the driver checked them
-    spec = suite.model(item["model"])
-    runs_root = item.get("runs_dir")
+    suite, runs_root = item.suite, item.runs_dir
+    spec = suite.model(item.model)
     directory = model_dir(runs_root, spec)
     # two runs that need the record at once measure the models once; the second reads it
     return find_or_make(lambda: read_implant(suite, spec, runs_root),
-                        lambda: _check_implant(suite, spec, runs_root, item.get("device")),
+                        lambda: _check_implant(suite, spec, runs_root, item.device),
                         artifact_lock(directory, "implant.lock", "verify",
                                       f"checking the implant of {spec.name} ({directory})"))
 
@@ -100,12 +108,12 @@ def verify_implants(suite: Suite, runs_root=None, device: str | None = None,
     config = config or ExecutorConfig(local_jobs=default_local_jobs())
     if plan.missing:  # checks run inside the training command: silent when all are stored
         made = run_stage("verify", verify_one, plan, config,
-                         to_items=lambda todo: [stage_item(suite, runs_root, model=spec.name,
-                                                           device=device) for spec in todo],
-                         item_name=lambda item: item["model"])
+                         to_items=lambda todo: [VerifyItem(suite=suite, runs_dir=resolved_runs_dir(runs_root),
+                                                           model=spec.name, device=device) for spec in todo],
+                         item_name=lambda item: item.model)
         if made.dry_run:
             return []
-        records.update(zip([item["model"] for item in made.items], made.results, strict=True))
+        records.update(zip([item.model for item in made.items], made.results, strict=True))
     return [records[s.name] for s in specs]
 
 

@@ -1,8 +1,7 @@
 """The training stage: every model of a suite that is not trained yet, as work items."""
 from __future__ import annotations
 
-import argparse
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,34 +13,40 @@ from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_N
 from counteraudit.train.core.artifacts import store_dir
 from counteraudit.train.core.published_recipes import provenance
 from counteraudit.train.core.registries import FAMILIES
-from counteraudit.train.core.stage import executor_config, plan_stage, run_stage, stage_item
+from counteraudit.train.core.stage import (RunOptions, StageItem, executor_config, plan_stage, resolved_runs_dir,
+                                          run_stage)
 from counteraudit.train.core.model_spec import ModelSpec
-from counteraudit.train.core.suite import Suite, load_suite
+from counteraudit.train.core.suite import Suite
 from counteraudit.train.cpu_probe import check_cpu_precision
 from counteraudit.train.trainer import build_family, train_model
 from counteraudit.train.worlds import build_world
 
 
-def train_one(item: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class TrainItem(StageItem):
+    """One model to train; ``emulate_processes``: train_model's (a test of DDP's arithmetic)."""
+    model: str
+    device: str | None = None
+    progress: bool = True
+    emulate_processes: int = 1
+
+
+def train_one(item: TrainItem) -> dict[str, Any]:
     """One work item of the training stage (picklable, so a Slurm job or a worker runs it too).
 
     In a Slurm job with several tasks (--gpus-per-node N gives N tasks per node, --nodes M), every
     task runs this: they join one process group (NCCL on GPUs, gloo on CPUs; rendezvous from
-    submitit's environment) and train the one model with DistributedDataParallel, one GPU each.
-    Optional item keys: device, progress, emulate_processes (train_model's)."""
-
-    suite = load_suite(item["suite"], plugin_tables=False)  # the driver checked them
-    spec = suite.model(item["model"])
-    directory = model_dir(item.get("runs_dir"), spec)
-    device = item.get("device")
+    submitit's environment) and train the one model with DistributedDataParallel, one GPU each."""
+    spec = item.suite.model(item.model)
+    directory = model_dir(item.runs_dir, spec)
+    device = item.device
     joined_here = not (dist.is_available() and dist.is_initialized())
     context = init_distributed()
     try:
         if context.is_distributed and device != "cpu":
             device = context.device  # this task's own GPU (cuda:LOCAL_RANK), or the CPU
-        return train_model(spec, directory, device=device, progress=item.get("progress", True),
-                           runs_root=item.get("runs_dir"),
-                           emulate_processes=item.get("emulate_processes", 1))
+        return train_model(spec, directory, device=device, progress=item.progress,
+                           runs_root=item.runs_dir, emulate_processes=item.emulate_processes)
     finally:
         if joined_here:  # leave a process group the caller made to the caller
             cleanup_distributed()
@@ -145,34 +150,31 @@ def describe_training(suite: Suite, specs: list[ModelSpec], todo: list[ModelSpec
     return "\n".join(lines)
 
 
-def train_models(suite: Suite, specs: list[ModelSpec], args: argparse.Namespace) -> list[dict]:
+def train_models(suite: Suite, specs: list[ModelSpec], options: RunOptions) -> list[dict]:
     """Train what is missing, through the local or Slurm executor; returns every model's metrics."""
-    config = executor_config(suite, args, "train")
+    config = executor_config(suite, options, "train")
+    runs_root = options.runs_dir
     if not config.dry_run:
-        link_suite_models(suite, specs, args.runs_dir)  # adopts an older layout's models first
-    plan = plan_stage(specs, lambda spec: is_trained(model_dir(args.runs_dir, spec)),
-                      cost=training_cost)
+        link_suite_models(suite, specs, runs_root)  # adopts an older layout's models first
+    plan = plan_stage(specs, lambda spec: is_trained(model_dir(runs_root, spec)), cost=training_cost)
     if plan.missing and config.executor == "local" and not config.dry_run:
-        world = build_world(suite.world, runs_root=args.runs_dir).prepare()  # once, not per worker
+        world = build_world(suite.world, runs_root=runs_root).prepare()  # once, not per worker
         for spec in plan.missing:  # what only the built world tells (a planted slice without val
             if not spec.is_reference:  # images) fails now, before any model trains
                 build_family(spec, world)
         # says so, once, where the suite's fixed precision is much slower on this CPU
-        check_cpu_precision(suite, args.runs_dir, getattr(args, "device", None))
+        check_cpu_precision(suite, runs_root, options.device)
     # one progress bar per model, unless several train at once (their bars would interleave)
     parallel = config.executor == "slurm" or (config.local_jobs or 1) > 1
-    progress = not args.no_progress and not parallel
+    progress = options.progress and not parallel
 
-    def to_items(todo: list[ModelSpec]) -> list[dict[str, Any]]:
-        return [stage_item(suite, args.runs_dir, model=spec.name,
-                           device=getattr(args, "device", None), progress=progress)
-                for spec in todo]
-    run_stage("train", train_one, plan, config, to_items=to_items,
-              item_name=lambda item: item["model"],
-              space_needed=lambda unfinished: models_space_needed(args.runs_dir, len(unfinished)),
-              describe=lambda todo: describe_training(suite, specs, todo, config,
-                                                      store_dir(args.runs_dir)))
+    def to_items(todo: list[ModelSpec]) -> list[TrainItem]:
+        return [TrainItem(suite=suite, runs_dir=resolved_runs_dir(runs_root), model=spec.name,
+                          device=options.device, progress=progress) for spec in todo]
+    run_stage("train", train_one, plan, config, to_items=to_items, item_name=lambda item: item.model,
+              space_needed=lambda unfinished: models_space_needed(runs_root, len(unfinished)),
+              describe=lambda todo: describe_training(suite, specs, todo, config, store_dir(runs_root)))
     if config.dry_run:
         return []
     # the suite's own names: another suite may have trained (and named) a shared model
-    return [{**read_metrics(model_dir(args.runs_dir, spec)), "name": spec.name} for spec in specs]
+    return [{**read_metrics(model_dir(runs_root, spec)), "name": spec.name} for spec in specs]

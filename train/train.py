@@ -24,8 +24,11 @@ import time
 
 from counteraudit.slurm.executor import add_executor_args
 from counteraudit.train.checkpoint import is_trained, model_dir
-from counteraudit.train.core.stage import (ScriptHelpFormatter, add_common_args, executor_config,
-                                            run_cli, select_models)
+from counteraudit.train.core.stage import (RunOptions, ScriptHelpFormatter, add_common_args, executor_config,
+                                            run_cli, run_options, selected_models)
+from counteraudit.train.suite_plugins import load_checked_suite
+from counteraudit.train.core.model_spec import ModelSpec
+from counteraudit.train.core.suite import Suite
 from counteraudit.train.implant_checks import format_implant_report, verify_implants
 from counteraudit.train.stage import train_models
 from counteraudit.train.trainer import summarize_references
@@ -47,39 +50,39 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> list[dict]:
-    suite, specs = select_models(args)
+    suite = load_checked_suite(args.suite)
+    specs = selected_models(suite, args.model)
     if args.references_only:
         specs = [s for s in specs if s.is_reference]
-    return train_and_check(suite, specs, args)
+    return train_and_check(suite, specs, run_options(args))
 
 
-def train_and_check(suite, specs, args) -> list[dict]:
+def train_and_check(suite: Suite, specs: list[ModelSpec], options: RunOptions) -> list[dict]:
     """The training stage as every entry script runs it before its own work: train what is
-    missing (through args' executor), print the summary, check the anomalies' implants. Returns
-    the models' metrics ([] on a dry run)."""
+    missing (through the options' executor), print the summary, check the anomalies' implants.
+    Returns the models' metrics ([] on a dry run)."""
     started = time.perf_counter()
-    results = train_models(suite, specs, args)
+    results = train_models(suite, specs, options)
     if not results:  # --dry-run
         return results
     print_summary(suite.name, results, time.perf_counter() - started)
-    check_implants(suite, specs, args)
+    check_implants(suite, specs, options)
     return results
 
 
-def check_implants(suite, specs, args) -> list[dict]:
+def check_implants(suite: Suite, specs: list[ModelSpec], options: RunOptions) -> list[dict]:
     """Verify the anomalies just trained (needs the references) and say loudly which failed."""
     anomalies = [s.name for s in specs if not s.is_reference]
     if not anomalies:
         return []
-    if not all(is_trained(model_dir(args.runs_dir, r)) for r in suite.references):
+    if not all(is_trained(model_dir(options.runs_dir, r)) for r in suite.references):
         print("implant checks skipped: they compare with the references, which are not all trained "
               "yet (python train/train.py --suite " + suite.name + " --references-only)")
         return []
-    config = executor_config(suite, args, "verify")
+    config = executor_config(suite, options, "verify")
     if config.dry_run:
         return []
-    records = verify_implants(suite, args.runs_dir, getattr(args, "device", None), models=anomalies,
-                              config=config)
+    records = verify_implants(suite, options.runs_dir, options.device, models=anomalies, config=config)
     print("\nImplant checks (did each planted defect take?)\n" + format_implant_report(records))
     return records
 

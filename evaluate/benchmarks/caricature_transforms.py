@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from counteraudit.evaluate.benchmarks import benchmark_parser
 from counteraudit.explain import build_method
 from counteraudit.explain.caricature_transforms import AUGMENTATIONS
-from counteraudit.explain.stage import method_params
 from counteraudit.train.architectures import build_model
 from counteraudit.train.core.stage import run_cli
 from counteraudit.train.core.suite import load_suite
@@ -119,7 +118,7 @@ def run_case(label: str, model: torch.nn.Module, images: torch.Tensor, params: d
 def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
-    params = {**method_params(load_suite("demo"), "caricature"), "steps": args.steps}
+    params = {**load_suite("demo").method_tables.get("caricature", {}), "steps": args.steps}
     params.pop("steps_by_layer", None)  # the same steps for every layer in both cases
     with tempfile.TemporaryDirectory() as tmp:
         world = SyntheticWorld(SyntheticConfig(num_train=args.images, num_val=args.images),

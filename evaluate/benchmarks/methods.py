@@ -29,7 +29,6 @@ import torch
 from counteraudit.evaluate.benchmarks import benchmark_parser
 from counteraudit.explain import METHODS, build_method
 from counteraudit.explain.base import AttributionMethod
-from counteraudit.explain.stage import method_params
 from counteraudit.train.architectures import build_model
 from counteraudit.train.core.stage import run_cli
 from counteraudit.train.core.suite import load_suite
@@ -127,7 +126,7 @@ def timed_column(names: list[str], setting: tuple[str, str, int, str], count: in
     images = torch.rand(count, 3, side, side, generator=torch.Generator().manual_seed(1))
     column = {}
     for name in names:
-        seconds = seconds_per_image(name, method_params(suite, name), model, images, repeats)
+        seconds = seconds_per_image(name, suite.method_tables.get(name, {}), model, images, repeats)
         column[name] = f"{seconds:.3g}"
         print(f"  {name}, {label}: {seconds:.3g} CPU s per image", flush=True)
     return column
@@ -138,7 +137,7 @@ def set_by_suite(names: list[str], suite_name: str) -> dict[str, str]:
     from the defaults of the parameters column)."""
     suite = load_suite(suite_name)
     return {name: ", ".join(f"`{key} = {json.dumps(value)}`"
-                            for key, value in method_params(suite, name).items()) or "none"
+                            for key, value in suite.method_tables.get(name, {}).items()) or "none"
             for name in names}
 
 

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from counteraudit.evaluate.discovery.auditors import AuditResult, build_auditor, rank
+from counteraudit.evaluate.discovery.auditors import AuditResult, rank
 from counteraudit.evaluate.discovery.auditors.base import conditions_key
 from counteraudit.evaluate.discovery.auditors.surrogate_search import OBJECTIVE, wilson_finding
-from counteraudit.evaluate.discovery.stage import auditor_params
+from counteraudit.evaluate.discovery.stage import suite_auditor
 from counteraudit.evaluate.discovery.tables import PRECISION_AT, precision_at, slice_rank
 
 SURROGATE = "surrogate_search"
@@ -104,7 +104,7 @@ def budget_curves(suite, results: dict[tuple[str, str], AuditResult], world, sli
         if not isinstance(planted, dict) or any(f not in factors for f in planted):
             continue  # not localizable in this world
         for name in sorted({a for a, m in results if m == model}):
-            auditor = build_auditor(name, auditor_params(suite, name))
+            auditor = suite_auditor(suite, name)
             if name == SURROGATE and model in comparisons:
                 continue  # its curves come from the lookups, over every selection function
             for point in stored_curve(auditor, results[(name, model)], planted, world, seed,
@@ -113,7 +113,7 @@ def budget_curves(suite, results: dict[tuple[str, str], AuditResult], world, sli
                 rows.append({"model": model, "auditor": label, "seed": seed, **point})
         if model in comparisons:
             runs, table = comparisons[model]
-            surrogate = build_auditor(SURROGATE, auditor_params(suite, SURROGATE))
+            surrogate = suite_auditor(suite, SURROGATE)
             for point in lookup_curves(runs, table, planted,
                                        surrogate.params.images_per_subdomain):
                 rows.append({"model": model, **point})

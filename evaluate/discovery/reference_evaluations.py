@@ -19,6 +19,7 @@ Two stores, both in the store every suite shares:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +28,18 @@ from counteraudit.evaluate.discovery.auditors import AUDITORS, AuditResult, Find
 from counteraudit.evaluate.discovery.prediction_cache import PredictionCache, predictions_dir
 from counteraudit.evaluate.discovery.relative import DEFAULT_SCORE, MIN_REFERENCES, SCORES
 from counteraudit.evaluate.discovery.relative_results import finding_key, relative_result
-from counteraudit.evaluate.discovery.stage import (auditor_params, findings_dir, findings_key,
-                                                   load_findings, load_suite_findings, planned,
-                                                   search_panel, suite_auditors)
-from counteraudit.explain.stage import _item_context
+from counteraudit.evaluate.discovery.stage import (findings_dir, findings_key, load_findings, load_suite_findings,
+                                                   planned, search_panel, suite_auditor, suite_auditors)
+from counteraudit.explain.stage import method_run_context
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.artifacts import (atomic_write_json, read_json,
                                                stable_hash, store_dir)
 from counteraudit.train.core.keyed_store import KeyedArtifact
 from counteraudit.train.core.payloads import json_fields
-from counteraudit.train.core.stage import executor_config, plan_stage, run_stage, stage_item
+from counteraudit.train.core.stage import (RunOptions, StageItem, executor_config, plan_stage, resolved_runs_dir,
+                                           run_stage)
 from counteraudit.train.core.model_spec import ModelSpec
-from counteraudit.train.core.suite import Suite, load_suite
+from counteraudit.train.core.suite import Suite
 from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds import build_world
 
@@ -71,20 +72,35 @@ def load_reference_findings(directory: Path) -> list[Finding]:
 
 
 # ---------------------------------------------------------------- the stage
-def evaluate_reference(item: dict[str, Any]) -> dict[str, int]:
-    """Work item: one reference on every (auditor, model) result listed in ``item["results"]``
-    ((auditor name, auditor params, findings directory, findings key) each)."""
-    suite = load_suite(item["suite"])
-    reference = suite.model(item["reference"])
-    runs_root = item.get("runs_dir")
+@dataclass(frozen=True)
+class ResultToEvaluate:
+    """An adaptive auditor's stored result on one model, to evaluate a reference on."""
+    auditor: str
+    findings_directory: str
+    findings_key: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReferenceItem(StageItem):
+    """One reference and every result it is evaluated on (the reference is loaded once)."""
+    reference: str
+    results: tuple[ResultToEvaluate, ...]
+    device: str | None = None
+
+
+def evaluate_reference(item: ReferenceItem) -> dict[str, int]:
+    """Work item: one reference on every (auditor, model) result listed in ``item.results``."""
+    suite, runs_root = item.suite, item.runs_dir
+    reference = suite.model(item.reference)
     world = build_world(suite.world, runs_root=runs_root)
-    device = pick_device(item.get("device"))
+    device = pick_device(item.device)
     cache = PredictionCache(predictions_dir(runs_root, reference, suite.world))
     computed = 0
-    with _item_context(reference, device):
+    with method_run_context(reference, device):
         model = load_trained_model(model_dir(runs_root, reference), reference, world, device)
-        for name, params, findings_directory, findings_key in item["results"]:
-            auditor = AUDITORS.get(name)(params)
+        for result in item.results:
+            findings_directory, findings_key = result.findings_directory, result.findings_key
+            auditor = suite_auditor(suite, result.auditor)
             auditor.prediction_cache = cache
             findings = auditor.reevaluate(model, world, load_findings(Path(findings_directory)))
             key = reference_findings_key(findings_key, reference)
@@ -94,8 +110,8 @@ def evaluate_reference(item: dict[str, Any]) -> dict[str, int]:
     return {"computed": computed}
 
 
-def evaluate_references(suite: Suite, args, adaptive_results: list[tuple[Any, ModelSpec, Path,
-                                                                          dict[str, Any]]]) -> int:
+def evaluate_references(suite: Suite, options: RunOptions,
+                        adaptive_results: list[tuple[Any, ModelSpec, Path, dict[str, Any]]]) -> int:
     """Every missing reference evaluation of the adaptive auditors' results ((auditor, model
     spec, findings directory, findings key) each); one work item per reference. Returns how
     many were computed."""
@@ -106,23 +122,21 @@ def evaluate_references(suite: Suite, args, adaptive_results: list[tuple[Any, Mo
     def stored(candidate) -> bool:
         reference, _, _, _, key = candidate
         reference_key = reference_findings_key(key, reference)
-        return REFERENCE_FINDINGS_STORE.is_stored(reference_findings_dir(args.runs_dir,
-                                                                         reference_key),
+        return REFERENCE_FINDINGS_STORE.is_stored(reference_findings_dir(options.runs_dir, reference_key),
                                                   reference_key)
 
-    def to_items(missing) -> list[dict[str, Any]]:
-        by_reference: dict[str, list] = {}
+    def to_items(missing) -> list[ReferenceItem]:
+        by_reference: dict[str, list[ResultToEvaluate]] = {}
         for reference, auditor, _, directory, key in missing:
             by_reference.setdefault(reference.name, []).append(
-                (auditor.name, auditor_params(suite, auditor.name), str(directory), key))
-        return [stage_item(suite, args.runs_dir, reference=name, results=results,
-                           device=getattr(args, "device", None))
+                ResultToEvaluate(auditor.name, str(directory), key))
+        return [ReferenceItem(suite=suite, runs_dir=resolved_runs_dir(options.runs_dir), reference=name,
+                              results=tuple(results), device=options.device)
                 for name, results in by_reference.items()]
     todo = plan_stage(wanted, stored)
     outcome = run_stage("reference-evaluations", evaluate_reference, todo,
-                        executor_config(suite, args, "discover"), to_items=to_items,
-                        item_name=lambda item: f"{item['reference']} on "
-                                               f"{len(item['results'])} result(s)")
+                        executor_config(suite, options, "discover"), to_items=to_items,
+                        item_name=lambda item: f"{item.reference} on {len(item.results)} result(s)")
     return outcome.total("computed")
 
 

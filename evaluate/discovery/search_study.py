@@ -13,12 +13,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from counteraudit.evaluate.discovery.auditors import build_auditor
 from counteraudit.evaluate.discovery.budget_curves import SURROGATE, budget_curves, images_to_rank
 from counteraudit.evaluate.discovery.exhaustive import (compare_selections, comparison_summary, curve,
                                                         exhaustive_table)
 from counteraudit.evaluate.discovery.selection import SURROGATE_MEANS
-from counteraudit.evaluate.discovery.stage import auditor_params
+from counteraudit.evaluate.discovery.stage import suite_auditor
 from counteraudit.evaluate.discovery.tables import localizable, planted_slices
 
 
@@ -71,7 +70,7 @@ def search_study(suite, results, world, runs_root, seed: int, device=None,
     surrogate_search is not among the suite's auditors or the world has no generator."""
     if not world.has_generator or not any(a == SURROGATE for a, _ in results):
         return {}
-    auditor = build_auditor(SURROGATE, auditor_params(suite, SURROGATE))
+    auditor = suite_auditor(suite, SURROGATE)
     slices = planted_slices(suite, world, runs_root)
     comparisons, summaries = {}, []
     for spec in study_models(suite, slices, world.factors()):

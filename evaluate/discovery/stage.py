@@ -12,24 +12,24 @@ missing.
 """
 from __future__ import annotations
 
-import argparse
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from counteraudit.evaluate.discovery.prediction_cache import PredictionCache, predictions_dir
-from counteraudit.evaluate.discovery.relative import DEFAULT_SCORE
-from counteraudit.evaluate.discovery.auditors import (AUDITORS, AuditResult, Finding, Subgroup,
+from counteraudit.evaluate.discovery.auditors import (AUDITORS, Auditor, AuditResult, Finding, Subgroup,
                                                       build_auditor)
-from counteraudit.explain.stage import _item_context
+from counteraudit.explain.stage import method_run_context
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.artifacts import (atomic_write_json, find_or_make, lock_beside, read_json,
                                                stable_hash, store_dir)
 from counteraudit.train.core.keyed_store import KeyedArtifact
 from counteraudit.train.core.payloads import json_fields
-from counteraudit.train.core.stage import executor_config, plan_stage, run_stage, stage_item
+from counteraudit.train.core.stage import (RunOptions, StageItem, executor_config, plan_stage, resolved_runs_dir,
+                                           run_stage)
 from counteraudit.train.core.model_spec import ModelSpec
-from counteraudit.train.core.suite import Suite, load_suite
+from counteraudit.train.core.suite import Suite
 from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds import build_world
 
@@ -89,35 +89,33 @@ def load_findings(directory: Path) -> AuditResult:
 
 # ---------------------------------------------------------------- the suite's settings
 def suite_auditors(suite: Suite, only: list[str] | None = None) -> list[str]:
-    names = only or suite.tables.get("discover", {}).get("auditors") or AUDITORS.names()
+    """The auditors the suite runs (``only``: a subset, --auditor): [discover] auditors, else
+    every registered one; an unknown name lists the valid ones."""
+    names = only or suite.discover.auditors or AUDITORS.names()
     for name in names:
-        AUDITORS.get(name)  # an unknown name lists the valid ones
+        AUDITORS.get(name)
     return list(names)
 
 
-def auditor_params(suite: Suite, name: str) -> dict[str, Any]:
-    return dict(suite.tables.get("auditors", {}).get(name, {}))
+def suite_auditor(suite: Suite, name: str) -> Auditor:
+    """The auditor ``name`` built with its ``[auditors.<name>]`` parameters (parsed into its
+    typed ``Params``)."""
+    return build_auditor(name, suite.auditor_tables.get(name))
 
 
-def discover_score(suite: Suite, args: argparse.Namespace | None = None) -> str:
-    """--score, else the suite's [discover] score, else relative."""
-    return (getattr(args, "score", None) or suite.tables.get("discover", {}).get("score")
-            or DEFAULT_SCORE)
+def discover_score(suite: Suite) -> str:
+    """How subgroups are ranked: [discover] score (--score merged in by discover.py)."""
+    return suite.discover.score
 
 
 def discover_seed(suite: Suite) -> int:
-    return int(suite.tables.get("discover", {}).get("seed", DEFAULT_SEED))
+    return suite.discover.seed
 
 
 def auditor_budget(suite: Suite, auditor, world) -> int:
     """[discover.budget] <name> in the suite, else the auditor's default for the world."""
-    budget = suite.tables.get("discover", {}).get("budget", {}).get(auditor.name)
-    if budget is None:
-        return auditor.default_budget(world, discover_seed(suite))
-    if isinstance(budget, bool) or not isinstance(budget, int):
-        raise ValueError(f"[discover.budget] {auditor.name} = {budget!r} must be a whole number "
-                         f"of images (at least {auditor.minimum_budget(world)})")
-    return budget
+    budget = suite.discover.budget.get(auditor.name)
+    return auditor.default_budget(world, discover_seed(suite)) if budget is None else budget
 
 
 def usable(auditor, world) -> bool:
@@ -130,22 +128,29 @@ def planned(suite: Suite, world, names: list[str]) -> list[tuple[Any, int, int]]
     seed = discover_seed(suite)
     out = []
     for name in names:
-        auditor = build_auditor(name, auditor_params(suite, name))
+        auditor = suite_auditor(suite, name)
         if usable(auditor, world):
             out.append((auditor, auditor_budget(suite, auditor, world), seed))
     return out
 
 
 # ---------------------------------------------------------------- work items
-def discover_one(item: dict[str, Any]) -> dict[str, int]:
-    """Work item: one model, every auditor of ``item["auditors"]`` it lacks."""
-    suite = load_suite(item["suite"])
-    spec = suite.model(item["model"])
-    runs_root = item.get("runs_dir")
+@dataclass(frozen=True, kw_only=True)
+class DiscoverItem(StageItem):
+    """One model and the auditors it lacks (the model is loaded once for all of them)."""
+    model: str
+    auditors: tuple[str, ...]
+    score: str
+    device: str | None = None
+
+
+def discover_one(item: DiscoverItem) -> dict[str, int]:
+    """Work item: one model, every auditor of ``item.auditors`` it lacks."""
+    suite, runs_root, score = item.suite, item.runs_dir, item.score
+    spec = suite.model(item.model)
     world = build_world(suite.world, runs_root=runs_root)
-    device = pick_device(item.get("device"))
+    device = pick_device(item.device)
     counts, model = {"computed": 0, "stored": 0}, None
-    score = item.get("score", "absolute")
     panels: dict[str, tuple[Any, PredictionCache]] = {}  # the references, loaded once
 
     def reference_panel(panel: list[ModelSpec]) -> list[tuple[Any, PredictionCache]]:
@@ -155,8 +160,8 @@ def discover_one(item: dict[str, Any]) -> dict[str, int]:
                     load_trained_model(model_dir(runs_root, reference), reference, world, device),
                     PredictionCache(predictions_dir(runs_root, reference, suite.world)))
         return [panels[reference.name] for reference in panel]
-    with _item_context(spec, device):
-        for auditor, budget, seed in planned(suite, world, item["auditors"]):
+    with method_run_context(spec, device):
+        for auditor, budget, seed in planned(suite, world, list(item.auditors)):
             panel = search_panel(suite, auditor, spec, score)
             key = findings_key(auditor.describe(), spec, suite.world, budget, seed, panel)
             directory = findings_dir(runs_root, key)
@@ -187,33 +192,33 @@ class Audit(NamedTuple):
     seed: int
 
 
-def discover_suite(suite: Suite, args: argparse.Namespace, auditors: list[str] | None = None,
+def discover_suite(suite: Suite, options: RunOptions, auditors: list[str] | None = None,
                    models: list[str] | None = None) -> dict[str, int]:
     """Every missing (model, auditor) result of the suite, through the local or Slurm executor;
     returns counts of results ``computed`` now and ``stored`` before."""
     names = suite_auditors(suite, auditors)
     specs = [suite.model(m) for m in models] if models else suite.models
-    world = build_world(suite.world, runs_root=args.runs_dir)
+    runs_root = options.runs_dir
+    world = build_world(suite.world, runs_root=runs_root)
     started = time.perf_counter()
     plan = planned(suite, world, names)  # in this process: covering arrays are built once
     print(f"[discover] {', '.join(f'{a.name} (budget {b} images)' for a, b, _ in plan)}; "
           f"planned in {time.perf_counter() - started:.1f}s", flush=True)
     audits = [Audit(spec, *planned_auditor) for spec in specs for planned_auditor in plan]
-    score = discover_score(suite, args)
+    score = discover_score(suite)
     todo = plan_stage(audits, lambda audit: is_stored(*_where(
-        args.runs_dir, audit.auditor, audit.spec, suite, audit.budget, audit.seed, score)))
+        runs_root, audit.auditor, audit.spec, suite, audit.budget, audit.seed, score)))
 
-    def to_items(missing: list[Audit]) -> list[dict[str, Any]]:
+    def to_items(missing: list[Audit]) -> list[DiscoverItem]:
         """One item per model, with every auditor it lacks (the model is loaded once)."""
         lacking: dict[str, list[str]] = {}
         for audit in missing:
             lacking.setdefault(audit.spec.name, []).append(audit.auditor.name)
-        return [stage_item(suite, args.runs_dir, model=model, auditors=auditor_names,
-                           device=getattr(args, "device", None), score=score)
+        return [DiscoverItem(suite=suite, runs_dir=resolved_runs_dir(runs_root), model=model,
+                             auditors=tuple(auditor_names), device=options.device, score=score)
                 for model, auditor_names in lacking.items()]
-    outcome = run_stage("discover", discover_one, todo, executor_config(suite, args, "discover"),
-                        to_items=to_items,
-                        item_name=lambda item: f"{item['model']}/{'+'.join(item['auditors'])}")
+    outcome = run_stage("discover", discover_one, todo, executor_config(suite, options, "discover"),
+                        to_items=to_items, item_name=lambda item: f"{item.model}/{'+'.join(item.auditors)}")
     return {"computed": outcome.total("computed"), "stored": todo.stored}
 
 

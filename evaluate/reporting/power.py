@@ -2,7 +2,7 @@
 localization against n, m and p, and what each method needs to see each defect."""
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
@@ -19,8 +19,18 @@ from counteraudit.evaluate.studies.power import (detection_by_image_count, image
 from counteraudit.train.core.artifacts import inside_runs
 
 
-def power_tables(suite, methods: list[str], distance, distance_name: str, args: argparse.Namespace,
-                 *, detection_by_n: pd.DataFrame | None, localization_by_n: pd.DataFrame | None,
+@dataclass(frozen=True)
+class PowerSettings:
+    """How the power tables are measured: ``subsets`` random subsets per size, a size suffices
+    when a method detects (localizes at AUROC >= ``auroc_target``) in ``level`` of them."""
+    subsets: int = 200
+    level: float = 0.8
+    auroc_target: float = 0.8
+
+
+def power_tables(suite, methods: list[str], distance, distance_name: str, settings: PowerSettings,
+                 runs_root=None, *, detection_by_n: pd.DataFrame | None,
+                 localization_by_n: pd.DataFrame | None,
                  rng: np.random.Generator) -> dict[str, pd.DataFrame]:
     """Detection against m and localization against p from the stored score tables (scored when
     missing), beside the n tables given, and ``needs``: per (method, model) the smallest n, m, p."""
@@ -28,17 +38,17 @@ def power_tables(suite, methods: list[str], distance, distance_name: str, args: 
     anomalous = [s.name for s in suite.anomalies]
     # one grid of sizes for every method and model, from the suite's own m and p
     m_sizes, p_sizes = (image_sizes(count) for count in set_sizes(suite))
-    scores = detection_scores(suite, distance, distance_name, methods, args.runs_dir)
+    scores = detection_scores(suite, distance, distance_name, methods, runs_root)
     by_m = []
     for method in methods:
         own = scores[scores["method"] == method]
         sizes = [m for m in m_sizes if m <= own["image"].nunique()]
-        by_m.append(detection_by_image_count(own, references, anomalous, sizes, args.subsets, rng)
+        by_m.append(detection_by_image_count(own, references, anomalous, sizes, settings.subsets, rng)
                     .assign(method=method))
     by_m = pd.concat(by_m, ignore_index=True)
     by_p = None
     if localizable(suite):
-        frame = localization_scores(suite, distance, distance_name, methods, args.runs_dir)
+        frame = localization_scores(suite, distance, distance_name, methods, runs_root)
         frame = (frame.groupby(["method", "model", "image", "abnormal"], sort=False)["score"]
                  .mean().reset_index())
         frame = frame[np.isfinite(frame["score"].to_numpy(float))]
@@ -48,10 +58,10 @@ def power_tables(suite, methods: list[str], distance, distance_name: str, args: 
             values = group["score"].to_numpy(float)
             sizes = [p for p in p_sizes if p <= is_abnormal.sum()]  # flagged images are gone
             rows.append(localization_by_image_count(values[is_abnormal], values[~is_abnormal],
-                                                    sizes, args.subsets, rng, args.auroc_target)
+                                                    sizes, settings.subsets, rng, settings.auroc_target)
                         .assign(method=method, model=model))
         by_p = pd.concat(rows, ignore_index=True)
-    needs = needs_table(detection_by_n, by_m, localization_by_n, by_p, args.level)
+    needs = needs_table(detection_by_n, by_m, localization_by_n, by_p, settings.level)
     tables = {"detection-by-m": by_m, "needs": needs}
     if detection_by_n is not None:
         tables["detection-by-n"] = detection_by_n
@@ -96,8 +106,8 @@ def wide(frame: pd.DataFrame, size: str, value: str) -> pd.DataFrame:
     return table.reset_index()
 
 
-def print_power(tables: dict[str, pd.DataFrame], suite, args: argparse.Namespace) -> None:
-    share = f"share of {args.subsets} random subsets"
+def print_power(tables: dict[str, pd.DataFrame], suite, settings: PowerSettings) -> None:
+    share = f"share of {settings.subsets} random subsets"
     if "detection-by-n" in tables:
         print(f"\nDetection with n of the {len(suite.references)} references ({share} in which the "
               "model's Abar exceeds all n references', scored leave-one-out among them)\n")
@@ -106,17 +116,17 @@ def print_power(tables: dict[str, pd.DataFrame], suite, args: argparse.Namespace
     print(f"\nDetection with m of the detection images ({share} of m images)\n")
     print(to_markdown(wide(tables["detection-by-m"], "m", "fraction_detected"), float_format="{:.2f}"))
     if "localization-by-n-power" in tables:
-        print(f"\nLocalization with n references: {share} reaching AUROC >= {args.auroc_target}\n")
+        print(f"\nLocalization with n references: {share} reaching AUROC >= {settings.auroc_target}\n")
         print(to_markdown(wide(tables["localization-by-n-power"], "n", "fraction_reaching"),
                           float_format="{:.2f}"))
     if "localization-by-p" in tables:
         print(f"\nLocalization with p abnormal and p normal images: {share} reaching AUROC >= "
-              f"{args.auroc_target}\n")
+              f"{settings.auroc_target}\n")
         print(to_markdown(wide(tables["localization-by-p"], "p", "fraction_reaching"),
                           float_format="{:.2f}"))
     print(f"\nHow many references and images does a method need to see this defect? The smallest n "
           f"(references), m (detection images) and p (abnormal images) at which it detects the "
-          f"model, or localizes it at AUROC >= {args.auroc_target}, in >= {args.level:.0%} of the "
+          f"model, or localizes it at AUROC >= {settings.auroc_target}, in >= {settings.level:.0%} of the "
           f"random subsets of that size and of every larger size measured (tables above); "
           f"'> N': not even with all N the suite has\n")
     print(to_markdown(tables["needs"]))

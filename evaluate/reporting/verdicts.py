@@ -7,7 +7,7 @@ from html import escape
 
 from counteraudit.evaluate.reporting.html import html_table, verdict_class
 from counteraudit.evaluate.scoring.stability import OUTLYING_DISTANCE
-from counteraudit.evaluate.scoring.verdicts import findings, verdict_settings
+from counteraudit.evaluate.scoring.verdicts import findings
 
 SECTION_ID = "verdicts"
 TITLE = "Verdicts (null p-values)"
@@ -18,7 +18,7 @@ def verdict_section(report) -> str:
     name = f"detection-verdicts-{report.distance_name}"
     if name not in report.tables:
         return ""
-    alpha, power = verdict_settings(report.suite)
+    alpha, power = report.suite.evaluate.alpha, report.suite.evaluate.power
     where = f"{report.distance_name}; {len(report.references)} references"
     families = report.table("detection-families")
     plan = report.table("detection-power")

@@ -10,7 +10,7 @@ between two visualizations is computed from those cached features.
 """
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,9 @@ from counteraudit.explain.stage import (detection_set_for, is_model_level, load_
 from counteraudit.explain.store import stored_key
 from counteraudit.train.core.artifacts import atomic_write_text, inside_runs, stable_hash
 from counteraudit.train.core.keyed_store import KeyedArtifact
-from counteraudit.train.core.stage import StagePlan, executor_config, plan_stage, run_stage, stage_item
-from counteraudit.train.core.suite import Suite, load_suite
+from counteraudit.train.core.stage import (RunOptions, StageItem, StagePlan, executor_config, plan_stage,
+                                           resolved_runs_dir, run_stage)
+from counteraudit.train.core.suite import Suite
 from counteraudit.train.worlds import build_world
 
 SCORES = "scores"
@@ -122,12 +123,22 @@ def _distance(name: str, weights_dir: str | None):
     return _DISTANCES[(name, weights_dir)]
 
 
-def score_one(item: dict[str, Any]) -> pd.DataFrame:
+@dataclass(frozen=True, kw_only=True)
+class ScoreItem(StageItem):
+    """One score table: a distance (by name: a Slurm job builds it once, from ``weights_dir``),
+    a method and an image set, for ``models``."""
+    distance: str
+    weights_dir: str | None
+    method: str
+    image_set: str
+    models: tuple[str, ...]
+
+
+def score_one(item: ScoreItem) -> pd.DataFrame:
     """Work item of the score stage: one table (distance, method, image set); picklable, so a
     Slurm job runs it too."""
-    return score_set(load_suite(item["suite"]), _distance(item["distance"], item["weights_dir"]),
-                     item["distance"], item["method"], item["image_set"], item["models"],
-                     item["runs_dir"])
+    return score_set(item.suite, _distance(item.distance, item.weights_dir), item.distance, item.method,
+                     item.image_set, list(item.models), item.runs_dir)
 
 
 # A score table by what it scores: (method, image set, models).
@@ -136,7 +147,7 @@ TableId = tuple[str, str, tuple[str, ...]]
 
 def score_tables(suite: Suite, distance, distance_name: str,
                  tables: list[tuple[str, str, list[str]]], runs_root=None,
-                 args: argparse.Namespace | None = None) -> list[pd.DataFrame]:
+                 options: RunOptions | None = None) -> list[pd.DataFrame]:
     """``score_set`` of each (method, image set, models) of ``tables``, in order. The missing
     tables are the work items of the "score" stage (``_score_missing``)."""
     wanted: list[TableId] = [(method, image_set, tuple(models))
@@ -146,7 +157,7 @@ def score_tables(suite: Suite, distance, distance_name: str,
     plan = plan_stage(wanted, lambda table: _is_scored(*where[table]))
     computed = {}
     if plan.missing:  # scoring runs inside other stages' commands: silent when all are stored
-        computed = _score_missing(suite, distance, distance_name, plan, runs_root, args)
+        computed = _score_missing(suite, distance, distance_name, plan, options or RunOptions(runs_dir=runs_root))
         if computed is None:  # a dry run
             return []
     scored = []
@@ -161,45 +172,44 @@ def score_tables(suite: Suite, distance, distance_name: str,
     return scored
 
 
-def _score_missing(suite: Suite, distance, distance_name: str, plan: StagePlan[TableId], runs_root,
-                   args: argparse.Namespace | None) -> dict[TableId, pd.DataFrame] | None:
+def _score_missing(suite: Suite, distance, distance_name: str, plan: StagePlan[TableId],
+                   options: RunOptions) -> dict[TableId, pd.DataFrame] | None:
     """The missing tables as work items of the "score" stage, one per (method, image set) (the
     first models asked), run by ``slurm.executor.run_items`` with the executor options of
-    ``args`` over the suite's [slurm] table (``args`` None: the suite's table alone): on Slurm one
-    job per table, each building the distance (``args.weights_dir``) once; locally in this
-    process, one after the other, with ``distance``. None on a dry run."""
-    config = executor_config(suite, args or argparse.Namespace(runs_dir=runs_root), "score")
-    weights_dir = getattr(args, "weights_dir", None)
-    weights_dir = str(Path(weights_dir).resolve()) if weights_dir else None
+    ``options`` over the suite's [slurm] table: on Slurm one job per table, each building the
+    distance (from ``options.weights_dir``) once; locally in this process, one after the other,
+    with ``distance``. None on a dry run."""
+    config = executor_config(suite, options, "score")
+    weights_dir = str(Path(options.weights_dir).resolve()) if options.weights_dir else None
     if config.executor == "local":
         # Cheap work on tables already in memory: no worker processes to start and no
         # second distance to build.
         config = config.with_changes(local_jobs=1)
         _DISTANCES[(distance_name, weights_dir)] = distance
 
-    def to_items(missing: list[TableId]) -> list[dict[str, Any]]:
+    def to_items(missing: list[TableId]) -> list[ScoreItem]:
         first_models: dict[tuple[str, str], tuple[str, ...]] = {}
         for method, image_set, models in missing:
             first_models.setdefault((method, image_set), models)
-        return [stage_item(suite, runs_root, distance=distance_name, weights_dir=weights_dir,
-                           method=method, image_set=image_set, models=list(models))
+        return [ScoreItem(suite=suite, runs_dir=resolved_runs_dir(options.runs_dir), distance=distance_name,
+                          weights_dir=weights_dir, method=method, image_set=image_set, models=models)
                 for (method, image_set), models in first_models.items()]
     outcome = run_stage("score", score_one, plan, config, to_items=to_items,
-                        item_name=lambda item: f"{item['method']}/{item['image_set']}")
+                        item_name=lambda item: f"{item.method}/{item.image_set}")
     if outcome.dry_run:
         return None
-    return {(item["method"], item["image_set"], tuple(item["models"])): table
+    return {(item.method, item.image_set, item.models): table
             for item, table in zip(outcome.items, outcome.results, strict=True)}
 
 
 def detection_scores(suite: Suite, distance, distance_name: str, methods: list[str],
-                     runs_root=None, args: argparse.Namespace | None = None) -> pd.DataFrame:
+                     runs_root=None, options: RunOptions | None = None) -> pd.DataFrame:
     """Every model's scores on the detection set, per method (missing tables: ``score_tables``);
     a model-level method's on the ``classes`` set, one score per class (``detection_set_for``)."""
     models = [s.name for s in suite.models]
     return pd.concat(score_tables(suite, distance, distance_name,
                                   [(method, detection_set_for(method), models)
-                                   for method in methods], runs_root, args), ignore_index=True)
+                                   for method in methods], runs_root, options), ignore_index=True)
 
 
 def model_level_methods(methods: list[str]) -> list[str]:
@@ -214,7 +224,7 @@ def localized_methods(methods: list[str]) -> list[str]:
 
 
 def localization_scores(suite: Suite, distance, distance_name: str, methods: list[str],
-                        runs_root=None, args: argparse.Namespace | None = None) -> pd.DataFrame:
+                        runs_root=None, options: RunOptions | None = None) -> pd.DataFrame:
     """For each localizable anomaly: its scores on its abnormal set (abnormal = True) and on its
     normal images (abnormal = False): the detection images that count as normal for it, or its
     own normal folder ([image_sets] <model>-normal). Model-level methods are left out
@@ -232,7 +242,7 @@ def localization_scores(suite: Suite, distance, distance_name: str, methods: lis
     wanted += [(method, normal_set_name(suite, spec), [spec.name]) for method in methods
                for spec in localizable(suite) if normal_set_name(suite, spec) != DETECTION]
     scored = {(method, image_set): table for (method, image_set, _), table
-              in zip(wanted, score_tables(suite, distance, distance_name, wanted, runs_root, args))}
+              in zip(wanted, score_tables(suite, distance, distance_name, wanted, runs_root, options))}
     frames = []
     for method in methods:
         for spec in localizable(suite):

@@ -6,7 +6,7 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from counteraudit.anomalies.image_sets import DEFAULT_LOCALIZATION_IMAGES, localizable, set_sizes
+from counteraudit.anomalies.image_sets import localizable, set_sizes
 from counteraudit.evaluate.scoring.baseline import (BASELINE, delta_table, detection_versus_baseline,
                                                     fraction_intervals, fraction_table,
                                                     localization_versus_baseline, null_rate_table)
@@ -21,6 +21,7 @@ from counteraudit.evaluate.scoring.stability import outlying_nulls, with_stabili
 from counteraudit.evaluate.scoring.verdicts import calibration, method_power, null_plan, verdict_table
 from counteraudit.train.checkpoint import trained_metrics
 from counteraudit.train.core.model_spec import PAPER_REFERENCES
+from counteraudit.train.core.suite_schema import PAPER_LOCALIZATION_IMAGES
 from counteraudit.train.core.suite import Suite
 from counteraudit.train.implant_checks import read_implant
 
@@ -33,12 +34,11 @@ def configurations(suite: Suite) -> dict[str, str]:
 
 def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str, *,
                      implants: dict[str, dict | None] | None = None,
-                     test: str | None = None,
                      accuracies: Mapping[str, float] | None = None) -> dict[str, pd.DataFrame]:
     """Table 1 (families in registry order, stark first), the per-model detection table (the
     replicates of a configuration side by side, its ``configuration`` column) and the per-layer
     rows of layered methods, keyed by the file names ``write_tables`` gives them. With a null
-    plan (``[evaluate] p_value``, or ``test``): the verdict tables too (``verdict_tables``)."""
+    plan (``[evaluate] p_value``): the verdict tables too (``verdict_tables``)."""
     references = [s.name for s in suite.references]
     families, order = suite.table_rows()  # a family, or a row of one (adversarial_linf)
     nulls = [s.name for s in suite.held_out]
@@ -68,7 +68,7 @@ def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str, *,
         tables[f"detection-vs-outputs-{distance_name}"] = delta_table(
             versus[versus["role"] == ROLE_ANOMALOUS], value="margin_ratio", low="ratio_low",
             high="ratio_high", signed=False)
-    plan = null_plan(suite, test)
+    plan = null_plan(suite)
     if plan is not None:
         tables.update(verdict_tables(suite, per_model, plan, distance_name, implants or {},
                                      accuracies))
@@ -76,7 +76,7 @@ def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str, *,
 
 
 def stored_detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str,
-                            methods: Sequence[str], runs_root=None, test: str | None = None,
+                            methods: Sequence[str], runs_root=None,
                             implants: dict[str, dict | None] | None = None
                             ) -> dict[str, pd.DataFrame]:
     """``detection_tables`` with what the store holds beside the scores: the implant records
@@ -88,7 +88,7 @@ def stored_detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: s
     metrics = trained_metrics(suite.models, runs_root)
     accuracies = {s.name: float(metrics[s.name]["val_accuracy"]) for s in suite.held_out
                   if s.name in metrics}
-    tables = detection_tables(suite, scores, distance_name, implants=implants, test=test,
+    tables = detection_tables(suite, scores, distance_name, implants=implants,
                               accuracies=accuracies)
     tables[EXPLAIN_TIME] = explain_time_table(suite, methods, runs_root)
     tables[PROVENANCE] = provenance_table(len(suite.models), metrics.values())
@@ -192,10 +192,10 @@ def chance_band_note(per_model: pd.DataFrame) -> str:
 def localization_power_note(suite: Suite) -> str | None:
     """Why a suite with fewer references or images than the paper localizes less sharply, or None."""
     references, (_, p) = len(suite.references), set_sizes(suite)
-    if references >= PAPER_REFERENCES and p >= DEFAULT_LOCALIZATION_IMAGES:
+    if references >= PAPER_REFERENCES and p >= PAPER_LOCALIZATION_IMAGES:
         return None
     return (f"This suite uses {references} references and p = {p} images per set (the paper: "
-            f"{PAPER_REFERENCES} and {DEFAULT_LOCALIZATION_IMAGES}). The anomaly score divides by "
+            f"{PAPER_REFERENCES} and {PAPER_LOCALIZATION_IMAGES}). The anomaly score divides by "
             f"the references' spread on each image, here estimated from "
             f"{references * (references - 1) // 2} pairs: with fewer references that estimate is "
             "noisier, which pulls AUROCs towards 0.5, and with fewer images each AUROC varies more "

@@ -42,7 +42,7 @@ from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS, ROLE_NULL, c
 from counteraudit.evaluate.scoring.localization import DEFAULT_LEVEL
 from counteraudit.evaluate.scoring.null_tests.base import (NULL_TESTS, RECOMMENDED_TEST,
                                                            below_level_p_values, detectable_effect)
-from counteraudit.train.core.suite_schema import MIN_NULL_MODELS, EvaluateTable
+from counteraudit.train.core.suite_schema import MIN_NULL_MODELS
 
 DETECTED, NOT_DETECTED, INCONCLUSIVE = "detected", "not detected", "inconclusive"
 VERDICTS = (DETECTED, NOT_DETECTED, INCONCLUSIVE)
@@ -59,30 +59,17 @@ class NullPlan:
     alpha: float = 0.05
     power: float = 0.8
 
-    def __post_init__(self):
-        needed = NULL_TESTS.get(self.test).nulls_needed()  # a bad name: the list
-        if len(self.fit) < needed:
-            raise ValueError(f"the {self.test} test needs at least {needed} fitting held-out "
-                             f"references, got {len(self.fit)}: raise [references] held_out "
-                             "(its first held_out - held_out_check models fit the null)")
 
-
-def null_plan(suite, test: str | None = None) -> NullPlan | None:
-    """The suite's plan ([references] held_out and held_out_check, [evaluate] p_value, alpha,
-    power; ``test`` overrides p_value), or None when it asks for no null p-values."""
-    test = test or suite.tables.get("evaluate", {}).get("p_value")
-    if test is None:
+def null_plan(suite) -> NullPlan | None:
+    """The suite's plan ([references] held_out and held_out_check, [evaluate] p_value, alpha and
+    power, with the command line's --p-value merged in), or None when it asks for no null
+    p-values. The test and the number of fitting nulls were checked when the suite was read."""
+    evaluate = suite.evaluate
+    if evaluate.p_value is None:
         return None
-    alpha, power = verdict_settings(suite)
     return NullPlan(fit=tuple(s.name for s in suite.null_fit),
-                    check=tuple(s.name for s in suite.null_check), test=test, alpha=alpha,
-                    power=power)
-
-
-def verdict_settings(suite) -> tuple[float, float]:
-    """The suite's (alpha, power): [evaluate] alpha and power, or their schema defaults."""
-    evaluate = {**EvaluateTable().model_dump(), **suite.tables.get("evaluate", {})}
-    return float(evaluate["alpha"]), float(evaluate["power"])
+                    check=tuple(s.name for s in suite.null_check), test=evaluate.p_value,
+                    alpha=evaluate.alpha, power=evaluate.power)
 
 
 @functools.cache

@@ -15,11 +15,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from counteraudit.explain.base import METHODS, build_method
+from counteraudit.explain.base import METHODS
 from counteraudit.explain.methods.caricature import TRANSFORM_PATHS
 from counteraudit.explain.renderers import ATTRIBUTIONS
 from counteraudit.explain.renderers.captum_figure import RASTERISATIONS
-from counteraudit.explain.stage import method_params
+from counteraudit.explain.settings import suite_method
 from counteraudit.train.core.registries import PROTOCOL_CHOICES
 
 MIXED = "mixed"  # the suite sets the parameter differently on different methods
@@ -55,7 +55,7 @@ class ProtocolChoice:
     def value_of(self, suite, method: str) -> Any:
         """The method's value of the parameter in ``suite`` (a renderer option's, its default
         filled in)."""
-        built = build_method(method, method_params(suite, method))
+        built = suite_method(suite, method)
         if self.within is not None:
             return getattr(built.renderer.params, self.parameter)
         return getattr(built.params, self.parameter)
@@ -81,12 +81,12 @@ class ProtocolChoice:
 
     def _options(self, suite, method: str) -> dict[str, Any]:
         """The method's own ``within`` table in ``suite`` (its renderer's options as written)."""
-        return dict(getattr(build_method(method, method_params(suite, method)).params, self.within) or {})
+        return dict(getattr(suite_method(suite, method).params, self.within) or {})
 
 
 def _renderer_fields(suite, method: str) -> set[str]:
     """The options of the renderer ``method`` uses in ``suite`` (none for a method without one)."""
-    renderer = getattr(build_method(method, method_params(suite, method)), "renderer", None)
+    renderer = getattr(suite_method(suite, method), "renderer", None)
     return {f.name for f in dataclasses.fields(renderer.Params)} if renderer is not None else set()
 
 

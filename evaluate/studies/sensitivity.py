@@ -11,8 +11,9 @@ import pandas as pd
 from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores
 from counteraudit.evaluate.scoring.tables import detection_tables, localization_tables
 from counteraudit.evaluate.studies.protocol_choices import PROTOCOL_CHOICES
-from counteraudit.explain.base import build_method
-from counteraudit.explain.stage import explain_suite, explained_images_line, method_batch_size, method_params
+from counteraudit.explain.settings import method_specs
+from counteraudit.explain.stage import explain_suite, explained_images_line
+from counteraudit.train.core.stage import RunOptions
 from counteraudit.train.core.suite import write_derived_suite
 
 SENSITIVITY = "sensitivity"
@@ -37,8 +38,8 @@ def plan_variants(suite, methods: list[str], choice_names: list[str] | None,
     architecture = suite.architecture
 
     def description(of, method: str) -> dict[str, Any]:
-        return build_method(method, method_params(of, method)).describe(
-            architecture, method_batch_size(of, method))
+        spec = method_specs(of, [method])[method]
+        return spec.build().describe(architecture, spec.batch_size)
 
     variants, skipped = [], []
     for choice in chosen:
@@ -53,22 +54,25 @@ def plan_variants(suite, methods: list[str], choice_names: list[str] | None,
                 continue
             name = f"{suite.name}-{SENSITIVITY}-{choice.name}-{value}"
             path = suite.root(runs_root) / SENSITIVITY / f"{choice.name}-{value}.toml"
-            variant = write_derived_suite(suite, name, choice.patch(suite, methods, value), path)
+            # the command line's chunking (merged into the suite) holds for its variants too
+            variant = write_derived_suite(suite, name, choice.patch(suite, methods, value), path).with_settings(
+                explain={"chunk_images": suite.explain.chunk_images})
             changed = [m for m in methods if description(variant, m) != description(suite, m)]
             variants.append(Variant(choice.name, value, variant, changed))
     return variants, skipped
 
 
-def scored_tables(suite, methods: list[str], distance, distance_name: str, args) -> dict[str, pd.DataFrame]:
+def scored_tables(suite, methods: list[str], distance, distance_name: str,
+                  options: RunOptions) -> dict[str, pd.DataFrame]:
     """Table 1's per-model rows and Table 2's per-model rows (with the outputs-only comparison)
     of ``methods`` on ``suite``, explaining what is missing first."""
-    counts = explain_suite(suite, args, methods=methods)
+    counts = explain_suite(suite, options, methods=method_specs(suite, methods))
     print(f"{counts['computed']} visualization set(s) computed, {counts['stored']} already stored; "
           f"{explained_images_line(counts)}", flush=True)
     detection = detection_tables(suite, detection_scores(suite, distance, distance_name, methods,
-                                                         args.runs_dir, args=args), distance_name)
+                                                         options.runs_dir, options), distance_name)
     localization = localization_tables(localization_scores(suite, distance, distance_name, methods,
-                                                           args.runs_dir, args=args), distance_name)
+                                                           options.runs_dir, options), distance_name)
     out = {"detection": detection[f"detection-per-model-{distance_name}"],
            "localization": localization[f"localization-per-model-{distance_name}"]}
     versus = localization.get(f"localization-vs-outputs-per-model-{distance_name}")

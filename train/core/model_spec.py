@@ -111,7 +111,7 @@ def safe_name(name: str, what: str) -> str:
 
 
 
-def _expand_sweep(entry: dict[str, Any], common: dict[str, Any],
+def expand_sweep(entry: dict[str, Any], common: dict[str, Any],
                   recipe_table: dict[str, Any]) -> tuple[Sweep, list[ModelSpec]]:
     """One [[sweeps]] entry -> its Sweep and its models: the base params with the family's
     strength parameter set to each value, one seed and one recipe for all of them."""
@@ -149,7 +149,7 @@ def replicate_seed(seed: int, replicate: int) -> int:
     return seed if replicate == 0 else derive_seed("replicate", seed, replicate) % 1_000_000_000
 
 
-def _replicates(entry: dict[str, Any], common: dict[str, Any],
+def replicates(entry: dict[str, Any], common: dict[str, Any],
                 recipe_table: dict[str, Any]) -> list[ModelSpec]:
     """An [[anomalies]] entry's models: one named as the entry, or with ``replicates = k`` k
     models <name>-r0 .. <name>-r<k-1> that differ only in their seed."""

@@ -59,7 +59,7 @@ class Recipe:
             raise ValueError("; ".join(problems))
         table = dict(table)
         if "resolution_schedule" in table:
-            table["resolution_schedule"] = _resolution_segments(table["resolution_schedule"])
+            table["resolution_schedule"] = resolution_segments(table["resolution_schedule"])
         return cls(**table)
 
     def crop_size(self, epoch: int) -> int | None:
@@ -87,7 +87,7 @@ class Recipe:
 _KEY_OMITS_DEFAULT = ("resolution_schedule",)
 
 
-def _resolution_segments(value: Any) -> tuple[tuple[int, int], ...]:
+def resolution_segments(value: Any) -> tuple[tuple[int, int], ...]:
     """[{ epochs, size }, ...] (a suite file) or [(epochs, size), ...] (a Recipe's own) ->
     ((epochs, size), ...); the schema has checked every number."""
     return tuple((int(s["epochs"]), int(s["size"])) if isinstance(s, dict) else (int(s[0]), int(s[1]))
@@ -107,7 +107,7 @@ def recipe_problems(table: dict[str, Any], where: str = "[recipe]") -> list[str]
     if table.get("lr_warmup_epochs", 0) > epochs:
         problems.append(f"{where} lr_warmup_epochs = {table['lr_warmup_epochs']!r} must be at most "
                         f"epochs = {epochs} (0: no warmup)")
-    schedule = _resolution_segments(table.get("resolution_schedule", ()))
+    schedule = resolution_segments(table.get("resolution_schedule", ()))
     covered = sum(segment_epochs for segment_epochs, _ in schedule)
     if schedule and covered != epochs:
         problems.append(

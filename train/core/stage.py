@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from counteraudit.slurm.errors import ExecutorError, disk_usage_near, out_of_space, size_text
-from counteraudit.slurm.executor import default_local_jobs, executor_config_from, run_items
+from counteraudit.slurm.executor import default_local_jobs, executor_config_from, executor_options, run_items
 from counteraudit.slurm.stage_run import default_item_name
 from counteraudit.train.core import numerics
 from counteraudit.train.core.artifacts import (SLURM_LOGS, bound_to_runs_folder, inside_runs, runs_dir,
                                                runs_folder_bound)
 from counteraudit.train.core.paths import redacted
 from counteraudit.train.core.model_spec import ModelSpec
-from counteraudit.train.core.suite import Suite, load_suite
+from counteraudit.train.core.suite import Suite
 from counteraudit.train.core.suite_files import available_suites
 
 
@@ -68,6 +68,35 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How (not what) a command runs, from its command line: the runs folder, the device, the
+    executor's options over the suite's [slurm] table, where LPIPS finds its backbone weights.
+    The entry script builds it once (``run_options``) and hands it down; what to compute comes
+    from the typed suite (``Suite.with_settings`` takes the command line's overrides of it)."""
+    runs_dir: str | None = None
+    device: str | None = None
+    executor: dict[str, Any] = field(default_factory=dict)  # executor_options(args)
+    progress: bool = True
+    weights_dir: str | None = None
+    download_weights: bool = False
+
+    @property
+    def dry_run(self) -> bool:
+        return bool(self.executor.get("dry_run", False))
+
+
+def run_options(args: argparse.Namespace) -> RunOptions:
+    """The ``RunOptions`` of a parsed command line: this module adds the common options, the
+    executor's module its own (``executor_options``), the scoring scripts the device and the
+    distance's weights; an option a script does not take keeps its default."""
+    given = vars(args)
+    return RunOptions(runs_dir=given.get("runs_dir"), device=given.get("device"),
+                      executor=executor_options(args), progress=not given.get("no_progress", False),
+                      weights_dir=given.get("weights_dir"),
+                      download_weights=bool(given.get("download_weights", False)))
+
+
 # Errors a user causes (bad names, paths, parameters): shown as one line, not a traceback.
 USER_ERRORS = (ValueError, LookupError, FileNotFoundError, ExecutorError)
 
@@ -79,15 +108,16 @@ def run_cli(main, parser: argparse.ArgumentParser, args: argparse.Namespace | No
     Every write and artifact read of the command stays in its runs folder (``runs_folder_bound``;
     a runs folder that is a file fails first)."""
     args = parser.parse_args() if args is None else args
+    given = vars(args)
     try:
-        numerics.configure(getattr(args, "numerics", None))  # before any kernel runs
+        numerics.configure(given.get("numerics"))  # before any kernel runs
         try:
             numerics.check_in_effect()
         except numerics.NumericsError:
             numerics.restart_in_effect()  # replaces this process; returns if it already did once
             raise
-        with runs_folder_bound(getattr(args, "runs_dir", None)):
-            if hasattr(args, "suite"):
+        with runs_folder_bound(given.get("runs_dir")):
+            if "suite" in given:
                 args.suite = suite_name(args)  # --quick: every later step reads the quick suite
             return main(args)
     except USER_ERRORS as error:
@@ -96,7 +126,7 @@ def run_cli(main, parser: argparse.ArgumentParser, args: argparse.Namespace | No
     except OSError as error:
         if out_of_space(error) is None:
             raise
-        where = Path(error.filename or runs_dir(getattr(args, "runs_dir", None)))
+        where = Path(error.filename or runs_dir(given.get("runs_dir")))
         usage = disk_usage_near(where.resolve())
         free_text = (f" ({size_text(usage.free)} free of {size_text(usage.total)} there)"
                      if usage else "")
@@ -112,7 +142,7 @@ def run_cli(main, parser: argparse.ArgumentParser, args: argparse.Namespace | No
 def suite_name(args: argparse.Namespace) -> str:
     """The suite the command line asks for: --suite, or the quick suite with --quick (which
     conflicts with any other --suite than the default)."""
-    if not getattr(args, "quick", False):
+    if not vars(args).get("quick", False):
         return args.suite
     if args.suite not in ("demo", QUICK_SUITE):
         raise ValueError(f"--quick runs the {QUICK_SUITE!r} suite; drop --suite {args.suite} or "
@@ -120,22 +150,20 @@ def suite_name(args: argparse.Namespace) -> str:
     return QUICK_SUITE
 
 
-def select_models(args: argparse.Namespace) -> tuple[Suite, list[ModelSpec]]:
-    suite = load_suite(suite_name(args))
-    names = getattr(args, "model", None)
-    specs = [suite.model(n) for n in names] if names else suite.models
-    return suite, specs
+def selected_models(suite: Suite, names: list[str] | None) -> list[ModelSpec]:
+    """The models named (--model), or all of the suite's."""
+    return [suite.model(n) for n in names] if names else suite.models
 
 
-def executor_config(suite: Suite, args: argparse.Namespace, stage: str):
+def executor_config(suite: Suite, options: RunOptions, stage: str):
     """The stage's executor: command line over the suite's [slurm] table; Slurm logs default to
     <runs>/<suite>/slurm-logs/<stage>/."""
-    config = executor_config_from(args, suite.tables.get("slurm"), stage_name=stage)
+    config = executor_config_from(options.executor, suite.slurm, stage_name=stage)
     if config.local_jobs is None:
         config = config.with_changes(local_jobs=default_local_jobs())
     if config.log_dir is None:  # (a --log-dir given on the command line is used as given)
-        config = config.with_changes(log_dir=suite.root(args.runs_dir).resolve() / SLURM_LOGS)
-        inside_runs(config.log_dir / stage, args.runs_dir)
+        config = config.with_changes(log_dir=suite.root(options.runs_dir).resolve() / SLURM_LOGS)
+        inside_runs(config.log_dir / stage, options.runs_dir)
     return config
 
 
@@ -208,7 +236,10 @@ def resolved_runs_dir(runs_root) -> str | None:
     return str(Path(runs_root).resolve()) if runs_root else None
 
 
-def stage_item(suite: Suite, runs_root, **fields: Any) -> dict[str, Any]:
-    """A work item: what a work function needs to load the suite and the runs folder, plus the
-    stage's ``fields``."""
-    return {"suite": str(suite.path.resolve()), "runs_dir": resolved_runs_dir(runs_root), **fields}
+@dataclass(frozen=True, kw_only=True)
+class StageItem:
+    """What every work item carries: the suite (typed, resolved by the entry script: a worker
+    never reads the file again) and the runs folder (absolute: a Slurm job may start elsewhere).
+    A stage's items subclass it with their own fields."""
+    suite: Suite
+    runs_dir: str | None

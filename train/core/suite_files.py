@@ -19,7 +19,7 @@ def available_suites() -> list[str]:
     return sorted(p.stem for p in SUITES_DIR.glob("*.toml"))
 
 
-def _suite_path(name_or_path: str | Path, relative_to: Path | None = None) -> Path:
+def suite_path(name_or_path: str | Path, relative_to: Path | None = None) -> Path:
     path = Path(name_or_path)
     if path.suffix != ".toml":
         path = SUITES_DIR / f"{name_or_path}.toml"
@@ -49,7 +49,7 @@ MAX_EXTENDS_DEPTH = 32
 MAX_NESTING_DEPTH = 32
 
 
-def _read_table(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+def read_table(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     """The suite file's table with its ``extends`` chain resolved; ``name`` is never inherited.
     ``chain``: the files that extend this one, the first file first."""
     table = _read_file(path)
@@ -66,14 +66,14 @@ def _read_table(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
                              "suite files; at most that many may extend each other (the shipped "
                              "suites use 2): copy the tables you need into fewer files")
     try:
-        base_path = _suite_path(base_name, path.parent)
+        base_path = suite_path(base_name, path.parent)
     except ValueError as error:
         raise SuiteFileError(f"{where}: {error}") from None
     if base_path.resolve() in chain:
         cycle = " -> ".join(str(p) for p in (*chain, base_path.resolve()))
         raise SuiteFileError(f"{where}: suite files extend each other in a cycle: {cycle}; remove "
                              "one extends")
-    base = _read_table(base_path, chain)
+    base = read_table(base_path, chain)
     base.pop("name")
     return _merged(base, table)
 
@@ -140,14 +140,14 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"cannot write {value!r} ({type(value).__name__}) to a suite file")
 
 
-def _overridden(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+def overridden(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """``_merged``, where a None in ``overrides`` removes the key (TOML has no null)."""
     out = dict(base)
     for key, value in overrides.items():
         if value is None:
             out.pop(key, None)
         elif isinstance(value, dict):  # a new table too: its None values are removed keys
-            out[key] = _overridden(out[key] if isinstance(out.get(key), dict) else {}, value)
+            out[key] = overridden(out[key] if isinstance(out.get(key), dict) else {}, value)
         else:
             out[key] = value
     return out

@@ -79,11 +79,16 @@ MIN_NULL_MODELS = 2
 DEFAULT_SUITE_DISTANCE = "l2"
 
 
+# The paper's image counts: m detection images per model, p abnormal images per localizable model.
+PAPER_DETECTION_IMAGES = 50
+PAPER_LOCALIZATION_IMAGES = 40
+
+
 class EvaluateTable(_Table):
-    detection_images: int = Field(50, ge=2, le=bounds.SET_IMAGES.limit,
+    detection_images: int = Field(PAPER_DETECTION_IMAGES, ge=2, le=bounds.SET_IMAGES.limit,
                                   json_schema_extra=bounds.SET_IMAGES.extra,
                                   description="m, images explained per model for detection (the paper: 50)")
-    localization_images: int = Field(40, ge=2, le=bounds.SET_IMAGES.limit,
+    localization_images: int = Field(PAPER_LOCALIZATION_IMAGES, ge=2, le=bounds.SET_IMAGES.limit,
                                      json_schema_extra=bounds.SET_IMAGES.extra,
                                      description="p, abnormal images per localizable model (the paper: 40)")
     seed: int = Field(0, ge=0, description="seed of the image sets' draw")
@@ -254,10 +259,15 @@ def _real_loc(table: Any, loc: tuple, missing: bool) -> tuple:
     return tuple(real)
 
 
-def raise_problems(path, problems: list[str]) -> typing.NoReturn:
+def problem_lines(problems: list[str]) -> str:
+    """'N problems; nothing was run:' and one indented line per problem."""
     lines = "\n".join(f"  - {problem}" for problem in problems)
     count = "a problem" if len(problems) == 1 else f"{len(problems)} problems"
-    raise SuiteFileError(redacted(f"suite file {path} has {count}; nothing was run:\n{lines}"))
+    return f"{count}; nothing was run:\n{lines}"
+
+
+def raise_problems(path, problems: list[str]) -> typing.NoReturn:
+    raise SuiteFileError(redacted(f"suite file {path} has {problem_lines(problems)}"))
 
 
 # ---------------------------------------------------------------- messages

@@ -273,13 +273,13 @@ def render(attrs: dict[str, Any], size: int) -> tuple[np.ndarray, dict[str, Any]
     big = Image.fromarray(np.clip(canvas, 0, 255).astype(np.uint8)).resize(
         (size * _SUPERSAMPLE,) * 2, Image.NEAREST)
     draw = ImageDraw.Draw(big)
-    for item in attrs["clutter"]:
-        xy = [v * _SUPERSAMPLE for v in item["xy"]]
-        if item["kind"] == "line":
-            draw.line(xy, fill=tuple(item["colour"]), width=item["width"] * _SUPERSAMPLE)
+    for stroke in attrs["clutter"]:
+        xy = [v * _SUPERSAMPLE for v in stroke["xy"]]
+        if stroke["kind"] == "line":
+            draw.line(xy, fill=tuple(stroke["colour"]), width=stroke["width"] * _SUPERSAMPLE)
         else:
-            r = 1.5 * item["width"] * _SUPERSAMPLE
-            draw.ellipse([xy[0] - r, xy[1] - r, xy[0] + r, xy[1] + r], fill=tuple(item["colour"]))
+            r = 1.5 * stroke["width"] * _SUPERSAMPLE
+            draw.ellipse([xy[0] - r, xy[1] - r, xy[0] + r, xy[1] + r], fill=tuple(stroke["colour"]))
     face_boxes = []
     if attrs["face"] is not None:
         face_boxes.append(_draw_face(big, attrs["face"]))
