@@ -44,7 +44,7 @@ def test_guide_example_adds_an_auditor_with_one_file(tmp_path):
         suite = Path({str(tmp_path)!r}) / "with-auditor.toml"
         suite.write_text(f'extends = "demo"\\nname = "with-auditor"\\n[discover]\\n'
                          f'auditors = ["{{name}}"]\\n[auditors.{{name}}]\\nimages_per_class = 3\\n')
-        assert load_suite(suite).tables["auditors"][name] == {{"images_per_class": 3}}
+        assert load_suite(suite).auditor_tables[name] == {{"images_per_class": 3}}
 
         synthetic_factors.POOL_PER_CLASS = 10  # a small pool of attribute sets: seconds
         world = SyntheticWorld(SyntheticConfig(seed=3, image_size=32, num_train=16, num_val=16),
