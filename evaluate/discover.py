@@ -36,10 +36,10 @@ from counteraudit.evaluate.discovery.relative import SCORES
 from counteraudit.evaluate.discovery.stage import (discover_score, discover_seed, discover_suite,
                                                    suite_auditors)
 from counteraudit.evaluate.discovery.tables import discovery_notes, discovery_tables
+from counteraudit.evaluate.pipeline import load_checked_suite
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.slurm.executor import add_executor_args
 from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli, run_options
-from counteraudit.train.suite_plugins import load_checked_suite
 from counteraudit.train.train import train_and_check
 from counteraudit.train.worlds import build_world
 

@@ -32,7 +32,11 @@ from counteraudit.explain.params import NoParams, added, parse_params, recorded_
 from counteraudit.explain.render import RENDERER_VERSION
 from counteraudit.explain.renderers import ATTRIBUTIONS, CAMS, Renderer, build_renderer
 from counteraudit.train.core.artifacts import derive_seed
-from counteraudit.train.core.registries import ARCHITECTURES, METHODS
+from counteraudit.train.core.registries import ARCHITECTURES
+from counteraudit.train.core.registry import Registry
+
+# Explanation methods: one module each in explain/methods/, imported on the first lookup.
+METHODS: Registry[type] = Registry("method", plugins="counteraudit.explain.methods")
 
 
 # ---------------------------------------------------------------- results

@@ -13,7 +13,7 @@ import pytest
 from counteraudit.evaluate.detect import get_args_parser, main
 from counteraudit.train.core.stage import run_cli
 from counteraudit.train.core.recipe import Recipe
-from counteraudit.train.suite_plugins import load_checked_suite
+from counteraudit.evaluate.pipeline import load_checked_suite
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.suite_files import toml_text
 from counteraudit.train.core.suite_schema import SuiteFileError, SuiteTable, dataclass_table

@@ -24,7 +24,10 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 
 from counteraudit.explain.params import NoParams, parse_params
-from counteraudit.train.core.registries import RENDERERS
+from counteraudit.train.core.registry import Registry
+
+# Renderers: one module each in this package, imported on the first lookup.
+RENDERERS: Registry = Registry("renderer", plugins="counteraudit.explain.renderers")
 
 ATTRIBUTIONS = "attributions"
 CAMS = "cams"

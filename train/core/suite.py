@@ -153,7 +153,7 @@ def load_suite(name_or_path: str | Path,
     """The suite, every table and key checked (``train/core/suite_schema.py``) before anything runs:
     one ``SuiteFileError`` lists every problem with its fix. The plug-in tables of the layers above
     training (explanation methods, auditors, the distance, the null test) are checked by the entry
-    scripts, which own those layers: they pass ``plugin_problems`` (``train/suite_plugins.py``),
+    scripts, which own those layers: they pass ``plugin_problems`` (``evaluate/pipeline.py``, ``explain/settings.py``),
     whose problems join the others in the one error."""
     path = suite_path(name_or_path)
     table = read_table(path)

@@ -28,7 +28,10 @@ import torch
 from scipy.stats import binom
 
 from counteraudit.explain.params import NoParams, parse_params, recorded_params
-from counteraudit.train.core.registries import AUDITORS
+from counteraudit.train.core.registry import Registry
+
+# Failure-discovery auditors: one module each in evaluate/discovery/auditors/, imported on the first lookup.
+AUDITORS: Registry = Registry("auditor", plugins="counteraudit.evaluate.discovery.auditors")
 
 PREDICT_BATCH = 256
 
