@@ -168,7 +168,7 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
           "per n; all n: the suite's own Table 2 value)\n")
     print(to_markdown(table, float_format="{:.2f}"))
     settings = PowerSettings(subsets=args.subsets, level=args.level, auroc_target=args.auroc_target)
-    tables = power_tables(suite, methods, distance, distance_name, settings, runs_root,
+    tables = power_tables(suite, methods, distance, settings, runs_root,
                           detection_by_n=pd.concat(detected, ignore_index=True) if detected else None,
                           localization_by_n=pd.DataFrame(located) if located else None, rng=rng)
     print_power(tables, suite, settings)
