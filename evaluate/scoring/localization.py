@@ -93,15 +93,6 @@ def chance_band(abnormal_scores, normal_scores, *, n_permutations: int = DEFAULT
     return low, high, p_value
 
 
-def chance_band_for_sizes(n_abnormal: int, n_normal: int, *, n_permutations: int = DEFAULT_RESAMPLES,
-                          level: float = DEFAULT_LEVEL, seed: int = 0) -> tuple[float, float]:
-    """The chance band for untied scores of the given set sizes (e.g. 40 and 40 -> about 0.37-0.63)."""
-    low, high, _ = chance_band(np.arange(n_abnormal, dtype=float), np.arange(n_abnormal, n_abnormal + n_normal,
-                                                                              dtype=float),
-                               n_permutations=n_permutations, level=level, seed=seed)
-    return low, high
-
-
 def localization_table(scores: pd.DataFrame, *, abnormal_column: str = "abnormal",
                        by: Sequence[str] = ("method",), per_layer: bool = False,
                        models: Sequence[str] | None = None, n_resamples: int = DEFAULT_RESAMPLES,
