@@ -149,7 +149,7 @@ def train_models(suite: Suite, specs: list[ModelSpec], args: argparse.Namespace)
     """Train what is missing, through the local or Slurm executor; returns every model's metrics."""
     config = executor_config(suite, args, "train")
     if not config.dry_run:
-        link_suite_models(suite, specs, args.runs_dir)  # adopts an older layout's models first
+        link_suite_models(suite, specs, args.runs_dir)  # first: a model folder already there is adopted
     plan = plan_stage(specs, lambda spec: is_trained(model_dir(args.runs_dir, spec)),
                       cost=training_cost)
     if plan.missing and config.executor == "local" and not config.dry_run:
