@@ -41,7 +41,7 @@ class NullTest:
     name: str = ""
     summary: str = ""  # one line: what the p-value is, for the report and --help
     continuous: bool = True  # False: p-values on a grid (a rank), where a KS test says nothing
-    min_nulls: int = 2  # null models the test needs; ``_check_nulls`` enforces it
+    min_nulls: int = 2  # null models the test needs; ``check_nulls`` enforces it
 
     def p_values(self, null_abars: np.ndarray, abars: np.ndarray) -> np.ndarray:
         """``null_abars`` (..., k) and ``abars`` (..., n), all > 0 -> p-values (..., n):
@@ -68,7 +68,9 @@ def describe_tests() -> str:
                      f"{NULL_TESTS.get(name).summary})" for name in NULL_TESTS.names())
 
 
-def _check_nulls(null_abars: np.ndarray, minimum: int) -> np.ndarray:
+def check_nulls(null_abars: np.ndarray, minimum: int) -> np.ndarray:
+    """``null_abars`` (..., k) as float64, once they are at least ``minimum`` per row, finite and
+    positive; an error saying what to raise otherwise."""
     null_abars = np.asarray(null_abars, dtype=np.float64)
     if null_abars.shape[-1] < minimum:
         raise ValueError(f"a null p-value needs at least {minimum} null models' Abars, got "
