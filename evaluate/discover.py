@@ -58,7 +58,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="how subgroups are ranked (default: the suite's [discover] score, "
                              "else relative): relative (recommended) scores each against the "
                              "references on the same images; absolute ranks by the statistic "
-                             "alone, as the seeds' papers did")
+                             "alone, as the auditors' source papers did")
     add_executor_args(parser)
     return parser
 
@@ -98,7 +98,7 @@ def main(args: argparse.Namespace) -> dict:
     write_tables(suite, tables, runs_root)
     scale = ("relative score: the model's statistic minus the references' mean on the same "
              "images, over their spread, each reference left out of its own baseline"
-             if score == "relative" else "absolute statistic, as the seeds' papers ranked")
+             if score == "relative" else "absolute statistic, as the auditors' source papers ranked")
     print(f"\nTable 3 -- fraction of each family's models detected by each auditor (its top "
           f"finding above every reference's; {suite.name} suite, {len(references)} references; "
           f"{scale})\n")

@@ -79,13 +79,6 @@ def distance_matrix(results: dict, names: list[str], distance) -> np.ndarray:
     return reference_distance_matrix(features, names, distance)
 
 
-def auroc_by_reference_count(matrix: np.ndarray, abnormal: np.ndarray, subsets: int,
-                             rng: np.random.Generator) -> dict[int, float]:
-    """n -> mean AUROC over random n-subsets of the references (``aurocs_by_reference_count``)."""
-    return {n: float(np.mean(values))
-            for n, values in aurocs_by_reference_count(matrix, abnormal, subsets, rng).items()}
-
-
 def aurocs_by_reference_count(matrix: np.ndarray, abnormal: np.ndarray, subsets: int,
                               rng: np.random.Generator) -> dict[int, np.ndarray]:
     """n -> the AUROC of each random n-subset of the references.

@@ -8,7 +8,7 @@ class that sets ``name`` (and, optionally, a ``Params`` dataclass) and implement
   produce images directly (Caricatures), optionally per layer.
 
 ``ExplanationMethod.run(model, images)`` does the rest once for every method: it makes the model
-hook-safe (explain/explainable.py), takes the target class (the model's own top class, SPEC.md:
+hook-safe (explain/explainable.py), takes the target class (the model's own top class,
 c_max = argmax_c f_c(x), as the paper; or, with ``explained_class = "label"`` for methods whose
 parameters derive from ``TargetParams``, the image's true label), runs batches under a seeded RNG
 (same seed, same bits), and assembles an ``Explanation``. Attribution methods render their raw

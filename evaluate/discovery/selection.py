@@ -1,4 +1,4 @@
-"""Selection functions of the budgeted failure search (seed 002): which subdomain to evaluate next.
+"""Selection functions of the budgeted subdomain search: which subdomain to evaluate next.
 
 A *subdomain* is one combination of values of the grid's factors (one value per factor). The
 search alternates evaluation and selection: it starts from ``INITIAL`` random subdomains, then asks

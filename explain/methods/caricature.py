@@ -15,7 +15,7 @@ power stays defined), solved with lucent's default regularisation, as ``render_v
   model on a CPU; the ``demo`` suite, see demo.toml for the measured cost); the target f_l(x) is
   computed once on the clean input x, as the paper's code did, so both feature maps have the
   same shape;
-- Adam, learning rate 5e-2, ``steps`` steps (512, SPEC.md), or per layer from ``steps_by_layer``
+- Adam, learning rate 5e-2, ``steps`` steps (512, the paper's), or per layer from ``steps_by_layer``
   (the paper's code: ``{ layer4 = 1024 }``); layers with different step counts are rendered by
   separate optimisations;
 - randomness (``noise``): "shared", one random start and one augmentation draw per step for the

@@ -131,7 +131,7 @@ class DiscoverTable(_Table):
     score: Literal["relative", "absolute"] = Field("relative", description=(
         "how subgroups are ranked: relative (recommended: the model's statistic against the "
         "references' on the same images, each reference left out of its own baseline) or "
-        "absolute (the statistic alone, as the seeds' papers ranked)"))
+        "absolute (the statistic alone, as the auditors' source papers ranked)"))
 
 
 class ArchitectureTable(_Table):

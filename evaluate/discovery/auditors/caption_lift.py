@@ -1,4 +1,4 @@
-"""Failure-rate lift of captions of misclassified images (seed 000, Wiles et al., 2022).
+"""Failure-rate lift of captions of misclassified images (Wiles, Albuquerque & Gowal, 2022).
 
 The paper's two objectives, for a class y and a description z (the class's prompt plus sentences):
 

@@ -1,4 +1,5 @@
-"""Budgeted failure search (seed 002): generation, evaluation and selection over subdomains.
+"""Budgeted failure search: generation, evaluation and selection over subdomains, with a
+surrogate model choosing the next one.
 
 A subdomain is one combination of values of the grid's factors (``factors``; the demo grid is
 class x face x size x background, 196 feasible subdomains of 240). The search evaluates 10 random
