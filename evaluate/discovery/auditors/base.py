@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from scipy.stats import binom
 
-from counteraudit.explain.params import NoParams, parse_params, recorded_params
+from counteraudit.train.core.params import NoParams, parse_params, recorded_params
 from counteraudit.train.core.registries import AUDITORS
 
 PREDICT_BATCH = 256
@@ -145,7 +145,7 @@ class Auditor(ABC):
     spread_floor: ClassVar[float] = 0.05
 
     def __init__(self, params: Mapping[str, Any] | Any | None = None):
-        self.params = parse_params(self.Params, params, self.name)
+        self.params = parse_params(self.Params, params, f"auditor {self.name!r}")
         self.check()
         self._used = 0
         self._budget: int | None = 0
