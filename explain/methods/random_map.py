@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from counteraudit.explain.base import DEFAULT_RENDERERS, METHODS, AttributionMethod, BatchContext
-from counteraudit.explain.params import at_most
+from counteraudit.train.core.params import at_most
 from counteraudit.explain.renderers import CAMS
 from counteraudit.train.core import size_bounds as bounds
 
@@ -74,7 +74,7 @@ class RandomMap(AttributionMethod):
     @dataclass(frozen=True)
     class Params:
         seed: int = 0
-        grid: int = at_most(7, bounds.GRID)  # cells per side of the random field before upsampling
+        grid: Annotated[int, at_most(bounds.GRID)] = 7  # cells per side of the random field before upsampling
         renderer: str = DEFAULT_RENDERERS[CAMS]
         renderer_options: dict[str, Any] | None = None
 

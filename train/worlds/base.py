@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from counteraudit.train.core.registries import WORLDS
-from counteraudit.train.core.suite_schema import check_table, dataclass_table
+from counteraudit.train.core.params import params_problems
 
 # (x0, y0, x1, y1) in pixels of the evaluation image, x1/y1 exclusive.
 Box = tuple[int, int, int, int]
@@ -129,7 +129,7 @@ class World(ABC):
         is checked when it loads, before any job starts."""
         if cls.config_class is None:
             return []
-        return check_table(dataclass_table(cls.config_class), config, "[world]")
+        return params_problems(cls.config_class, config, "[world]")
 
     @classmethod
     def listed_class_names(cls, config: dict[str, Any]) -> list[str] | None:
