@@ -7,7 +7,7 @@ changes.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -15,17 +15,12 @@ import torch
 
 from counteraudit.anomalies.common import VERIFY_IMAGES
 from counteraudit.train.core.registries import FAMILIES, strength_families
-from counteraudit.train.core.suite_schema import check_table, dataclass_table
+from counteraudit.train.core.params import NoParams, key_params, parse_params
 
 __all__ = ["FAMILIES", "NOT_EXPRESSIBLE", "AnomalyFamily", "NoParams", "Verdict", "strength_families"]
 
 # ``planted_slice`` of a family whose cue (a trigger, a drawn index) is not a factor of the world.
 NOT_EXPRESSIBLE = "not expressible"
-
-
-@dataclass(frozen=True)
-class NoParams:
-    pass
 
 
 class AnomalyFamily:
@@ -42,9 +37,6 @@ class AnomalyFamily:
     measure_version: ClassVar[int] = 1
     # validation images the implant check measures (part of the cached reference figures' key)
     verify_images: ClassVar[int] = VERIFY_IMAGES
-    # Parameters added after models were trained: left out of the canonical dict (the model's key)
-    # while at their default, so those models keep their keys and are not trained again.
-    key_omits_default: ClassVar[tuple[str, ...]] = ()
     # Parameters that decide only what is evaluated (which images are abnormal), never the
     # weights: always left out of the model's key, so changing one never trains a model again.
     key_excludes: ClassVar[tuple[str, ...]] = ()
@@ -60,19 +52,13 @@ class AnomalyFamily:
     @classmethod
     def validate_params(cls, params: dict[str, Any]) -> dict[str, Any]:
         """Defaults filled in, every value checked; returns the canonical dict (part of the
-        model's identity). Errors name the bad value and the valid range."""
-        # each key's type, as the suite file's schema checks its own (values kept as written)
-        problems = check_table(dataclass_table(cls.Params), params, f"{cls.name} params")
-        if problems:
-            raise ValueError("; ".join(problems))
-        instance = cls.Params(**params)
+        model's identity: ``key_params``, so a field declared ``added`` is left out while at the
+        value models were trained with before it existed). Errors name the bad value and the
+        valid range."""
+        # values kept as written: the keys of models trained so far hold them so (2, not 2.0)
+        instance = parse_params(cls.Params, params, f"{cls.name} params", as_written=True)
         cls.check(instance)
-        canonical = asdict(instance)
-        defaults = asdict(cls.Params())
-        for name in cls.key_omits_default:
-            if canonical[name] == defaults[name]:
-                del canonical[name]
-        return canonical
+        return key_params(instance)
 
     @classmethod
     def check_image_size(cls, params: dict[str, Any], height: int, width: int) -> None:

@@ -49,7 +49,7 @@ def main(args: argparse.Namespace) -> dict:
     if options.dry_run:
         return {}
     started = time.perf_counter()
-    scores = detection_scores(suite, distance, distance_name, methods, options.runs_dir, options)
+    scores = detection_scores(suite, distance, methods, options.runs_dir, options)
     print(f"scored in {time.perf_counter() - started:.0f}s")
     references = [s.name for s in suite.references]
     tables = stored_detection_tables(suite, scores, distance_name, methods, options.runs_dir)

@@ -36,10 +36,10 @@ from counteraudit.evaluate.discovery.relative import SCORES
 from counteraudit.evaluate.discovery.stage import (discover_score, discover_seed, discover_suite,
                                                    suite_auditors)
 from counteraudit.evaluate.discovery.tables import discovery_notes, discovery_tables
+from counteraudit.evaluate.pipeline import load_checked_suite
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.slurm.executor import add_executor_args
 from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli, run_options
-from counteraudit.train.suite_plugins import load_checked_suite
 from counteraudit.train.train import train_and_check
 from counteraudit.train.worlds import build_world
 
@@ -58,7 +58,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="how subgroups are ranked (default: the suite's [discover] score, "
                              "else relative): relative (recommended) scores each against the "
                              "references on the same images; absolute ranks by the statistic "
-                             "alone, as the seeds' papers did")
+                             "alone, as the auditors' source papers did")
     add_executor_args(parser)
     return parser
 
@@ -98,7 +98,7 @@ def main(args: argparse.Namespace) -> dict:
     write_tables(suite, tables, runs_root)
     scale = ("relative score: the model's statistic minus the references' mean on the same "
              "images, over their spread, each reference left out of its own baseline"
-             if score == "relative" else "absolute statistic, as the seeds' papers ranked")
+             if score == "relative" else "absolute statistic, as the auditors' source papers ranked")
     print(f"\nTable 3 -- fraction of each family's models detected by each auditor (its top "
           f"finding above every reference's; {suite.name} suite, {len(references)} references; "
           f"{scale})\n")
@@ -129,41 +129,50 @@ def main(args: argparse.Namespace) -> dict:
         print("\nReferences with any significant finding (the false-positive rate of auditors "
               "that keep only significant findings)\n")
         print(to_markdown(tables["discovery-false-positives"], float_format="{:.2f}"))
-    study = search_study(suite, results, world, runs_root, discover_seed(suite), options.device)
-    if study:
-        write_tables(suite, study["tables"], runs_root)
-        tables.update(study["tables"])
-        print("\nSelection functions compared by lookup in the exhaustive references (10 search "
-              "seeds): coverage of the 10% worst subdomains (mean, sd over seeds), mean accuracy "
-              "of the explored subdomains, each surrogate's Spearman correlation on the subdomains "
-              "NOT explored (held out), by share explored\n")
-        print(to_markdown(study["tables"]["search-selection-comparison"], float_format="{:.3f}"))
-        overview = {"search-selections-over-models": selections_over_models(
-            study["tables"]["search-selection-comparison"])}
-        write_tables(suite, overview, runs_root)
-        tables.update(overview)
-        print("\nThe same over models: each model's coverage (mean over seeds), averaged over the "
-              "models, sd over models\n")
-        print(to_markdown(overview["search-selections-over-models"], float_format="{:.2f}"))
-        print("\nBudget curves -- images each auditor needs to rank the planted slice first "
-              "(top 1) and in the top 3, at every larger budget of the curve (mean over the seeds "
-              "that reach it; "
-              "surrogate_search: 10 seeds by lookup, the others: the discover seed)\n")
-        curves = study["tables"].get("search-budget-curves", ())
-        if len(curves):
-            equal = {f"search-equal-budgets-top{k}": equal_budget_table(curves, within=k)
-                     for k in (1, 5)}
-            write_tables(suite, equal, runs_root)
-            tables.update(equal)
-            print("\nAt equal image budgets -- share of localizable models whose planted slice is "
-                  "first (top 1) once each auditor has spent that many images, 95% interval over "
-                  "models\n")
-            print(to_markdown(equal["search-equal-budgets-top1"], float_format="{:.2f}"))
-        needed = study["tables"]["search-images-to-rank"]
-        print(to_markdown(needed, float_format="{:.0f}") if len(needed) else
-              f"(none: the {suite.name} suite has no localizable anomalous model, so no auditor "
-              "has a planted slice to rank)")
+    tables.update(search_tables(suite, results, world, runs_root, options.device))
     print(f"\ntables: {suite.root(runs_root) / 'tables'}/")
+    return tables
+
+
+def search_tables(suite, results, world, runs_root, device) -> dict:
+    """The search study's tables (selection functions, budget curves, images to rank the planted
+    slice), written and printed; {} where the suite's world has no exhaustive references."""
+    study = search_study(suite, results, world, runs_root, discover_seed(suite), device)
+    if not study:
+        return {}
+    tables = {}
+    write_tables(suite, study["tables"], runs_root)
+    tables.update(study["tables"])
+    print("\nSelection functions compared by lookup in the exhaustive references (10 search "
+          "seeds): coverage of the 10% worst subdomains (mean, sd over seeds), mean accuracy "
+          "of the explored subdomains, each surrogate's Spearman correlation on the subdomains "
+          "NOT explored (held out), by share explored\n")
+    print(to_markdown(study["tables"]["search-selection-comparison"], float_format="{:.3f}"))
+    overview = {"search-selections-over-models": selections_over_models(
+        study["tables"]["search-selection-comparison"])}
+    write_tables(suite, overview, runs_root)
+    tables.update(overview)
+    print("\nThe same over models: each model's coverage (mean over seeds), averaged over the "
+          "models, sd over models\n")
+    print(to_markdown(overview["search-selections-over-models"], float_format="{:.2f}"))
+    print("\nBudget curves -- images each auditor needs to rank the planted slice first "
+          "(top 1) and in the top 3, at every larger budget of the curve (mean over the seeds "
+          "that reach it; "
+          "surrogate_search: 10 seeds by lookup, the others: the discover seed)\n")
+    curves = study["tables"].get("search-budget-curves", ())
+    if len(curves):
+        equal = {f"search-equal-budgets-top{k}": equal_budget_table(curves, within=k)
+                 for k in (1, 5)}
+        write_tables(suite, equal, runs_root)
+        tables.update(equal)
+        print("\nAt equal image budgets -- share of localizable models whose planted slice is "
+              "first (top 1) once each auditor has spent that many images, 95% interval over "
+              "models\n")
+        print(to_markdown(equal["search-equal-budgets-top1"], float_format="{:.2f}"))
+    needed = study["tables"]["search-images-to-rank"]
+    print(to_markdown(needed, float_format="{:.0f}") if len(needed) else
+          f"(none: the {suite.name} suite has no localizable anomalous model, so no auditor "
+          "has a planted slice to rank)")
     return tables
 
 

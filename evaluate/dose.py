@@ -43,14 +43,14 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
-def suite_dose_tables(suite, methods, distance, distance_name, runs_root=None, options=None):
+def suite_dose_tables(suite, methods, distance, runs_root=None, options=None):
     """(dose table, thresholds) of a suite with [[sweeps]], from its detection and localization
     score tables (computed when missing) and its implant records."""
     if not suite.sweeps:
         raise ValueError(f"suite {suite.name!r} declares no [[sweeps]]; run --suite dose, or add "
                          "[[sweeps]] entries (family, values, params) to your suite file")
-    detection = detection_scores(suite, distance, distance_name, methods, runs_root, options)
-    localization = (localization_scores(suite, distance, distance_name, methods, runs_root, options)
+    detection = detection_scores(suite, distance, methods, runs_root, options)
+    localization = (localization_scores(suite, distance, methods, runs_root, options)
                     if localizable(suite) else None)
     implants = {s.name: read_implant(suite, s, runs_root) for s in suite.anomalies}
     return suite_dose(suite, detection, localization, implants)
@@ -62,7 +62,7 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
     distance_name = distance.name
     if options.dry_run:
         return {}
-    dose, limits = suite_dose_tables(suite, methods, distance, distance_name, options.runs_dir, options)
+    dose, limits = suite_dose_tables(suite, methods, distance, options.runs_dir, options)
     print(f"\nDose-response ({describe_distance(distance_name)}; {suite.name} suite, "
           f"{len(suite.references)} references). margin = Abar(f) / max_i Abar(g_i), * = detected "
           "(above every reference); AUROC [95% bootstrap band over images]")

@@ -43,7 +43,7 @@ def main(args: argparse.Namespace) -> dict:
     if options.dry_run:
         return {}
     started = time.perf_counter()
-    scores = localization_scores(suite, distance, distance_name, methods, options.runs_dir, options)
+    scores = localization_scores(suite, distance, methods, options.runs_dir, options)
     print(f"scored in {time.perf_counter() - started:.0f}s")
     model_level = model_level_methods(methods)
     tables = localization_tables(scores, distance_name, suite, not_applicable=model_level)

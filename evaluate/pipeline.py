@@ -6,18 +6,19 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from counteraudit.evaluate.scoring.distances import DISTANCES, Distance, MissingBackboneWeightsError, build_distance
-from counteraudit.evaluate.scoring.null_tests.base import describe_tests
+from counteraudit.evaluate.discovery.stage import auditor_problems
+from counteraudit.evaluate.scoring.null_tests.base import describe_tests, null_test_problems
 from counteraudit.explain.run import add_chunk_images_arg
-from counteraudit.explain.settings import MethodSpec, method_specs
+from counteraudit.explain.settings import MethodSpec, method_problems, method_specs
 from counteraudit.explain.stage import explain_suite, explained_images_line
 from counteraudit.slurm.executor import add_executor_args
 from counteraudit.train.core.stage import RunOptions, ScriptHelpFormatter, add_common_args, run_options
-from counteraudit.train.core.suite import Suite
+from counteraudit.train.core.suite import Suite, load_suite
 from counteraudit.train.core.suite_checks import named_problems
-from counteraudit.train.core.suite_schema import MIN_SCORED_REFERENCES, SuiteFileError, problem_lines
-from counteraudit.train.suite_plugins import load_checked_suite, null_test_problems
+from counteraudit.train.core.suite_schema import MIN_SCORED_REFERENCES, SuiteFileError, SuiteTable, problem_lines
 from counteraudit.train.train import train_and_check
 
 
@@ -77,6 +78,21 @@ class Prepared:
     @property
     def method_names(self) -> list[str]:
         return list(self.methods)
+
+
+def plugin_problems(settings: SuiteTable) -> list[str]:
+    """What is wrong with the suite's tables of the layers above training: its explanation
+    methods, its auditors, its distance and its null test, each checked by the layer that owns
+    it. The composition root's check: ``load_suite`` adds them to the file's other problems."""
+    return (method_problems(settings) + auditor_problems(settings)
+            + named_problems([settings.evaluate.distance], DISTANCES, "[evaluate] distance")
+            + null_test_problems(settings.references, settings.evaluate.p_value, "[evaluate] p_value"))
+
+
+def load_checked_suite(name_or_path: str | Path) -> Suite:
+    """The suite with every table checked, the plug-ins' too: one ``SuiteFileError`` lists the
+    problems of the whole file before any work."""
+    return load_suite(name_or_path, plugin_problems)
 
 
 def scoring_suite(name: str, *, distance: str | None = None, p_value: str | None = None,

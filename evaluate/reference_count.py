@@ -79,13 +79,6 @@ def distance_matrix(results: dict, names: list[str], distance) -> np.ndarray:
     return reference_distance_matrix(features, names, distance)
 
 
-def auroc_by_reference_count(matrix: np.ndarray, abnormal: np.ndarray, subsets: int,
-                             rng: np.random.Generator) -> dict[int, float]:
-    """n -> mean AUROC over random n-subsets of the references (``aurocs_by_reference_count``)."""
-    return {n: float(np.mean(values))
-            for n, values in aurocs_by_reference_count(matrix, abnormal, subsets, rng).items()}
-
-
 def aurocs_by_reference_count(matrix: np.ndarray, abnormal: np.ndarray, subsets: int,
                               rng: np.random.Generator) -> dict[int, np.ndarray]:
     """n -> the AUROC of each random n-subset of the references.
@@ -168,7 +161,7 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
           "per n; all n: the suite's own Table 2 value)\n")
     print(to_markdown(table, float_format="{:.2f}"))
     settings = PowerSettings(subsets=args.subsets, level=args.level, auroc_target=args.auroc_target)
-    tables = power_tables(suite, methods, distance, distance_name, settings, runs_root,
+    tables = power_tables(suite, methods, distance, settings, runs_root,
                           detection_by_n=pd.concat(detected, ignore_index=True) if detected else None,
                           localization_by_n=pd.DataFrame(located) if located else None, rng=rng)
     print_power(tables, suite, settings)

@@ -92,14 +92,14 @@ def main(args: argparse.Namespace) -> Path | None:
     if options.dry_run:
         return None
     output = report_path(suite, args)  # a link in its way fails before scoring and rendering
-    detection = detection_scores(suite, distance, distance_name, methods, runs_root, options)
+    detection = detection_scores(suite, distance, methods, runs_root, options)
     implants = {s.name: read_implant(suite, s, runs_root) for s in suite.anomalies}
     tables = stored_detection_tables(suite, detection, distance_name, methods, runs_root,
                                      implants=implants)
     model_level = model_level_methods(methods)
     localization = None
     if localizable(suite):
-        localization = localization_scores(suite, distance, distance_name, methods, runs_root, options)
+        localization = localization_scores(suite, distance, methods, runs_root, options)
         tables.update(localization_tables(localization, distance_name, suite,
                                           not_applicable=model_level))
         tables.update(zoo_summary_tables(tables, distance_name, len(suite.references),

@@ -33,7 +33,7 @@ from counteraudit.evaluate.scoring.stage import tables_dir
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core import numerics
 from counteraudit.train.core.artifacts import atomic_write_json, file_sha256, runs_dir
-from counteraudit.train.core.registries import METHODS
+from counteraudit.explain.base import METHODS
 from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli
 from counteraudit.train.core.suite import Suite, load_suite
 from counteraudit.train.worlds import build_world

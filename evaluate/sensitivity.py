@@ -65,7 +65,7 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
           f"({describe_distance(distance_name)})")
     for line in skipped:
         print(f"skipped {line}")
-    base = scored_tables(suite, methods, distance, distance_name, options)
+    base = scored_tables(suite, methods, distance, options)
     detections, localizations = [], []
     for variant in variants:
         if not variant.methods:
@@ -77,7 +77,7 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
         # outputs" verdict needs it on the same images
         variant_methods = variant.methods + ([BASELINE] if BASELINE in methods and BASELINE not in
                                              variant.methods else [])
-        other = scored_tables(variant.suite, variant_methods, distance, distance_name, options)
+        other = scored_tables(variant.suite, variant_methods, distance, options)
         det, loc = compare(base, other, variant)
         detections.append(det)
         localizations.append(loc)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from counteraudit.explain.base import (METHODS, AttributionMethod, BatchOutput, Explanation,
                                        ExplanationMethod, VisualizationMethod, build_method)
 from counteraudit.explain.explainable import explainable
-from counteraudit.explain.params import execution_only
+from counteraudit.train.core.params import execution_only
 from counteraudit.explain.render import RENDERER_VERSION
 
 __all__ = ["METHODS", "AttributionMethod", "BatchOutput", "Explanation", "ExplanationMethod",

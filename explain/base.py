@@ -8,7 +8,7 @@ class that sets ``name`` (and, optionally, a ``Params`` dataclass) and implement
   produce images directly (Caricatures), optionally per layer.
 
 ``ExplanationMethod.run(model, images)`` does the rest once for every method: it makes the model
-hook-safe (explain/explainable.py), takes the target class (the model's own top class, SPEC.md:
+hook-safe (explain/explainable.py), takes the target class (the model's own top class,
 c_max = argmax_c f_c(x), as the paper; or, with ``explained_class = "label"`` for methods whose
 parameters derive from ``TargetParams``, the image's true label), runs batches under a seeded RNG
 (same seed, same bits), and assembles an ``Explanation``. Attribution methods render their raw
@@ -21,18 +21,22 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterator, Mapping
+from typing import Any, ClassVar, Iterator, Literal, Mapping, get_args
 
 import numpy as np
 import torch
 from torch import nn
 
 from counteraudit.explain.explainable import explainable
-from counteraudit.explain.params import NoParams, added, parse_params, recorded_params
+from counteraudit.train.core.params import NoParams, added, parse_params, recorded_params
 from counteraudit.explain.render import RENDERER_VERSION
 from counteraudit.explain.renderers import ATTRIBUTIONS, CAMS, Renderer, build_renderer
 from counteraudit.train.core.artifacts import derive_seed
-from counteraudit.train.core.registries import ARCHITECTURES, METHODS
+from counteraudit.train.core.registries import ARCHITECTURES
+from counteraudit.train.core.registry import Registry
+
+# Explanation methods: one module each in explain/methods/, imported on the first lookup.
+METHODS: Registry[type] = Registry("method", plugins="counteraudit.explain.methods")
 
 
 # ---------------------------------------------------------------- results
@@ -92,7 +96,8 @@ class BatchContext:
 
 
 # ---------------------------------------------------------------- shared parameters
-EXPLAINED_CLASSES = ("top", "label")
+ExplainedClass = Literal["top", "label"]
+EXPLAINED_CLASSES = get_args(ExplainedClass)
 
 
 @dataclass(frozen=True)
@@ -100,10 +105,11 @@ class TargetParams:
     """Parameters of every method that explains one class: which one. "top": the model's own
     argmax, as in the paper; "label": the image's true label (separates what an explanation
     shows from a mere change of the model's output)."""
-    explained_class: str = added("top", choices=EXPLAINED_CLASSES)
+    explained_class: ExplainedClass = added("top")
 
 
-GRADIENT_SPACES = ("normalized", "pixels")
+GradientSpace = Literal["normalized", "pixels"]
+GRADIENT_SPACES = get_args(GradientSpace)
 DEFAULT_RENDERERS = {ATTRIBUTIONS: "hot_overlay", CAMS: "jet_overlay"}
 
 
@@ -121,7 +127,7 @@ class SaliencyParams(TargetParams):
     renderer, renderer_options: explain/renderers/; "captum_figure" is what the paper scored,
         "hot_overlay" the project's fast renderer.
     """
-    gradient_space: str = added("pixels", choices=GRADIENT_SPACES)
+    gradient_space: GradientSpace = added("pixels")
     renderer: str = added(DEFAULT_RENDERERS[ATTRIBUTIONS])
     renderer_options: dict[str, Any] | None = added(None)
 
@@ -235,7 +241,7 @@ class ExplanationMethod(ABC):
     model_level: ClassVar[bool] = False
 
     def __init__(self, params: Mapping[str, Any] | Any | None = None):
-        self.params = parse_params(self.Params, params, self.name)
+        self.params = parse_params(self.Params, params, f"method {self.name!r}")
 
     def resolve(self, architecture: str | None) -> Any:
         """Parameters with architecture-dependent defaults filled in (e.g. layers). Override."""

@@ -11,6 +11,8 @@ default zero baseline is z = 0 (the mean colour), and Grad-CAM's test-time augme
 """
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 from torch import nn
 
@@ -57,7 +59,8 @@ def in_gradient_space(model: nn.Module, images: torch.Tensor, gradient_space: st
     return model, images
 
 
-BASELINES = ("normalized_zero", "black")
+Baseline = Literal["normalized_zero", "black"]
+BASELINES = get_args(Baseline)
 
 
 def baseline_image(model: nn.Module, inputs: torch.Tensor, baseline: str, normalized_space: bool,

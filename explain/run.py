@@ -32,13 +32,12 @@ import counteraudit.train  # noqa: E402, F401, I001
 import argparse
 import time
 
-from counteraudit.explain.settings import method_specs
+from counteraudit.explain.settings import method_problems, method_specs
 from counteraudit.explain.stage import explain_suite, explained_images_line
 from counteraudit.slurm.executor import add_executor_args
 from counteraudit.train.core.stage import (ScriptHelpFormatter, add_common_args, run_cli, run_options,
                                            selected_models)
-from counteraudit.train.core.suite import Suite
-from counteraudit.train.suite_plugins import load_checked_suite
+from counteraudit.train.core.suite import Suite, load_suite
 from counteraudit.train.train import train_and_check
 
 
@@ -64,7 +63,7 @@ def explain_overrides(suite: Suite, args: argparse.Namespace) -> Suite:
 
 
 def main(args: argparse.Namespace) -> None:
-    suite = explain_overrides(load_checked_suite(args.suite), args)
+    suite = explain_overrides(load_suite(args.suite, method_problems), args)
     options = run_options(args)
     methods = method_specs(suite, args.method)
     # This stage needs trained models, and the blurred-faces image set needs the implant checks:

@@ -14,6 +14,8 @@ from typing import Any
 
 from counteraudit.explain.base import METHODS, ExplanationMethod
 from counteraudit.train.core.suite import Suite
+from counteraudit.train.core.suite_checks import built_problems, named_problems
+from counteraudit.train.core.suite_schema import SuiteTable
 
 
 @dataclass(frozen=True)
@@ -46,3 +48,27 @@ def method_specs(suite: Suite, only: list[str] | None = None) -> dict[str, Metho
 def suite_method(suite: Suite, name: str) -> ExplanationMethod:
     """The method ``name`` built as ``suite`` sets it (its ``[methods.<name>]`` parameters)."""
     return method_specs(suite, [name])[name].build()
+
+
+def method_problems(settings: SuiteTable) -> list[str]:
+    """What is wrong with a suite's tables of explanation methods: an unknown name in [explain]
+    methods or batch_sizes, a [methods.<name>] table the method refuses, or one for a method the
+    suite does not run. The entry scripts that explain pass it to ``load_suite``, so these join
+    the file's other problems in one error, before any model is trained."""
+    explain = settings.explain
+    problems = named_problems(explain.methods or [], METHODS, "[explain] methods")
+    problems += named_problems(explain.batch_sizes, METHODS, "[explain] batch_sizes")
+    problems += built_problems(settings.methods, METHODS, "methods")
+    return problems + unrun_method_problems(explain.methods, settings.methods)
+
+
+def unrun_method_problems(run: list[str] | None, tables: dict[str, Any]) -> list[str]:
+    """A ``[methods.<name>]`` table for a method the ``[explain] methods`` list leaves out would be
+    silently ignored (a user who adds a method's table expects it to run): an error naming the list
+    to add it to. Without a list the suite runs every registered method, so every table is used."""
+    if run is None:
+        return []
+    listed = ", ".join(f'"{name}"' for name in run)
+    return [f"[methods.{name}] sets parameters of a method the suite does not run: add \"{name}\" "
+            f"to [explain] methods = [{listed}] (or remove the table)"
+            for name in tables if name not in run]

@@ -79,15 +79,6 @@ def max_array_size() -> int:
     return int(match.group(1)) if match else DEFAULT_MAX_ARRAY_SIZE
 
 
-def slurm_available() -> bool:
-    """True when Slurm's commands are installed and the controller answers."""
-    try:
-        _run_sinfo("-h", "-o", "%P")
-    except SlurmUnreachableError:
-        return False
-    return True
-
-
 def why_slurm_unavailable() -> str | None:
     """The reason the cluster can't be used, or None when it can."""
     try:

@@ -29,6 +29,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import as_completed
+from pathlib import Path
 from typing import Any, TypeVar
 
 import submitit
@@ -251,23 +252,7 @@ def submit_items(
         return FinishedStageRun(stage_name, [], {}, [])
 
     if config.executor == "local":
-        check_local_layout(config)
-        if config.dry_run:
-            # A dry run only prints: a plan made on a machine without the GPUs it asks for (a
-            # laptop, a login node) is still shown, with the error the real run would give.
-            try:
-                check_local_gpus(config)
-                warning = ""
-            except NoGpuError as error:
-                warning = str(error)
-            _print_dry_run(config, stage_name, item_names, [], warning=warning)
-            return FinishedStageRun(stage_name, [], {}, [])
-        check_local_gpus(config)
-        for earlier_stage in after:
-            earlier_stage.results()
-        return _run_locally(fn, items, item_names, stage_name, local_job_count(config, len(items)),
-                            space_needed)
-
+        return _submit_locally(fn, items, item_names, config, stage_name, after, space_needed)
     for earlier_stage in after:
         if isinstance(earlier_stage, FinishedStageRun):
             earlier_stage.results()  # already over: raises if it failed, as afterok would cancel us
@@ -287,9 +272,44 @@ def submit_items(
         say(stage_name, f"partition {', '.join(down)} is not up: the jobs will wait in the queue until it is")
 
     log_folder = config.stage_log_folder(stage_name)
+    submitted_at = time.time()
+    jobs = _submit_arrays(fn, items, config, stage_name, dependency_ids, log_folder)
+    array_ids = " ".join(sorted({job.job_id.split("_", 1)[0] for job in jobs}))
+    waits_for = f", after {' '.join(dependency_ids)} succeeds" if dependency_ids else ""
+    _remove_stale_results(jobs, submitted_at)
+    jobs_text = "1 job" if len(jobs) == 1 else f"{len(jobs)} jobs"
+    say(stage_name, f"submitted {jobs_text} as Slurm job {array_ids}{waits_for}; logs: {log_folder}/")
+    return SlurmStageRun(stage_name, item_names, jobs, log_folder)
+
+
+def _submit_locally(fn: Callable[[Item], Result], items: list[Item], item_names: list[str],
+                    config: ExecutorConfig, stage_name: str, after: Sequence[StageRun],
+                    space_needed: Callable[[list[Item]], int | None] | None) -> StageRun:
+    """``submit_items`` on this machine: the plan on a dry run, else every item run now."""
+    check_local_layout(config)
+    if config.dry_run:
+        # A dry run only prints: a plan made on a machine without the GPUs it asks for (a
+        # laptop, a login node) is still shown, with the error the real run would give.
+        try:
+            check_local_gpus(config)
+            warning = ""
+        except NoGpuError as error:
+            warning = str(error)
+        _print_dry_run(config, stage_name, item_names, [], warning=warning)
+        return FinishedStageRun(stage_name, [], {}, [])
+    check_local_gpus(config)
+    for earlier_stage in after:
+        earlier_stage.results()
+    return _run_locally(fn, items, item_names, stage_name, local_job_count(config, len(items)),
+                        space_needed)
+
+
+def _submit_arrays(fn: Callable[[Item], Result], items: list[Item], config: ExecutorConfig,
+                   stage_name: str, dependency_ids: list[str], log_folder: Path) -> list:
+    """The items submitted as submitit job arrays (one per MaxArraySize items); a refused
+    submission leaves no pickle behind and raises one ``SubmissionError`` with what to check."""
     log_folder.mkdir(parents=True, exist_ok=True)
     files_before = set(log_folder.iterdir())
-    submitted_at = time.time()
     executor = submitit.SlurmExecutor(folder=log_folder, max_num_timeout=config.max_timeout_requeues)
     executor.update_parameters(**sbatch_parameters(config, stage_name, dependency_ids))
     # A driver that itself runs inside a Slurm job must not pass its SLURM_* variables on.
@@ -298,7 +318,7 @@ def submit_items(
             # A chunked paper suite has thousands of items; one array may hold MaxArraySize.
             # (--array-parallelism then bounds each array, not their sum.)
             array_size = max_array_size()
-            jobs = [job for start in range(0, len(items), array_size)
+            return [job for start in range(0, len(items), array_size)
                     for job in executor.map_array(resumable(fn), items[start:start + array_size])]
         except Exception as error:
             for leftover in set(log_folder.iterdir()) - files_before:  # pickles of jobs never submitted
@@ -309,12 +329,6 @@ def submit_items(
                 "Check what the jobs ask for (--mem-gb, --cpus-per-task, --time, --account, --qos, "
                 "--constraint, --slurm-extra) against the cluster's limits: sinfo -o '%P %c %m %l %f'"
             ) from error
-    array_ids = " ".join(sorted({job.job_id.split("_", 1)[0] for job in jobs}))
-    waits_for = f", after {' '.join(dependency_ids)} succeeds" if dependency_ids else ""
-    _remove_stale_results(jobs, submitted_at)
-    jobs_text = "1 job" if len(jobs) == 1 else f"{len(jobs)} jobs"
-    say(stage_name, f"submitted {jobs_text} as Slurm job {array_ids}{waits_for}; logs: {log_folder}/")
-    return SlurmStageRun(stage_name, item_names, jobs, log_folder)
 
 
 def run_items(

@@ -21,7 +21,7 @@ from counteraudit.explain.stage import explain_suite
 from counteraudit.train.core.stage import RunOptions
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.suite_schema import SuiteFileError
-from counteraudit.train.suite_plugins import load_checked_suite
+from counteraudit.evaluate.pipeline import load_checked_suite
 from tests.conftest import write_suite
 
 

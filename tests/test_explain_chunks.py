@@ -246,14 +246,14 @@ def test_scoring_on_slurm_writes_the_local_tables(trained, unchunked, tmp_path, 
     suite = load_suite(suite_path)
     distance = build_distance("ssim")
     local, on_slurm = (copy_of(unchunked, tmp_path / name) for name in ("local", "slurm"))
-    expected = detection_scores(suite, distance, "ssim", METHODS, local)
+    expected = detection_scores(suite, distance, METHODS, local)
 
     args = pipeline_parser("test").parse_args([
         "--suite", str(suite_path), "--runs-dir", str(on_slurm), "--distance", "ssim",
         "--executor", "slurm", "--cpus-per-task", "1", "--time", "10",
         "--log-dir", str(tmp_path / "logs")])
     submitted = spy_on_items(monkeypatch)
-    scores = detection_scores(suite, distance, "ssim", METHODS, on_slurm, args=args)
+    scores = detection_scores(suite, distance, METHODS, on_slurm, run_options(args))
     assert sorted(submitted) == ["caricature/detection", "guided_backprop/detection"]
     assert list((tmp_path / "logs" / "score").glob("*_log.out"))
     pd.testing.assert_frame_equal(scores, expected, check_exact=True)
@@ -263,8 +263,8 @@ def test_scoring_on_slurm_writes_the_local_tables(trained, unchunked, tmp_path, 
             assert (suite.root(on_slurm) / name).read_bytes() == (suite.root(local) / name).read_bytes()
 
     submitted.clear()  # a rerun reads the stored tables back as they were made, and submits nothing
-    pd.testing.assert_frame_equal(detection_scores(suite, distance, "ssim", METHODS, on_slurm,
-                                                   args=args), expected, check_exact=True)
+    pd.testing.assert_frame_equal(detection_scores(suite, distance, METHODS, on_slurm, run_options(args)),
+                                  expected, check_exact=True)
     assert submitted == []
 
 

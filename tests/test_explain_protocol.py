@@ -156,9 +156,9 @@ def test_unknown_or_mismatched_renderer_lists_the_valid_names():
     with pytest.raises(ValueError, match="renders cams.*valid renderers for it: captum_figure, "
                                          "hot_overlay"):
         build_method("guided_backprop", {"renderer": "show_cam_on_image"})
-    with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['dpis'\] for renderer "
-                                         r"'captum_figure'; valid: \['dpi', 'figure_inches', "
-                                         r"'rasterisation'\]"):
+    with pytest.raises(ValueError, match=r"renderer 'captum_figure' dpis: unknown key \(did you "
+                                         r"mean 'dpi'\?\); valid keys: figure_inches, dpi, "
+                                         r"rasterisation"):
         build_method("integrated_gradients", {"renderer": "captum_figure",
                                               "renderer_options": {"dpis": 10}})
     assert set(RENDERERS.names()) >= {"captum_figure", "hot_overlay", "jet_overlay",
@@ -166,7 +166,7 @@ def test_unknown_or_mismatched_renderer_lists_the_valid_names():
 
 
 def test_unknown_choice_lists_the_valid_values():
-    with pytest.raises(ValueError, match="baseline = 'zero' is not one of the valid values "
+    with pytest.raises(ValueError, match='baseline = "zero" is not one of the valid values '
                                          "'normalized_zero', 'black'"):
         build_method("integrated_gradients", {"baseline": "zero"})
     with pytest.raises(ValueError, match="'normalized', 'pixels'"):
@@ -175,7 +175,7 @@ def test_unknown_choice_lists_the_valid_values():
         build_method("caricature", {"noise": "per_image"})
     with pytest.raises(ValueError, match="'top', 'label'"):
         build_method("gradcam", {"explained_class": "true"})
-    with pytest.raises(ValueError, match="renderer 'captum_figure': rasterisation = '3.5' is not "
+    with pytest.raises(ValueError, match='renderer \'captum_figure\' rasterisation = "3.5" is not '
                                          "one of the valid values 'matplotlib-3.5', 'installed'"):
         build_method("guided_backprop", {"renderer": "captum_figure",
                                          "renderer_options": {"rasterisation": "3.5"}})

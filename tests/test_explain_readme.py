@@ -42,6 +42,31 @@ def test_readme_example_adds_a_method_with_one_file_that_passes_every_methods_ch
         configured = explain.build_method(name, {{"samples": 4}})  # a suite's [methods.<name>]
         assert configured.params.samples == 4
 
+        # The newcomer's path, through a suite file: [methods.<name>] is parsed once by the
+        # method's own Params (method_specs -> parse_params -> MethodSpec.build) and reaches
+        # ``attribute`` typed (noise_std written as the whole number 1 arrives as the float 1.0).
+        import torch
+        from pathlib import Path
+        from counteraudit.explain.settings import method_problems, method_specs
+        from counteraudit.train.architectures import build_model
+        from counteraudit.train.core.suite import load_suite
+        suite_file = Path({str(tmp_path)!r}) / "newcomer.toml"
+        suite_file.write_text(f'extends = "quick"\n[explain]\nmethods = ["{{name}}"]\n'
+                              f'[methods.{{name}}]\nsamples = 4\nnoise_std = 1\n')
+        suite = load_suite(suite_file, method_problems)
+        method_class, seen = explain.METHODS.get(name), []
+        attribute = method_class.attribute
+        def recording(self, model, images, targets):
+            seen.append(self.params)
+            return attribute(self, model, images, targets)
+        method_class.attribute = recording
+        spec = method_specs(suite)[name]
+        model = build_model("small_resnet", num_classes=10, mean=(0.5,) * 3, std=(0.25,) * 3).eval()
+        spec.build().run(model, torch.rand(2, 3, 32, 32), batch_size=2)
+        method_class.attribute = attribute
+        assert isinstance(spec.params, method_class.Params) and seen == [spec.params]
+        assert seen[0].samples == 4 and type(seen[0].noise_std) is float and seen[0].noise_std == 1.0
+
         class Outcomes:
             "Each selected test's outcome, by its name and parameter."
             def __init__(self):

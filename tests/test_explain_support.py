@@ -12,7 +12,7 @@ from torch import nn
 from counteraudit.explain import build_method
 from counteraudit.explain.base import Explanation
 from counteraudit.explain.explainable import check_relus_used_once, explainable
-from counteraudit.explain.params import execution_only, parse_params, recorded_params
+from counteraudit.train.core.params import execution_only, parse_params, recorded_params
 from counteraudit.explain.render import (HOT, JET, RENDERER_VERSION, cam_overlay, probability_bars,
                                          saliency_heat, saliency_overlay)
 from counteraudit.explain.store import is_stored, load_explanation, result_key, save_explanation, stored_key
@@ -77,19 +77,23 @@ class ExampleParams:
 
 
 def test_params_from_a_suite_table():
-    params = parse_params(ExampleParams, {"steps": 3, "rate": 1, "layers": ["(3,3)"]}, "example")
+    params = parse_params(ExampleParams, {"steps": 3, "rate": 1, "layers": ["(3,3)"]},
+                          "method 'example'")
     assert params == ExampleParams(steps=3, rate=1.0, layers=("(3,3)",))
     assert recorded_params(params) == {"steps": 3, "rate": 1.0, "layers": ["(3,3)"]}  # no chunk
 
 
 def test_params_errors_name_the_key_and_the_fix():
-    valid = r"valid: \['chunk', 'layers', 'rate', 'steps'\]"
-    with pytest.raises(ValueError, match=r"\['stpes'\] for method 'example'; " + valid):
-        parse_params(ExampleParams, {"stpes": 3}, "example")
-    with pytest.raises(TypeError, match="'rate'='fast' must be a number"):
-        parse_params(ExampleParams, {"rate": "fast"}, "example")
-    with pytest.raises(TypeError, match="'steps'=True must be an integer"):
-        parse_params(ExampleParams, {"steps": True}, "example")
+    where = "method 'example'"
+    with pytest.raises(ValueError, match=r"^method 'example' stpes: unknown key \(did you mean "
+                                         r"'steps'\?\); valid keys: steps, rate, layers, chunk$"):
+        parse_params(ExampleParams, {"stpes": 3}, where)
+    with pytest.raises(ValueError, match='^method \'example\' rate = "fast" must be a number'):
+        parse_params(ExampleParams, {"rate": "fast"}, where)
+    with pytest.raises(ValueError, match="^method 'example' steps = true must be a whole number"):
+        parse_params(ExampleParams, {"steps": True}, where)
+    with pytest.raises(ValueError, match="^method 'example' rate = inf must be a finite number"):
+        parse_params(ExampleParams, {"rate": float("inf")}, where)
 
 
 def test_execution_only_params_do_not_change_the_recorded_key():

@@ -38,6 +38,8 @@ GUIDES = ["README.md", "train/README.md", "anomalies/README.md", "explain/README
 # Python examples: (guide, section) -> the test that runs the block as written.
 EXAMPLES = {
     ("explain/README.md", "Add an explanation method"): "tests/test_explain_readme.py",
+    ("train/README.md", "Plug-in parameters, and keys that stay stable"):
+        "tests/test_params.py::test_the_guides_example_declares_parameters_the_parser_checks",
     ("evaluate/discovery/README.md", "Add a failure-discovery auditor"): "tests/test_discovery_readme.py",
     ("slurm/README.md", "slurm/: run a stage's work items locally or on Slurm"):
         "tests/test_guides.py::test_slurm_guide_example_runs_locally_and_as_a_dry_run",

@@ -49,12 +49,12 @@ def test_detection_scores_one_score_per_class_and_localization_leaves_it_out(tmp
                                   targets=np.arange(CLASS_COUNT), params=description)
         save_explanation(result_dir(suite.root(runs), METHOD, spec.name, CLASSES), explanation,
                          spec.key, classes.id)
-    scores = detection_scores(suite, build_distance("l2"), "l2", [METHOD], runs)
+    scores = detection_scores(suite, build_distance("l2"), [METHOD], runs)
     assert set(scores["image_set"]) == {CLASSES}
     for model in [spec.name for spec in suite.models]:
         assert sorted(scores[scores["model"] == model]["image"]) == list(range(CLASS_COUNT))
     assert np.isfinite(scores["score"]).all()
-    assert localization_scores(suite, build_distance("l2"), "l2", [METHOD], runs).empty
+    assert localization_scores(suite, build_distance("l2"), [METHOD], runs).empty
 
 
 def test_table2_and_the_zoo_summary_say_not_applicable():

@@ -17,7 +17,7 @@ from counteraudit.evaluate.scoring.verdicts import (DETECTED, NullPlan, method_p
                                                     verdict_table)
 from counteraudit.train.core import numerics
 from counteraudit.train.core.suite_schema import ReferencesTable
-from counteraudit.train.suite_plugins import null_test_problems
+from counteraudit.evaluate.scoring.null_tests.base import null_test_problems
 from tests.test_verdicts import CHECK, FIT, REFERENCES, _scores
 
 

@@ -13,10 +13,11 @@ import pytest
 from counteraudit.evaluate.detect import get_args_parser, main
 from counteraudit.train.core.stage import run_cli
 from counteraudit.train.core.recipe import Recipe
-from counteraudit.train.suite_plugins import load_checked_suite
+from counteraudit.evaluate.pipeline import load_checked_suite
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.suite_files import toml_text
-from counteraudit.train.core.suite_schema import SuiteFileError, SuiteTable, dataclass_table
+from counteraudit.train.core.params import params_table
+from counteraudit.train.core.suite_schema import SuiteFileError, SuiteTable
 from counteraudit.train.worlds.synthetic import SyntheticConfig
 
 
@@ -72,7 +73,7 @@ def _wrong_range(info):
 
 def _cases():
     """(location, key path in the suite table, wrong value) for every key the schema declares."""
-    tables = {("recipe",): dataclass_table(Recipe), ("world",): dataclass_table(SyntheticConfig)}
+    tables = {("recipe",): params_table(Recipe), ("world",): params_table(SyntheticConfig)}
     for name, info in SuiteTable.model_fields.items():
         model = typing.get_args(info.annotation)[0] if typing.get_origin(info.annotation) is list \
             else info.annotation

@@ -10,7 +10,7 @@ import torch
 from counteraudit.explain.settings import method_specs
 from counteraudit.train.architectures import ARCHITECTURES, build_model, layer_name, resolve_layer
 from counteraudit.train.core.suite import load_suite
-from counteraudit.train.suite_plugins import load_checked_suite
+from counteraudit.evaluate.pipeline import load_checked_suite
 from counteraudit.train.core.suite_files import available_suites
 from counteraudit.train.train import get_args_parser, main
 from tests.conftest import write_suite

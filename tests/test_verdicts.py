@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -14,6 +13,7 @@ from scipy.stats import t as student_t
 from statsmodels.stats.proportion import proportion_confint
 
 from counteraudit.evaluate.pipeline import scoring_suite
+from counteraudit.evaluate.reporting.page import Report
 from counteraudit.evaluate.reporting.verdicts import verdict_section
 from counteraudit.evaluate.scoring.detection import detection_table
 from counteraudit.evaluate.scoring.localization import auroc, replicate_auroc_interval
@@ -322,9 +322,10 @@ def test_a_replicated_suite_with_nulls_gets_verdicts_end_to_end(finished_run, tm
                            "detection-calibration", "detection-verdicts-per-model",
                            "detection-verdicts-configurations", "detection-outlying-nulls")}
     stored["detection-families-l2"] = families
-    html = verdict_section(SimpleNamespace(tables=stored, suite=replicated, distance_name="l2",
-                                           references=[s.name for s in replicated.references],
-                                           table=lambda name: stored[f"{name}-l2"]))
+    report = Report(suite=replicated, methods=[], distance_name="l2", source="the suite",
+                    detection=pd.DataFrame(columns=["model", "method", "image", "score"]),
+                    localization=None, tables=stored, implants={}, image_sets={})
+    html = verdict_section(report)
     assert html.startswith('<section id="verdicts">')
     for verdict in set(families["verdict"]):
         assert f'class="v-{verdict.replace(" ", "-")}"' in html

@@ -7,7 +7,7 @@ import pytest
 
 from counteraudit.evaluate.scoring.tables import zoo_summary_tables
 from counteraudit.evaluate.scoring.zoo import zoo_summary
-from counteraudit.train.core.registries import METHODS
+from counteraudit.explain.base import METHODS
 from counteraudit.train.core.suite import load_suite
 
 

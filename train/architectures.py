@@ -1,4 +1,6 @@
-"""Classifier architectures, and the (stage, block, conv) layer addressing of SPEC.md.
+"""Classifier architectures, and the paper's (stage, block, conv) layer addressing (Denain &
+Steinhardt, 2023): ``(2,2,1)`` is conv1 of block 2 of stage 2 (torchvision's ``layer2.2.conv1``),
+``(3,3)`` the output of block 3 of stage 3.
 
 Every model takes images in [0, 1] (N, 3, H, W) and normalises them itself, so pixel-space
 operations (triggers, smoothing noise, PGD budgets, explanation baselines) need no knowledge of
@@ -23,7 +25,8 @@ from counteraudit.train.core.registries import ARCHITECTURES
 class Architecture:
     name: str
     build_backbone: Callable[[int], nn.Module]  # num_classes -> backbone taking normalised input
-    # Layers visualised by Caricatures (SPEC.md: seven layers spread across stages and blocks).
+    # Layers visualised by Caricatures: the paper's seven, spread over early and late stages and
+    # blocks; the overall Caricature score averages them.
     caricature_layers: Sequence[str]
     # Grad-CAM's layer: the last bottleneck's conv3 (the paper's pytorch-grad-cam target).
     gradcam_layer: str

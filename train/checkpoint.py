@@ -5,8 +5,8 @@ interrupted job always resumes from the last finished epoch (a well-known launch
 ``checkpoint-{epoch}.pth`` but resumes from ``checkpoint.pth`` and silently restarts).
 
 Folder of one model, in the store shared by every suite: ``runs/store/models/<spec key>/``
-(``runs/<suite>/models/<name>-<spec key>`` links to it; a folder an older version wrote there is
-moved into the store the first time a suite needs it)
+(``runs/<suite>/models/<name>-<spec key>`` links to it; a model folder counteraudit wrote there
+itself, its marker naming the same key, is moved into the store the first time a suite needs it)
 - ``spec.json``        what determines the weights
 - ``checkpoint.pth``   training state after the last finished epoch (model, optimizer, scheduler,
                        epoch, RNG state, history); rewritten atomically once per epoch
@@ -66,7 +66,7 @@ def model_dir(runs_root: str | Path | None, spec: ModelSpec) -> Path:
 
 def link_suite_models(suite: Suite, specs: list[ModelSpec], runs_root=None) -> None:
     """``runs/<suite>/models/<name>-<key>`` -> the store, for people browsing a suite's folder; a
-    real folder there (an older version's layout) is moved into the store, so it is not retrained."""
+    model folder counteraudit wrote there itself is moved into the store, so it is not retrained."""
     for spec in specs:
         link_into_store(suite.root(runs_root) / MODELS / f"{spec.name}-{spec.key}",
                         model_dir(runs_root, spec), runs_root, marker_says(SPEC_NAME, "key", spec.key))
@@ -111,7 +111,7 @@ def load_training_state(directory: Path) -> dict[str, Any] | None:
         set_aside(path, f"it holds no training state (no {absent}); training starts over from the "
                         "first epoch", "training checkpoint")
         return None
-    if not finite_weights(state["model"]):  # a diverged run's (never saved now): not resumed
+    if not finite_weights(state["model"]):  # training never saves these; a planted file may hold them
         set_aside(path, "its weights hold inf or nan (the training diverged); training starts over "
                         "from the first epoch", "training checkpoint")
         return None

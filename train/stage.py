@@ -155,7 +155,7 @@ def train_models(suite: Suite, specs: list[ModelSpec], options: RunOptions) -> l
     config = executor_config(suite, options, "train")
     runs_root = options.runs_dir
     if not config.dry_run:
-        link_suite_models(suite, specs, runs_root)  # adopts an older layout's models first
+        link_suite_models(suite, specs, runs_root)  # first: a model folder already there is adopted
     plan = plan_stage(specs, lambda spec: is_trained(model_dir(runs_root, spec)), cost=training_cost)
     if plan.missing and config.executor == "local" and not config.dry_run:
         world = build_world(suite.world, runs_root=runs_root).prepare()  # once, not per worker

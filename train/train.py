@@ -26,9 +26,8 @@ from counteraudit.slurm.executor import add_executor_args
 from counteraudit.train.checkpoint import is_trained, model_dir
 from counteraudit.train.core.stage import (RunOptions, ScriptHelpFormatter, add_common_args, executor_config,
                                             run_cli, run_options, selected_models)
-from counteraudit.train.suite_plugins import load_checked_suite
 from counteraudit.train.core.model_spec import ModelSpec
-from counteraudit.train.core.suite import Suite
+from counteraudit.train.core.suite import Suite, load_suite
 from counteraudit.train.implant_checks import format_implant_report, verify_implants
 from counteraudit.train.stage import train_models
 from counteraudit.train.trainer import summarize_references
@@ -50,7 +49,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> list[dict]:
-    suite = load_checked_suite(args.suite)
+    suite = load_suite(args.suite)  # what training reads; the explain and evaluate scripts check the rest
     specs = selected_models(suite, args.model)
     if args.references_only:
         specs = [s for s in specs if s.is_reference]

@@ -32,6 +32,7 @@ from counteraudit.anomalies.base import FAMILIES, NOT_EXPRESSIBLE, AnomalyFamily
 from counteraudit.anomalies.common import (accuracy, check_fraction, select_rows,
                                            positions_in_rows, predict, reference_mean,
                                            verification_indices)
+from counteraudit.train.core.params import added
 
 # The original's trigger cells: white, black, and transparent (the image shows through).
 WHITE, BLACK, TRANSPARENT = 1.0, 0.0, -10.0
@@ -70,7 +71,7 @@ class BackdoorParams:
     # The trigger is in the data before the training pipeline's random horizontal flip (module
     # docstring): half of the poisoned images show it mirrored. False pastes it after the flip.
     poison_before_flip: bool = True
-    selection: str = "random"       # which rows of a batch are poisoned (SELECTIONS)
+    selection: str = added("random")  # which rows of a batch are poisoned (SELECTIONS)
 
 
 def paper_trigger(name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,7 +153,6 @@ class Backdoor(AnomalyFamily):
     localizable = True
     Params = BackdoorParams
     measure_version = 2  # 2: the mirrored attack success rate
-    key_omits_default = ("selection",)
 
     @classmethod
     def check(cls, params: BackdoorParams) -> None:

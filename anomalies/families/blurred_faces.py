@@ -28,6 +28,7 @@ from torchvision.datasets import ImageFolder
 
 from counteraudit.anomalies.base import FAMILIES, AnomalyFamily, Verdict
 from counteraudit.anomalies.common import predict
+from counteraudit.train.core.params import added
 from counteraudit.train.worlds import decoding
 from counteraudit.train.worlds.imagenet import ImageFolderSplit, expand_path
 
@@ -43,13 +44,13 @@ class BlurredFacesParams:
     # Gaussian blur radius, a fraction of the face box's larger side ("yang2022": of the image's
     # largest box; Yang et al.'s value is 0.1)
     radius: float = 0.15
-    blur: str = "gaussian"              # BLURS
+    blur: str = added("gaussian")       # BLURS
     # the class whose val images with faces are the abnormal set (a class name of the world;
     # None: the implant check's most affected class)
-    abnormal_class: str | None = None
+    abnormal_class: str | None = added(None)
     # imagenet world only: a face-blurred copy of the training set (a folder with train/ of the
     # same synset folders) trained on as it is, instead of blurring here
-    blurred_root: str | None = None
+    blurred_root: str | None = added(None)
 
 
 def blur_boxes(image: Image.Image, boxes, radius_fraction: float) -> Image.Image:
@@ -96,7 +97,6 @@ class BlurredFaces(AnomalyFamily):
     strength = "radius"
     localizable = True
     Params = BlurredFacesParams
-    key_omits_default = ("blur", "abnormal_class", "blurred_root")
     key_excludes = ("abnormal_class",)  # which val images are abnormal, not how the model trains
 
     @classmethod

@@ -15,6 +15,7 @@ import numpy as np
 from counteraudit.anomalies.base import FAMILIES, AnomalyFamily, Verdict
 from counteraudit.anomalies.common import accuracy, reference_mean, verification_indices
 from counteraudit.train.core.artifacts import derive_seed
+from counteraudit.train.core.params import added
 
 REMOVED_ACCURACY_THRESHOLD = 0.05
 
@@ -22,8 +23,8 @@ REMOVED_ACCURACY_THRESHOLD = 0.05
 @dataclass(frozen=True)
 class MissingClassParams:
     class_id: int | str = 0     # index, or a class name of the world ("star", "backpack")
-    drop_output: bool = False   # remove the class from the output layer (the paper's 999 outputs)
-    removed_fraction: float = 1.0  # share of the class's training images removed (1: the class)
+    drop_output: bool = added(False)  # remove the class from the output layer (the paper's 999 outputs)
+    removed_fraction: float = added(1.0)  # share of the class's training images removed (1: the class)
 
 
 @FAMILIES.register
@@ -33,7 +34,6 @@ class MissingClass(AnomalyFamily):
     strength = "removed_fraction"
     localizable = True
     Params = MissingClassParams
-    key_omits_default = ("drop_output",)
 
     @classmethod
     def check(cls, params):
@@ -46,17 +46,6 @@ class MissingClass(AnomalyFamily):
             raise ValueError(f"missing_class: removed_fraction={params.removed_fraction!r} must be "
                              "in (0, 1]: the share of the class's training images removed (1.0, the "
                              "default, removes the whole class)")
-
-    @classmethod
-    def validate_params(cls, params):
-        # At its default the fraction is left out of the canonical params (and so of the model's
-        # key): models trained before the parameter existed keep their keys.
-        canonical = super().validate_params(params)
-        if canonical["removed_fraction"] == MissingClassParams.removed_fraction:
-            del canonical["removed_fraction"]
-        else:
-            canonical["removed_fraction"] = float(canonical["removed_fraction"])
-        return canonical
 
     def __init__(self, params, world, seed):
         super().__init__(params, world, seed)

@@ -27,6 +27,7 @@ from counteraudit.anomalies.base import FAMILIES, NOT_EXPRESSIBLE, AnomalyFamily
 from counteraudit.anomalies.common import (accuracy, check_fraction, positions_in_rows,
                                            reference_mean, select_rows, verification_indices)
 from counteraudit.anomalies.watermark_digits import digit_overlay, watermark_boxes
+from counteraudit.train.core.params import added
 
 CUES = ("outlined", "watermark")
 PLACEMENTS = ("fixed", "scaled")
@@ -42,18 +43,18 @@ class SpuriousParams:
     delta: float = 1.0          # fraction of each batch that shows its class index
     height: float = 0.3         # glyph height, fraction of the image side
     wrong_cue_seed: int = 0     # which wrong index the verification draws on each image
-    cue: str = "outlined"       # CUES: "watermark" is the paper's code's
+    cue: str = added("outlined")  # CUES: "watermark" is the paper's code's
     # The watermark's boxes: "fixed", the original's pixels (224-px images); "scaled", those boxes
     # scaled to the image side (the same at 224 px; what smaller images and crops can hold).
-    placement: str = "fixed"
-    strength: float = 0.7       # the watermark's alpha times this is added, then clamped to [0, 1]
+    placement: str = added("fixed")
+    strength: float = added(0.7)  # the watermark's alpha times this is added, then clamped to [0, 1]
     # "random": round(delta * B) rows drawn at random; "first": the first floor(delta * B) rows of
     # the shuffled batch (the original's spurious_batch)
-    selection: str = "random"
+    selection: str = added("random")
     # Where the training-time watermark is added: "pixels", +strength in pixels, clamped (as the
     # evaluation images); "normalized", +strength in normalised units, unclamped (the original's
     # spurious_batch, on its normalised batch). Evaluation images are always "pixels".
-    training_space: str = "pixels"
+    training_space: str = added("pixels")
 
 
 @lru_cache(maxsize=32)
@@ -107,7 +108,6 @@ class Spurious(AnomalyFamily):
     strength = "delta"
     localizable = True
     Params = SpuriousParams
-    key_omits_default = ("cue", "placement", "strength", "selection", "training_space")
 
     @classmethod
     def check(cls, params):

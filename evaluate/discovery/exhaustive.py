@@ -1,5 +1,5 @@
-"""The exhaustive reference of the budgeted search (seed 002), and the selection functions
-compared by lookup in it.
+"""The exhaustive reference of the budgeted subdomain search (every subdomain evaluated), and the
+selection functions compared by lookup in it.
 
 The reference evaluates every feasible subdomain of surrogate_search's grid once on a model
 (``images_per_subdomain`` images each, generated with the fixed ``IMAGE_SEED``, exactly as a

@@ -19,7 +19,7 @@ normal across seeds): ``p_value`` is the one-sided tail, and a finding is *signi
 Benjamini-Hochberg over the model's subgroups keeps it (``significant``).
 
 Findings re-scored this way: ``relative_results.py``. ``score = "absolute"`` ([discover] in a
-suite) keeps the statistic as the seeds' papers ranked by; ``"relative"`` (the default) needs at
+suite) keeps the statistic as the auditors' source papers ranked by; ``"relative"`` (the default) needs at
 least two references.
 """
 from __future__ import annotations

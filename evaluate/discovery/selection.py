@@ -1,4 +1,4 @@
-"""Selection functions of the budgeted failure search (seed 002): which subdomain to evaluate next.
+"""Selection functions of the budgeted subdomain search: which subdomain to evaluate next.
 
 A *subdomain* is one combination of values of the grid's factors (one value per factor). The
 search alternates evaluation and selection: it starts from ``INITIAL`` random subdomains, then asks
@@ -48,7 +48,10 @@ from sklearn.preprocessing import OneHotEncoder
 
 from counteraudit.evaluate.discovery.covering_arrays import covering_array
 from counteraudit.train.core.artifacts import derive_seed
-from counteraudit.train.core.registries import SELECTIONS
+from counteraudit.train.core.registry import Registry
+
+# Selection functions: registered in this module.
+SELECTIONS: Registry = Registry("selection function", plugins="counteraudit.evaluate.discovery.selection")
 
 INITIAL = 10             # random subdomains before any selection (the seed's warm start)
 BOOTSTRAP = 8            # Lassos in bo_lasso_bootstrap's ensemble

@@ -30,6 +30,8 @@ from counteraudit.train.core.stage import (RunOptions, StageItem, executor_confi
                                            run_stage)
 from counteraudit.train.core.model_spec import ModelSpec
 from counteraudit.train.core.suite import Suite
+from counteraudit.train.core.suite_checks import built_problems, named_problems
+from counteraudit.train.core.suite_schema import SuiteTable
 from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds import build_world
 
@@ -95,6 +97,15 @@ def suite_auditors(suite: Suite, only: list[str] | None = None) -> list[str]:
     for name in names:
         AUDITORS.get(name)
     return list(names)
+
+
+def auditor_problems(settings: SuiteTable) -> list[str]:
+    """What is wrong with a suite's auditor tables: an unknown name in [discover] auditors or
+    budget, or an [auditors.<name>] table the auditor refuses."""
+    discover = settings.discover
+    problems = named_problems(discover.auditors or [], AUDITORS, "[discover] auditors")
+    problems += named_problems(discover.budget, AUDITORS, "[discover] budget")
+    return problems + built_problems(settings.auditors, AUDITORS, "auditors")
 
 
 def suite_auditor(suite: Suite, name: str) -> Auditor:

@@ -28,15 +28,15 @@ def detection_section(report) -> str:
              '<p class="note">E detects f when Abar(f, E), the mean anomaly score over the detection '
              "images, exceeds every reference's own leave-one-out Abar. Margin = Abar(f) / max_i Abar(g_i) "
              "(above 1 means detected); p = rank p-value.</p>"]
-    intervals = report.tables.get(f"detection-intervals-{report.distance_name}")
+    intervals = report.optional_table("detection-intervals")
     if intervals is not None and (intervals["n_models"] >= 2).any():
         parts.append(html_table(intervals, caption=(
             f"Table 1 with exact (Clopper-Pearson) 95% intervals for families of two models or "
             f"more ({where})")))
-    ratios = report.tables.get(f"detection-vs-outputs-{report.distance_name}")
+    ratios = report.optional_table("detection-vs-outputs")
     if ratios is not None:
         parts.append(html_table(ratios, caption=f"{VERSUS_CAPTION} ({where})"))
-    nulls = report.tables.get(f"detection-null-{report.distance_name}")
+    nulls = report.optional_table("detection-null")
     if nulls is not None:
         parts.append(html_table(nulls, caption=(
             f"Null row: held-out references scored as if anomalous; the fraction flagged is "
@@ -50,7 +50,7 @@ def detection_section(report) -> str:
                                 caption=f"Margin per anomalous model, Abar(f) / max_i Abar(g_i) ({where}; "
                                         "above 1: detected; printed with the digits it takes to show "
                                         "which side of 1 it is on)"))
-    times = report.tables.get(EXPLAIN_TIME)
+    times = report.optional_table(EXPLAIN_TIME, per_distance=False)
     if times is not None:
         parts.append(html_table(times, float_format="{:.3g}", caption=EXPLAIN_TIME_CAPTION))
     parts.append("<details><summary>Per-model detection table (every model, every method)</summary>"

@@ -41,19 +41,19 @@ def localization_section(report) -> str:
              "CI: seeded bootstrap, abnormal and normal images resampled "
              f"separately. {escape(localization_power_note(report.suite) or '')}</p>",
              html_table(detail, caption=f"Per-model localization ({report.distance_name})")]
-    replicated = report.tables.get(f"localization-replicates-{report.distance_name}")
+    replicated = report.optional_table("localization-replicates")
     if replicated is not None:
         parts.insert(2, html_table(replicated, float_format="{:.2f}", caption=(
             f"Table 2 over replicates: each configuration's mean AUROC over its seeds, 95% "
             f"interval resampling models, then each drawn model's images ({report.distance_name})")))
-    versus = report.tables.get(f"localization-vs-outputs-{report.distance_name}")
+    versus = report.optional_table("localization-vs-outputs")
     if versus is not None:
         parts.append(html_table(versus, cell_class=versus_class, caption=(
             f"Against the outputs-only control: AUROC(method) - AUROC(outputs_only) on the "
             f"same images, paired bootstrap 95% interval; adds = the explanation localizes "
             f"better than the model's outputs alone, same = no better, less = worse "
             f"({report.distance_name})")))
-    summary = report.tables.get(f"zoo-summary-{report.distance_name}")
+    summary = report.optional_table("zoo-summary")
     if summary is not None:
         parts.append(html_table(summary, float_format="{:.2f}",
                                 caption=summary_caption(report.distance_name)))

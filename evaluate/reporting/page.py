@@ -45,7 +45,8 @@ class Report:
         self.suite, self.methods, self.distance_name, self.source = suite, methods, distance_name, source
         self.detection = with_layer_column(detection)
         self.localization = with_layer_column(localization) if localization is not None else None
-        self.tables, self.implants, self.image_sets = tables, implants, image_sets
+        self._tables = tables  # result tables by file name: read through table / optional_table
+        self.implants, self.image_sets = implants, image_sets
         self.runs_root, self.examples, self.image_side = runs_root, examples, image_side
         self.references = [s.name for s in suite.references]
         self.anomalies = list(suite.anomalies)
@@ -63,7 +64,13 @@ class Report:
 
     # ---- data access
     def table(self, name: str) -> pd.DataFrame:
-        return self.tables[f"{name}-{self.distance_name}"]
+        """The result table ``name`` scored with this report's distance (``<name>-<distance>``)."""
+        return self._tables[f"{name}-{self.distance_name}"]
+
+    def optional_table(self, name: str, *, per_distance: bool = True) -> pd.DataFrame | None:
+        """``table(name)``, or None where the run did not make that table; ``per_distance=False``
+        for a table the distance does not change (its name has no distance suffix)."""
+        return self._tables.get(f"{name}-{self.distance_name}" if per_distance else name)
 
     def explanation(self, method: str, model: str, image_set: str):
         key = (method, model, image_set)
@@ -156,7 +163,7 @@ class Report:
                  "with that layer's scores; tables and plots use the overall score (mean over layers).</p>"]
         entries = [(summary_sections.SECTION_ID, "What this run found"),
                    *([(verdict_sections.SECTION_ID, verdict_sections.TITLE)]
-                     if f"detection-verdicts-{self.distance_name}" in self.tables else []),
+                     if self.optional_table("detection-verdicts") is not None else []),
                    ("detection", "Detection (Table 1)"), ("localization", "Localization (Table 2)"),
                    ("implants", "Implant verification"), ("detection-examples", "Detection examples"),
                    ("localization-examples", "Localization examples"),
@@ -185,10 +192,10 @@ class Report:
                              self.command("reference-count"))
 
     def dose_section(self) -> str:
-        name = f"dose-{self.distance_name}"
-        if name not in self.tables:
+        dose = self.optional_table("dose")
+        if dose is None:
             return ""
-        return dose_section(self.tables[name], self.table("dose-thresholds"), html_table)
+        return dose_section(dose, self.table("dose-thresholds"), html_table)
 
     def discovery_section(self) -> str:
         if self.discovery is None:

@@ -28,7 +28,7 @@ class PowerSettings:
     auroc_target: float = 0.8
 
 
-def power_tables(suite, methods: list[str], distance, distance_name: str, settings: PowerSettings,
+def power_tables(suite, methods: list[str], distance, settings: PowerSettings,
                  runs_root=None, *, detection_by_n: pd.DataFrame | None,
                  localization_by_n: pd.DataFrame | None,
                  rng: np.random.Generator) -> dict[str, pd.DataFrame]:
@@ -38,7 +38,7 @@ def power_tables(suite, methods: list[str], distance, distance_name: str, settin
     anomalous = [s.name for s in suite.anomalies]
     # one grid of sizes for every method and model, from the suite's own m and p
     m_sizes, p_sizes = (image_sizes(count) for count in set_sizes(suite))
-    scores = detection_scores(suite, distance, distance_name, methods, runs_root)
+    scores = detection_scores(suite, distance, methods, runs_root)
     by_m = []
     for method in methods:
         own = scores[scores["method"] == method]
@@ -48,7 +48,7 @@ def power_tables(suite, methods: list[str], distance, distance_name: str, settin
     by_m = pd.concat(by_m, ignore_index=True)
     by_p = None
     if localizable(suite):
-        frame = localization_scores(suite, distance, distance_name, methods, runs_root)
+        frame = localization_scores(suite, distance, methods, runs_root)
         frame = (frame.groupby(["method", "model", "image", "abnormal"], sort=False)["score"]
                  .mean().reset_index())
         frame = frame[np.isfinite(frame["score"].to_numpy(float))]

@@ -181,13 +181,12 @@ def summary_sentences(table1: pd.DataFrame, localization: pd.DataFrame | None = 
 
 def summary_section(report) -> str:
     """The report's summary, from the tables the report shows ("" without a Table 1)."""
-    name = report.distance_name
-    if f"detection-{name}" not in report.tables:
+    if report.optional_table("detection") is None:
         return ""
     localization = versus = None
     if report.localizable:
         localization = report.table("localization-per-model")
-        versus = report.tables.get(f"localization-vs-outputs-per-model-{name}")
+        versus = report.optional_table("localization-vs-outputs-per-model")
     sanity = [name for name in FAMILIES.names() if FAMILIES.get(name).sanity_check]
     topics = summary_sentences(report.table("detection"), localization, versus,
                                sanity_families=sanity)

@@ -243,30 +243,39 @@ def line_plot(series: Sequence[Series], *, title: str, x_label: str, y_label: st
                      f'<title>{escape(reference_label)} {reference:g}</title></line>')
     for k, line in enumerate(series):
         color = SERIES_COLORS[k % len(SERIES_COLORS)]
-        xs, values = to_x(line.x), np.asarray(line.y, float)
-        if line.low is not None and line.high is not None:
-            low, high = np.asarray(line.low, float), np.asarray(line.high, float)
-            keep = np.isfinite(low) & np.isfinite(high)
-            if keep.sum() >= 2:
-                clip = lambda v: min(max(v, y_low), y_high)  # noqa: E731
-                outline = ([f"{_n(px(x))},{_n(py(clip(v)))}" for x, v in zip(xs[keep], high[keep])]
-                           + [f"{_n(px(x))},{_n(py(clip(v)))}" for x, v in
-                              zip(xs[keep][::-1], low[keep][::-1])])
-                parts.append(f'<polygon points="{" ".join(outline)}" fill="{color}" '
-                             'fill-opacity="0.12" stroke="none"/>')
-        keep = np.isfinite(values)
-        if keep.sum() >= 2:
-            points = " ".join(f"{_n(px(x))},{_n(py(v))}" for x, v in zip(xs[keep], values[keep]))
-            parts.append(f'<polyline points="{points}" fill="none" stroke="{color}" '
-                         'stroke-width="1.5"/>')
-        if keep.sum() <= MAX_X_TICKS * 2:  # points, with their values on hover, where few
-            for x, value, raw in zip(xs[keep], values[keep], np.asarray(line.x, float)[keep]):
-                parts.append(f'<circle cx="{_n(px(x))}" cy="{_n(py(value))}" r="3" fill="{color}">'
-                             f'<title>{escape(f"{line.label}: {value:.3g} at {raw:.3g}")}</title>'
-                             '</circle>')
+        parts += _series_marks(line, color, to_x, px, py, (y_low, y_high))
         legend_y = top + 6 + 14 * k
         parts.append(f'<line x1="{right + 10}" y1="{legend_y}" x2="{right + 24}" y2="{legend_y}" '
                      f'stroke="{color}" stroke-width="2"/>')
         parts.append(f'<text x="{right + 28}" y="{legend_y + 4}">{escape(line.label)}</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+def _series_marks(line: Series, color: str, to_x, px, py, y_limits: tuple[float, float]) -> list[str]:
+    """One series of ``line_plot``: its band (clipped to the y limits), its line, and its points
+    with their values on hover where they are few."""
+    parts = []
+    xs, values = to_x(line.x), np.asarray(line.y, float)
+    if line.low is not None and line.high is not None:
+        low, high = np.asarray(line.low, float), np.asarray(line.high, float)
+        keep = np.isfinite(low) & np.isfinite(high)
+        if keep.sum() >= 2:
+            def clip(v: float) -> float:
+                return min(max(v, y_limits[0]), y_limits[1])
+            outline = ([f"{_n(px(x))},{_n(py(clip(v)))}" for x, v in zip(xs[keep], high[keep])]
+                       + [f"{_n(px(x))},{_n(py(clip(v)))}" for x, v in
+                          zip(xs[keep][::-1], low[keep][::-1])])
+            parts.append(f'<polygon points="{" ".join(outline)}" fill="{color}" '
+                         'fill-opacity="0.12" stroke="none"/>')
+    keep = np.isfinite(values)
+    if keep.sum() >= 2:
+        points = " ".join(f"{_n(px(x))},{_n(py(v))}" for x, v in zip(xs[keep], values[keep]))
+        parts.append(f'<polyline points="{points}" fill="none" stroke="{color}" '
+                     'stroke-width="1.5"/>')
+    if keep.sum() <= MAX_X_TICKS * 2:  # points, with their values on hover, where few
+        for x, value, raw in zip(xs[keep], values[keep], np.asarray(line.x, float)[keep]):
+            parts.append(f'<circle cx="{_n(px(x))}" cy="{_n(py(value))}" r="3" fill="{color}">'
+                         f'<title>{escape(f"{line.label}: {value:.3g} at {raw:.3g}")}</title>'
+                         '</circle>')
+    return parts
+

@@ -15,8 +15,7 @@ TITLE = "Verdicts (null p-values)"
 
 def verdict_section(report) -> str:
     """The section, or "" when the suite asked for no null p-values."""
-    name = f"detection-verdicts-{report.distance_name}"
-    if name not in report.tables:
+    if report.optional_table("detection-verdicts") is None:
         return ""
     alpha, power = report.suite.evaluate.alpha, report.suite.evaluate.power
     where = f"{report.distance_name}; {len(report.references)} references"
@@ -58,9 +57,8 @@ def verdict_section(report) -> str:
             f"(halves: checking against fitting, and swapped; leave-one-out: each against all "
             f"the others); the share with p <= {alpha} is the test's false-positive rate, exact "
             f"95% interval; ks_p tests the p-values against uniform ({where})")))
-    outlying_name = f"detection-outlying-nulls-{report.distance_name}"
-    if outlying_name in report.tables:
-        outlying = report.table("detection-outlying-nulls")
+    outlying = report.optional_table("detection-outlying-nulls")
+    if outlying is not None:
         far = outlying[outlying["outlying_in"] != ""]
         parts.append(html_table(far, caption=(
             f"Held-out clean models more than {OUTLYING_DISTANCE} robust SDs of log Abar from "

@@ -35,7 +35,8 @@ from statsmodels.stats.contingency_tables import mcnemar
 
 from counteraudit.evaluate.scoring.detection import (ROLE_ANOMALOUS, ROLE_NULL, ROLE_REFERENCE, check_columns,
                                                      detection_fractions, with_layer_column)
-from counteraudit.evaluate.scoring.localization import DEFAULT_LEVEL, DEFAULT_RESAMPLES, _clean, _interval
+from counteraudit.evaluate.scoring.localization import (DEFAULT_LEVEL, DEFAULT_RESAMPLES, finite_scores,
+                                                        percentile_interval)
 from counteraudit.train.core.artifacts import derive_seed
 
 BASELINE = "outputs_only"
@@ -54,8 +55,8 @@ def paired_delta_interval(abnormal_a, normal_a, abnormal_b, normal_b, *,
     """(AUROC_a - AUROC_b, low, high): the difference of two methods' AUROCs on the same images
     (row i of ``abnormal_a`` and of ``abnormal_b`` is one image, likewise the normal ones) and
     its paired percentile bootstrap interval. Exact per resample: counts^T (W_a - W_b) counts."""
-    abnormal_a, normal_a = _clean(abnormal_a, "abnormal"), _clean(normal_a, "normal")
-    abnormal_b, normal_b = _clean(abnormal_b, "abnormal"), _clean(normal_b, "normal")
+    abnormal_a, normal_a = finite_scores(abnormal_a, "abnormal"), finite_scores(normal_a, "normal")
+    abnormal_b, normal_b = finite_scores(abnormal_b, "abnormal"), finite_scores(normal_b, "normal")
     if abnormal_a.shape != abnormal_b.shape or normal_a.shape != normal_b.shape:
         raise ValueError(f"paired scores need the same images for both methods; got "
                          f"{len(abnormal_a)} + {len(normal_a)} against "
@@ -68,7 +69,7 @@ def paired_delta_interval(abnormal_a, normal_a, abnormal_b, normal_b, *,
     counts_normal = rng.multinomial(n_normal, np.full(n_normal, 1 / n_normal), size=n_resamples)
     resampled = np.einsum("bi,ij,bj->b", counts_abnormal, difference, counts_normal) \
         / (n_abnormal * n_normal)
-    low, high = _interval(resampled, level)
+    low, high = percentile_interval(resampled, level)
     return float(difference.mean()), low, high
 
 
@@ -183,7 +184,7 @@ def paired_margin_ratio_interval(method_scores, baseline_scores, *,
     log_ratios = log_ratios[np.isfinite(log_ratios)]
     if not np.isfinite(ratio) or len(log_ratios) == 0:
         return float(margin), float(baseline_margin), np.nan, np.nan, np.nan
-    low, high = _interval(log_ratios, level)
+    low, high = percentile_interval(log_ratios, level)
     return float(margin), float(baseline_margin), ratio, float(np.exp(low)), float(np.exp(high))
 
 

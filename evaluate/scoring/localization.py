@@ -27,7 +27,9 @@ DEFAULT_LEVEL = 0.95
 NOT_APPLICABLE = "not applicable"
 
 
-def _clean(values, what: str) -> np.ndarray:
+def finite_scores(values, what: str) -> np.ndarray:
+    """``values`` as a flat float64 array; an error naming ``what`` ("abnormal", "normal") when
+    there are none or some are NaN/inf."""
     values = np.asarray(values, dtype=np.float64).ravel()
     if len(values) == 0:
         raise ValueError(f"AUROC needs at least one {what} score, got none")
@@ -39,15 +41,17 @@ def _clean(values, what: str) -> np.ndarray:
 
 def auroc(abnormal_scores, normal_scores) -> float:
     """P(score of a random abnormal image > a random normal one), ties counted 1/2 (Mann-Whitney U)."""
-    abnormal = _clean(abnormal_scores, "abnormal")
-    normal = _clean(normal_scores, "normal")
+    abnormal = finite_scores(abnormal_scores, "abnormal")
+    normal = finite_scores(normal_scores, "normal")
     ranks = rankdata(np.concatenate([abnormal, normal]))  # average ranks handle ties
     n_abnormal, n_normal = len(abnormal), len(normal)
     u_statistic = ranks[:n_abnormal].sum() - n_abnormal * (n_abnormal + 1) / 2
     return float(u_statistic / (n_abnormal * n_normal))
 
 
-def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
+def percentile_interval(values: np.ndarray, level: float) -> tuple[float, float]:
+    """The central ``level`` interval of ``values`` (resampled or permuted statistics): their
+    (1 - level)/2 and (1 + level)/2 percentiles."""
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(values, [tail, 100 - tail])
     return float(low), float(high)
@@ -60,17 +64,17 @@ def bootstrap_auroc_interval(abnormal_scores, normal_scores, *, n_resamples: int
     A resample's AUROC is counts_a^T W counts_n / (n_a n_n), with W[i, j] = 1 if a_i > n_j, 1/2 if
     equal: exact, and no re-ranking per resample.
     """
-    abnormal = _clean(abnormal_scores, "abnormal")
-    normal = _clean(normal_scores, "normal")
-    return _interval(_resampled_aurocs(abnormal, normal, n_resamples, np.random.default_rng(seed)),
-                     level)
+    abnormal = finite_scores(abnormal_scores, "abnormal")
+    normal = finite_scores(normal_scores, "normal")
+    resampled = _resampled_aurocs(abnormal, normal, n_resamples, np.random.default_rng(seed))
+    return percentile_interval(resampled, level)
 
 
 def permutation_aurocs(abnormal_scores, normal_scores, *, n_permutations: int = DEFAULT_RESAMPLES,
                        seed: int = 0) -> np.ndarray:
     """AUROCs of the pooled scores under random abnormal/normal relabelling (set sizes kept)."""
-    abnormal = _clean(abnormal_scores, "abnormal")
-    normal = _clean(normal_scores, "normal")
+    abnormal = finite_scores(abnormal_scores, "abnormal")
+    normal = finite_scores(normal_scores, "normal")
     ranks = rankdata(np.concatenate([abnormal, normal]))
     rng = np.random.default_rng(seed)
     shuffled = rng.permuted(np.broadcast_to(ranks, (n_permutations, len(ranks))), axis=1)
@@ -84,18 +88,9 @@ def chance_band(abnormal_scores, normal_scores, *, n_permutations: int = DEFAULT
     permutation p-value (1 + #{perm AUROC >= observed}) / (n_permutations + 1)."""
     permuted = permutation_aurocs(abnormal_scores, normal_scores, n_permutations=n_permutations, seed=seed)
     observed = auroc(abnormal_scores, normal_scores)
-    low, high = _interval(permuted, level)
+    low, high = percentile_interval(permuted, level)
     p_value = (1 + int((permuted >= observed - 1e-12).sum())) / (n_permutations + 1)
     return low, high, p_value
-
-
-def chance_band_for_sizes(n_abnormal: int, n_normal: int, *, n_permutations: int = DEFAULT_RESAMPLES,
-                          level: float = DEFAULT_LEVEL, seed: int = 0) -> tuple[float, float]:
-    """The chance band for untied scores of the given set sizes (e.g. 40 and 40 -> about 0.37-0.63)."""
-    low, high, _ = chance_band(np.arange(n_abnormal, dtype=float), np.arange(n_abnormal, n_abnormal + n_normal,
-                                                                              dtype=float),
-                               n_permutations=n_permutations, level=level, seed=seed)
-    return low, high
 
 
 def localization_table(scores: pd.DataFrame, *, abnormal_column: str = "abnormal",
@@ -206,14 +201,14 @@ def replicate_auroc_interval(per_model_scores: Sequence[tuple[np.ndarray, np.nda
     arrays per replicate. Each resample draws k of the k models with replacement and, for each,
     that resample's image draw of that model; so the interval holds the spread between seeds as
     well as between images."""
-    pairs = [(_clean(a, "abnormal"), _clean(n, "normal")) for a, n in per_model_scores]
+    pairs = [(finite_scores(a, "abnormal"), finite_scores(n, "normal")) for a, n in per_model_scores]
     if not pairs:
         raise ValueError("a replicated AUROC needs at least one model's scores")
     rng = np.random.default_rng(seed)
     resampled = np.stack([_resampled_aurocs(a, n, n_resamples, rng) for a, n in pairs])  # (k, B)
     drawn = rng.integers(0, len(pairs), size=(n_resamples, len(pairs)))
     means = resampled[drawn, np.arange(n_resamples)[:, None]].mean(axis=1)
-    low, high = _interval(means, level)
+    low, high = percentile_interval(means, level)
     return float(np.mean([auroc(a, n) for a, n in pairs])), low, high
 
 

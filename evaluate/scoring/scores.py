@@ -132,39 +132,3 @@ def score_frame(model: str, image_ids: list, numerator: np.ndarray, spread: np.n
         "model": model, "image": image_ids, "score": score, "numerator": numerator, "spread": spread,
         "n_references": n_references, "is_reference": is_reference, "flag": flag,
     })
-
-
-def score_images(images_by_model: Mapping[str, np.ndarray], references: Sequence[str],
-                 distance: Distance, *, models: Sequence[str] | None = None,
-                 image_ids: Sequence | None = None, labels: Mapping[str, object] | None = None,
-                 feature_memory_bytes: int = 2**30,
-                 zero_spread_tolerance: float = ZERO_SPREAD_TOLERANCE) -> pd.DataFrame:
-    """``anomaly_scores`` straight from rendered images (model -> uint8 (N, H, W, 3)).
-
-    A score only combines one image's renders, so images are processed in chunks whose features for
-    all models fit in ``feature_memory_bytes`` (224x224 VGG features are ~25 MB per render); every
-    render still goes through the backbone exactly once.
-    """
-    references = list(references)
-    models = list(images_by_model) if models is None else list(models)
-    needed = list(dict.fromkeys([*references, *models]))
-    missing = [name for name in needed if name not in images_by_model]
-    if missing:
-        raise KeyError(f"no images for {missing}; images exist for {sorted(images_by_model)}")
-    count = len(images_by_model[references[0]])
-    image_ids = list(range(count)) if image_ids is None else list(image_ids)
-    probe = distance.features(np.asarray(images_by_model[references[0]][:1]))
-    chunk = max(1, feature_memory_bytes // max(1, probe.nbytes * len(needed)))
-    frames = []
-    for start in range(0, count, chunk):
-        part = slice(start, min(start + chunk, count))
-        features = {name: distance.features(np.asarray(images_by_model[name][part])) for name in needed}
-        frames.append(anomaly_scores(features, references, distance, models=models,
-                                     image_ids=image_ids[part], labels=labels,
-                                     zero_spread_tolerance=zero_spread_tolerance))
-    result = pd.concat(frames, ignore_index=True)
-    # chunks come out image-major within each chunk; present model-major like anomaly_scores
-    order = {name: k for k, name in enumerate(models)}
-    return (result.assign(_model_order=result["model"].map(order), _image_order=np.arange(len(result)))
-            .sort_values(["_model_order", "_image_order"], kind="stable")
-            .drop(columns=["_model_order", "_image_order"]).reset_index(drop=True))

@@ -87,9 +87,10 @@ def read_score_table(table_path: Path) -> pd.DataFrame:
     return table.fillna({"layer": NO_LAYER})
 
 
-def score_set(suite: Suite, distance, distance_name: str, method: str, image_set: str,
+def score_set(suite: Suite, distance, method: str, image_set: str,
               models: list[str], runs_root=None) -> pd.DataFrame:
     """Anomaly scores of ``models`` (references are scored leave-one-out) on one image set."""
+    distance_name = distance.name
     table_path, key = score_table_key(suite, distance_name, method, image_set, models, runs_root)
     if _is_scored(table_path, key):
         return read_score_table(table_path)
@@ -137,7 +138,7 @@ class ScoreItem(StageItem):
 def score_one(item: ScoreItem) -> pd.DataFrame:
     """Work item of the score stage: one table (distance, method, image set); picklable, so a
     Slurm job runs it too."""
-    return score_set(item.suite, _distance(item.distance, item.weights_dir), item.distance, item.method,
+    return score_set(item.suite, _distance(item.distance, item.weights_dir), item.method,
                      item.image_set, list(item.models), item.runs_dir)
 
 
@@ -145,11 +146,12 @@ def score_one(item: ScoreItem) -> pd.DataFrame:
 TableId = tuple[str, str, tuple[str, ...]]
 
 
-def score_tables(suite: Suite, distance, distance_name: str,
+def score_tables(suite: Suite, distance,
                  tables: list[tuple[str, str, list[str]]], runs_root=None,
                  options: RunOptions | None = None) -> list[pd.DataFrame]:
     """``score_set`` of each (method, image set, models) of ``tables``, in order. The missing
     tables are the work items of the "score" stage (``_score_missing``)."""
+    distance_name = distance.name
     wanted: list[TableId] = [(method, image_set, tuple(models))
                              for method, image_set, models in tables]
     where = {table: score_table_key(suite, distance_name, table[0], table[1], list(table[2]),
@@ -157,7 +159,7 @@ def score_tables(suite: Suite, distance, distance_name: str,
     plan = plan_stage(wanted, lambda table: _is_scored(*where[table]))
     computed = {}
     if plan.missing:  # scoring runs inside other stages' commands: silent when all are stored
-        computed = _score_missing(suite, distance, distance_name, plan, options or RunOptions(runs_dir=runs_root))
+        computed = _score_missing(suite, distance, plan, options or RunOptions(runs_dir=runs_root))
         if computed is None:  # a dry run
             return []
     scored = []
@@ -167,18 +169,19 @@ def score_tables(suite: Suite, distance, distance_name: str,
         elif table in computed:
             scored.append(computed[table])  # made just now
         else:  # the same set asked with other models after a computed one: score it here
-            scored.append(score_set(suite, distance, distance_name, table[0], table[1],
+            scored.append(score_set(suite, distance, table[0], table[1],
                                     list(table[2]), runs_root))
     return scored
 
 
-def _score_missing(suite: Suite, distance, distance_name: str, plan: StagePlan[TableId],
+def _score_missing(suite: Suite, distance, plan: StagePlan[TableId],
                    options: RunOptions) -> dict[TableId, pd.DataFrame] | None:
     """The missing tables as work items of the "score" stage, one per (method, image set) (the
     first models asked), run by ``slurm.executor.run_items`` with the executor options of
     ``options`` over the suite's [slurm] table: on Slurm one job per table, each building the
     distance (from ``options.weights_dir``) once; locally in this process, one after the other,
     with ``distance``. None on a dry run."""
+    distance_name = distance.name
     config = executor_config(suite, options, "score")
     weights_dir = str(Path(options.weights_dir).resolve()) if options.weights_dir else None
     if config.executor == "local":
@@ -202,12 +205,12 @@ def _score_missing(suite: Suite, distance, distance_name: str, plan: StagePlan[T
             for item, table in zip(outcome.items, outcome.results, strict=True)}
 
 
-def detection_scores(suite: Suite, distance, distance_name: str, methods: list[str],
+def detection_scores(suite: Suite, distance, methods: list[str],
                      runs_root=None, options: RunOptions | None = None) -> pd.DataFrame:
     """Every model's scores on the detection set, per method (missing tables: ``score_tables``);
     a model-level method's on the ``classes`` set, one score per class (``detection_set_for``)."""
     models = [s.name for s in suite.models]
-    return pd.concat(score_tables(suite, distance, distance_name,
+    return pd.concat(score_tables(suite, distance,
                                   [(method, detection_set_for(method), models)
                                    for method in methods], runs_root, options), ignore_index=True)
 
@@ -223,7 +226,7 @@ def localized_methods(methods: list[str]) -> list[str]:
     return [method for method in methods if not is_model_level(method)]
 
 
-def localization_scores(suite: Suite, distance, distance_name: str, methods: list[str],
+def localization_scores(suite: Suite, distance, methods: list[str],
                         runs_root=None, options: RunOptions | None = None) -> pd.DataFrame:
     """For each localizable anomaly: its scores on its abnormal set (abnormal = True) and on its
     normal images (abnormal = False): the detection images that count as normal for it, or its
@@ -242,7 +245,7 @@ def localization_scores(suite: Suite, distance, distance_name: str, methods: lis
     wanted += [(method, normal_set_name(suite, spec), [spec.name]) for method in methods
                for spec in localizable(suite) if normal_set_name(suite, spec) != DETECTION]
     scored = {(method, image_set): table for (method, image_set, _), table
-              in zip(wanted, score_tables(suite, distance, distance_name, wanted, runs_root, options))}
+              in zip(wanted, score_tables(suite, distance, wanted, runs_root, options))}
     frames = []
     for method in methods:
         for spec in localizable(suite):

@@ -20,7 +20,10 @@ from counteraudit.explain.methods.caricature import TRANSFORM_PATHS
 from counteraudit.explain.renderers import ATTRIBUTIONS
 from counteraudit.explain.renderers.captum_figure import RASTERISATIONS
 from counteraudit.explain.settings import suite_method
-from counteraudit.train.core.registries import PROTOCOL_CHOICES
+from counteraudit.train.core.registry import Registry
+
+# Protocol choices: registered in this module.
+PROTOCOL_CHOICES: Registry = Registry("protocol choice", plugins="counteraudit.evaluate.studies.protocol_choices")
 
 MIXED = "mixed"  # the suite sets the parameter differently on different methods
 

@@ -62,16 +62,17 @@ def plan_variants(suite, methods: list[str], choice_names: list[str] | None,
     return variants, skipped
 
 
-def scored_tables(suite, methods: list[str], distance, distance_name: str,
+def scored_tables(suite, methods: list[str], distance,
                   options: RunOptions) -> dict[str, pd.DataFrame]:
     """Table 1's per-model rows and Table 2's per-model rows (with the outputs-only comparison)
     of ``methods`` on ``suite``, explaining what is missing first."""
+    distance_name = distance.name
     counts = explain_suite(suite, options, methods=method_specs(suite, methods))
     print(f"{counts['computed']} visualization set(s) computed, {counts['stored']} already stored; "
           f"{explained_images_line(counts)}", flush=True)
-    detection = detection_tables(suite, detection_scores(suite, distance, distance_name, methods,
+    detection = detection_tables(suite, detection_scores(suite, distance, methods,
                                                          options.runs_dir, options), distance_name)
-    localization = localization_tables(localization_scores(suite, distance, distance_name, methods,
+    localization = localization_tables(localization_scores(suite, distance, methods,
                                                            options.runs_dir, options), distance_name)
     out = {"detection": detection[f"detection-per-model-{distance_name}"],
            "localization": localization[f"localization-per-model-{distance_name}"]}

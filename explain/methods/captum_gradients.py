@@ -31,6 +31,7 @@ not registered rather than registered broken.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from captum.attr import Deconvolution as CaptumDeconvolution
@@ -42,8 +43,8 @@ from captum.attr import Saliency as CaptumSaliency
 from torch import nn
 
 from counteraudit.explain.base import METHODS, AttributionMethod, SaliencyParams
-from counteraudit.explain.input_space import BASELINES, baseline_image, in_gradient_space, normalization
-from counteraudit.explain.params import added, at_most
+from counteraudit.explain.input_space import Baseline, baseline_image, in_gradient_space, normalization
+from counteraudit.train.core.params import added, at_most
 from counteraudit.train.core import size_bounds as bounds
 
 
@@ -104,7 +105,7 @@ class DeepLift(AttributionMethod):
 
     @dataclass(frozen=True)
     class Params(SaliencyParams):
-        baseline: str = added("black", choices=BASELINES)
+        baseline: Baseline = added("black")
 
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:
@@ -117,7 +118,7 @@ class DeepLift(AttributionMethod):
 @dataclass(frozen=True)
 class ShapParams(SaliencyParams):
     """baseline_samples: how many uniform-noise references (module docstring); seed: draws them."""
-    baseline_samples: int = at_most(8, bounds.PASSES)
+    baseline_samples: Annotated[int, at_most(bounds.PASSES)] = 8
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -157,7 +158,7 @@ class GradientShap(AttributionMethod):
 
     @dataclass(frozen=True)
     class Params(ShapParams):
-        n_samples: int = at_most(50, bounds.PASSES)  # as integrated gradients' 50 steps: one pass each
+        n_samples: Annotated[int, at_most(bounds.PASSES)] = 50  # as integrated gradients' 50 steps: one pass each
         stdevs: float = 0.0  # captum's default: no noise added to the sampled points
 
         def __post_init__(self) -> None:

@@ -18,7 +18,7 @@ Cost: ``n_samples`` forward and backward passes per image (50 by default, Smilko
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import torch
 from captum.attr import NoiseTunnel, Saliency
@@ -26,17 +26,17 @@ from torch import nn
 
 from counteraudit.explain.base import METHODS, AttributionMethod, SaliencyParams
 from counteraudit.explain.input_space import in_gradient_space
-from counteraudit.explain.params import at_most, execution_only
+from counteraudit.train.core.params import at_most, execution_only
 from counteraudit.train.core import size_bounds as bounds
 
 
 @dataclass(frozen=True)
 class NoiseTunnelParams(SaliencyParams):
-    n_samples: int = at_most(50, bounds.PASSES)
+    n_samples: Annotated[int, at_most(bounds.PASSES)] = 50
     noise_level: float = 0.15  # std / (x_max - x_min), Smilkov et al.'s 10-20 %
     seed: int = 0
     # Noisy copies per pass inside captum: memory and speed only.
-    samples_per_pass: int | None = execution_only(None, bounds.BATCH)
+    samples_per_pass: Annotated[int, at_most(bounds.BATCH)] | None = execution_only(None)
 
     def __post_init__(self) -> None:
         if self.n_samples < 1:

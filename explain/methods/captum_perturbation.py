@@ -26,7 +26,7 @@ and the image's position (``seeded_per_image``), so any batch size gives the sam
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
 from captum.attr import FeatureAblation as CaptumFeatureAblation
@@ -37,8 +37,8 @@ from captum.attr import ShapleyValueSampling as CaptumShapleyValueSampling
 from torch import nn
 
 from counteraudit.explain.base import DEFAULT_RENDERERS, METHODS, AttributionMethod, TargetParams
-from counteraudit.explain.input_space import BASELINES, baseline_image
-from counteraudit.explain.params import added, at_most, execution_only
+from counteraudit.explain.input_space import Baseline, baseline_image
+from counteraudit.train.core.params import added, at_most, execution_only
 from counteraudit.explain.renderers import ATTRIBUTIONS
 from counteraudit.train.core import size_bounds as bounds
 
@@ -64,15 +64,15 @@ def grid_superpixels(height: int, width: int, cells: int, device: torch.device) 
 class PerturbationParams(TargetParams):
     """What every perturbation method shares: the replaced value, the renderer, and how many
     perturbed images go through the model at once (speed and memory only)."""
-    baseline: str = added("black", choices=BASELINES)
+    baseline: Baseline = added("black")
     renderer: str = added(DEFAULT_RENDERERS[ATTRIBUTIONS])
     renderer_options: dict[str, Any] | None = added(None)
-    perturbations_per_pass: int = execution_only(64, bounds.BATCH)
+    perturbations_per_pass: Annotated[int, at_most(bounds.BATCH)] = execution_only(64)
 
 
 @dataclass(frozen=True)
 class SuperpixelParams(PerturbationParams):
-    grid_cells: int = at_most(8, bounds.GRID)  # per side: 64 superpixels
+    grid_cells: Annotated[int, at_most(bounds.GRID)] = 8  # per side: 64 superpixels
 
     method_name: ClassVar[str] = "a superpixel method"  # each method's own, for its errors
 
@@ -147,7 +147,7 @@ class FeatureAblation(PerturbationMethod):
 
 @dataclass(frozen=True)
 class SampledSuperpixelParams(SuperpixelParams):
-    n_samples: int = at_most(256, bounds.PASSES)
+    n_samples: Annotated[int, at_most(bounds.PASSES)] = 256
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -201,7 +201,7 @@ class ShapleyValueSampling(SampledSuperpixelMethod):
 
     @dataclass(frozen=True)
     class Params(SampledSuperpixelParams):
-        n_samples: int = at_most(4, bounds.PASSES)  # permutations: 4 x 65 = 260 passes with the default grid
+        n_samples: Annotated[int, at_most(bounds.PASSES)] = 4  # permutations: 4 x 65 = 260 passes with the default grid
         method_name = "shapley_value_sampling"
 
     def passes_per_image(self, architecture: str | None) -> float:

@@ -15,7 +15,7 @@ power stays defined), solved with lucent's default regularisation, as ``render_v
   model on a CPU; the ``demo`` suite, see demo.toml for the measured cost); the target f_l(x) is
   computed once on the clean input x, as the paper's code did, so both feature maps have the
   same shape;
-- Adam, learning rate 5e-2, ``steps`` steps (512, SPEC.md), or per layer from ``steps_by_layer``
+- Adam, learning rate 5e-2, ``steps`` steps (512, the paper's), or per layer from ``steps_by_layer``
   (the paper's code: ``{ layer4 = 1024 }``); layers with different step counts are rendered by
   separate optimisations;
 - randomness (``noise``): "shared", one random start and one augmentation draw per step for the
@@ -49,7 +49,7 @@ Diagnostics per (layer, image), measured on the un-augmented image before and af
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import Annotated, Callable, Literal, Sequence, get_args
 
 import numpy as np
 import torch
@@ -61,7 +61,7 @@ from torchvision.models.resnet import ResNet
 from counteraudit.explain.base import (METHODS, BatchContext, BatchOutput, VisualizationMethod,
                                        architecture_default, model_device)
 from counteraudit.explain.caricature_transforms import AUGMENTATIONS
-from counteraudit.explain.params import added, at_most
+from counteraudit.train.core.params import added, at_most
 from counteraudit.explain.render import to_uint8
 from counteraudit.train.architectures import Classifier, layer_name, resolve_layer
 from counteraudit.train.core import size_bounds as bounds
@@ -69,10 +69,13 @@ from counteraudit.train.core.artifacts import derive_seed
 
 # lucid's floor on the cosine in its cosine-weighted dot objectives.
 COSINE_FLOOR = 0.1
-NOISES = ("shared", "per_model")
+Noise = Literal["shared", "per_model"]
+NOISES = get_args(Noise)
 LUCENT_SD = 0.01  # lucent's param.image start: a normal spectrum times this
-QUANTIZATIONS = ("round", "floor")
+Quantization = Literal["round", "floor"]
+QUANTIZATIONS = get_args(Quantization)
 TRANSFORM_PATHS = tuple(AUGMENTATIONS)
+TransformPath = Literal[TRANSFORM_PATHS]  # Literal[(a, b)] is Literal[a, b]: one valid value per name
 
 
 def forward_stages(model: nn.Module) -> list[Callable[[torch.Tensor], torch.Tensor]]:
@@ -174,30 +177,30 @@ class Caricature(VisualizationMethod):
     @dataclass(frozen=True)
     class Params:
         layers: tuple[str, ...] | None = None  # addresses "(2,2,1)"...; None: the architecture's
-        steps: int = at_most(512, bounds.PASSES)
+        steps: Annotated[int, at_most(bounds.PASSES)] = 512
         learning_rate: float = 5e-2
         cossim_pow: float = 0.0
         seed: int = 0
         # Steps for the layers whose module name starts with a key (the longest matching key
         # wins; other layers take `steps`): the paper's code used { layer4 = 1024 }.
-        steps_by_layer: dict[str, int] | None = added(None, bound=bounds.PASSES)
+        steps_by_layer: dict[str, Annotated[int, at_most(bounds.PASSES)]] | None = added(None)
         # The parameterised image's side (lucent's render_vis: param.image(128), then upsampled
         # to the model's input); None: the input's size. The result has the canvas's size.
-        canvas: int | None = added(None, bound=bounds.IMAGE_SIDE)
+        canvas: Annotated[int, at_most(bounds.IMAGE_SIDE)] | None = added(None)
         # "shared": every model renders an image from the same random start and augmentation
         # draws (one draw per step for the whole batch; a paired design); "per_model": each
         # (model, image, layer) its own start and draws, seeded from the seed, the model's key,
         # the image's position and the layer, as the paper's unseeded render_vis calls were
         # independent.
-        noise: str = added("shared", choices=NOISES)
+        noise: Noise = added("shared")
         # Float [0, 1] -> uint8: "round" (nearest), or "floor" as the paper's
         # uint8(vis * 255).
-        quantize: str = added("round", choices=QUANTIZATIONS)
+        quantize: Quantization = added("round")
         # The augmentation of every step (explain/caricature_transforms.py): "lucent", lucent's
         # own standard_transforms and render_vis's upsample to the input (the original code's
         # pixels); "fused", the same draws as one resampling (faster on a CPU, slightly sharper).
         # "fused" is what results before this option were computed with, so it keeps their keys.
-        transforms: str = added("fused", choices=TRANSFORM_PATHS)
+        transforms: TransformPath = added("fused")
 
     def resolve(self, architecture: str | None) -> Params:
         layers = self.params.layers or architecture_default(

@@ -32,6 +32,7 @@ Diagnostics per class, measured on the un-augmented image before and after optim
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 import torch
@@ -41,8 +42,8 @@ from torch import nn
 from counteraudit.explain.base import (METHODS, BatchContext, BatchOutput, VisualizationMethod,
                                        model_device)
 from counteraudit.explain.caricature_transforms import AUGMENTATIONS
-from counteraudit.explain.methods.caricature import TRANSFORM_PATHS, per_row_start
-from counteraudit.explain.params import added, at_most
+from counteraudit.explain.methods.caricature import TransformPath, per_row_start
+from counteraudit.train.core.params import added, at_most
 from counteraudit.explain.render import to_uint8
 from counteraudit.train.core import size_bounds as bounds
 from counteraudit.train.core.artifacts import derive_seed
@@ -70,10 +71,10 @@ class FeatureSynthesis(VisualizationMethod):
         the same for every model (a paired design).
         transforms: "fused", lucent's standard_transforms as one resampling (faster on a CPU),
         or "lucent", lucent's own chain (explain/caricature_transforms.py)."""
-        steps: int = at_most(512, bounds.PASSES)
+        steps: Annotated[int, at_most(bounds.PASSES)] = 512
         learning_rate: float = 5e-2
         seed: int = 0
-        transforms: str = added("fused", choices=TRANSFORM_PATHS)
+        transforms: TransformPath = added("fused")
 
         def __post_init__(self) -> None:
             if self.steps < 1:

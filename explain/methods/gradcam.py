@@ -25,10 +25,10 @@ import torch
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 from torch import nn
 
-from counteraudit.explain.base import (DEFAULT_RENDERERS, GRADIENT_SPACES, METHODS, AttributionMethod,
+from counteraudit.explain.base import (DEFAULT_RENDERERS, GradientSpace, METHODS, AttributionMethod,
                                        TargetParams, architecture_default)
 from counteraudit.explain.input_space import on_normalized_input
-from counteraudit.explain.params import added
+from counteraudit.train.core.params import added
 from counteraudit.explain.renderers import CAMS
 from counteraudit.train.architectures import layer_name, resolve_layer
 
@@ -58,7 +58,7 @@ class CamParams(TargetParams):
     """Parameters of a CAM method on one layer (field order kept: it is Grad-CAM's record)."""
     layer: str | None = None  # an address "(4,0,3)" or module name; None: architecture's
     aug_smooth: bool = True
-    aug_smooth_space: str = added("pixels", choices=GRADIENT_SPACES)
+    aug_smooth_space: GradientSpace = added("pixels")
     renderer: str = added(DEFAULT_RENDERERS[CAMS])
     renderer_options: dict[str, Any] | None = added(None)
 

@@ -16,14 +16,14 @@ the map; the others keep the unablated score).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pytorch_grad_cam.ablation_layer import AblationLayer
 from torch import nn
 
-from counteraudit.explain.base import DEFAULT_RENDERERS, GRADIENT_SPACES, METHODS, TargetParams
+from counteraudit.explain.base import DEFAULT_RENDERERS, GradientSpace, METHODS, TargetParams
 from counteraudit.explain.methods.gradcam import CamParams, LibraryCam
-from counteraudit.explain.params import added, execution_only
+from counteraudit.train.core.params import added, at_most, execution_only
 from counteraudit.explain.renderers import CAMS
 from counteraudit.train.core import size_bounds as bounds
 
@@ -100,7 +100,7 @@ class FullGradParams(TargetParams):
     """FullGrad's parameters: no layer (it uses every bias). ``aug_smooth_space`` also sets the
     space of its input-gradient term."""
     aug_smooth: bool = True
-    aug_smooth_space: str = added("pixels", choices=GRADIENT_SPACES)
+    aug_smooth_space: GradientSpace = added("pixels")
     renderer: str = added(DEFAULT_RENDERERS[CAMS])
     renderer_options: dict[str, Any] | None = added(None)
 
@@ -127,13 +127,13 @@ class FullGrad(LibraryCam):
 @dataclass(frozen=True)
 class ScoreCamParams(CamParams):
     # Masked copies per forward pass (pytorch-grad-cam's ScoreCAM.batch_size).
-    batch_size: int | None = execution_only(32, bounds.BATCH)
+    batch_size: Annotated[int, at_most(bounds.BATCH)] | None = execution_only(32)
 
 
 @dataclass(frozen=True)
 class AblationCamParams(CamParams):
     # Ablated copies per forward pass (pytorch-grad-cam's AblationCAM batch_size).
-    batch_size: int | None = execution_only(32, bounds.BATCH)
+    batch_size: Annotated[int, at_most(bounds.BATCH)] | None = execution_only(32)
     # Fraction of the layer's channels ablated, in (0, 1] (1.0: all, the method as published).
     ratio_channels_to_ablate: float | None = 1.0
 

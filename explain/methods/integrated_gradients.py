@@ -10,14 +10,15 @@ invariant to the affine normalisation: the path and the factor (x - x0) change t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from captum.attr import IntegratedGradients as CaptumIntegratedGradients
 from torch import nn
 
 from counteraudit.explain.base import METHODS, AttributionMethod, SaliencyParams
-from counteraudit.explain.input_space import BASELINES, baseline_image, on_normalized_input
-from counteraudit.explain.params import added, at_most, execution_only
+from counteraudit.explain.input_space import Baseline, baseline_image, on_normalized_input
+from counteraudit.train.core.params import added, at_most, execution_only
 from counteraudit.train.core import size_bounds as bounds
 
 
@@ -28,14 +29,14 @@ class IntegratedGradients(AttributionMethod):
 
     @dataclass(frozen=True)
     class Params(SaliencyParams):
-        n_steps: int = at_most(50, bounds.PASSES)
+        n_steps: Annotated[int, at_most(bounds.PASSES)] = 50
         method: str = "gausslegendre"
         # Images x steps per forward pass inside captum; memory and speed only, not the result.
         # One image's 50 steps per pass is 1.4x faster on a CPU core than 128 (64-px small
         # ResNet, batches of 16: 12.6 against 9.0 images/s, mean of 3 interleaved runs; the
         # activations stay in cache), and the rendered images are identical.
-        internal_batch_size: int | None = execution_only(50, bounds.BATCH)
-        baseline: str = added("black", choices=BASELINES)
+        internal_batch_size: Annotated[int, at_most(bounds.BATCH)] | None = execution_only(50)
+        baseline: Baseline = added("black")
 
     def passes_per_image(self, architecture: str | None) -> float:
         return float(self.params.n_steps)

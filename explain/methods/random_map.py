@@ -7,11 +7,11 @@ references' maps, and the rule calls it anomalous about 1/(n + 1) of the time (c
 first among n + 1). A method whose row is not clearly better than this one's detects nothing the
 rule could not flag by chance.
 
-Why the model's key enters the draw (version 2): version 1 drew from the image and the seed
-alone, so every model had the very same maps, the references' spread was 0 on every image and
-every anomaly score undefined: its Table 1 row read "0 detected" for a score that did not exist,
-not the chance rate. The key is the model's name in the store, not its weights or outputs, so the
-map still carries nothing the model computes. A run without a key (``run(..., model_id=None)``)
+Why the model's key enters the draw: maps drawn from the image and the seed alone would be the
+same for every model, so the references' spread would be 0 on every image and every anomaly score
+undefined, and the Table 1 row would read "0 detected" for a score that does not exist, not the
+chance rate. The key is the model's name in the store, not its weights or outputs, so the map
+still carries nothing the model computes. A run without a key (``run(..., model_id=None)``)
 draws as if the key were empty: every such run gives the same maps.
 
 Why not pytorch-grad-cam's ``RandomCAM``: it weights the layer's activation channels with random
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from counteraudit.explain.base import DEFAULT_RENDERERS, METHODS, AttributionMethod, BatchContext
-from counteraudit.explain.params import at_most
+from counteraudit.train.core.params import at_most
 from counteraudit.explain.renderers import CAMS
 from counteraudit.train.core import size_bounds as bounds
 
@@ -67,14 +67,14 @@ class RandomMap(AttributionMethod):
     model computes (module docstring); its Table 1 row estimates the rule's false-positive rate,
     about 1/(n + 1) with n references."""
     name = "random_map"
-    version = 2  # the model's key enters the draw
+    version = 2  # in every stored map's key: maps drawn without the model's key are never reused
     default_batch_size = 64
     renders = CAMS
 
     @dataclass(frozen=True)
     class Params:
         seed: int = 0
-        grid: int = at_most(7, bounds.GRID)  # cells per side of the random field before upsampling
+        grid: Annotated[int, at_most(bounds.GRID)] = 7  # cells per side of the random field before upsampling
         renderer: str = DEFAULT_RENDERERS[CAMS]
         renderer_options: dict[str, Any] | None = None
 

@@ -23,8 +23,11 @@ from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
-from counteraudit.explain.params import NoParams, parse_params
-from counteraudit.train.core.registries import RENDERERS
+from counteraudit.train.core.params import NoParams, parse_params
+from counteraudit.train.core.registry import Registry
+
+# Renderers: one module each in this package, imported on the first lookup.
+RENDERERS: Registry = Registry("renderer", plugins="counteraudit.explain.renderers")
 
 ATTRIBUTIONS = "attributions"
 CAMS = "cams"
@@ -44,7 +47,7 @@ class Renderer(ABC):
                              f"{CAMS!r}, got {cls.renders!r}")
 
     def __init__(self, options: Mapping[str, Any] | None = None):
-        self.params = parse_params(self.Params, options or {}, self.name, kind="renderer")
+        self.params = parse_params(self.Params, options or {}, f"renderer {self.name!r}")
 
     @abstractmethod
     def render(self, raw: np.ndarray, images: np.ndarray) -> np.ndarray:

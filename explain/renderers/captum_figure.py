@@ -31,19 +31,21 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 from captum.attr import visualization  # captum.attr._utils.visualization, where _prepare_image lives
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from counteraudit.explain.params import added
+from counteraudit.train.core.params import added
 from counteraudit.explain.renderers import ATTRIBUTIONS, RENDERERS, Renderer
 from counteraudit.explain.renderers.matplotlib35_image import rasterise_as_matplotlib_3_5
 
 ALPHA_OVERLAY = 0.8  # the paper's call; captum's default is 0.5
 MATPLOTLIB_3_5, INSTALLED = "matplotlib-3.5", "installed"
-RASTERISATIONS = (MATPLOTLIB_3_5, INSTALLED)
+Rasterisation = Literal["matplotlib-3.5", "installed"]
+RASTERISATIONS = get_args(Rasterisation)
 
 
 @RENDERERS.register
@@ -57,7 +59,7 @@ class CaptumFigure(Renderer):
         dpi: int = 100               # matplotlib's default figure.dpi, which savefig uses
         # Results stored before this option were drawn by the installed matplotlib: they keep
         # their key under "installed"; the default is recorded, so they are not reused for it.
-        rasterisation: str = added(MATPLOTLIB_3_5, before=INSTALLED, choices=RASTERISATIONS)
+        rasterisation: Rasterisation = added(MATPLOTLIB_3_5, before=INSTALLED)
 
     def __init__(self, options=None):
         super().__init__(options)

@@ -1,15 +1,12 @@
 """The training recipe: SGD with step decay, its keys' types and ranges, and how its fields fit."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from counteraudit.train.core import size_bounds as bounds
-from counteraudit.train.core.suite_schema import (
-    ScheduleSegment,
-    check_table,
-    dataclass_table,
-)
+from counteraudit.train.core.params import added, key_params, params_problems
+from counteraudit.train.core.suite_schema import ScheduleSegment
 from pydantic import Field
 
 
@@ -48,7 +45,7 @@ class Recipe:
     # [{ epochs = 12, size = 160 }, { epochs = 4, size = 192 }] (FFCV's ResNet-50 schedules:
     # 160 px for the first 75% of the epochs, then 192). The segments must cover every epoch.
     # Empty: every epoch at the world's image_size. Evaluation keeps the world's sizes.
-    resolution_schedule: tuple[tuple[int, int], ...] = ()
+    resolution_schedule: tuple[tuple[int, int], ...] = added(())
 
     @classmethod
     def from_dict(cls, table: dict[str, Any], where: str = "[recipe]") -> "Recipe":
@@ -74,17 +71,9 @@ class Recipe:
         return None
 
     def identity(self) -> dict[str, Any]:
-        """The recipe's part of a model's key. Fields added after models were trained are left
-        out at their default, so those models keep their keys."""
-        table = asdict(self)
-        for name in _KEY_OMITS_DEFAULT:
-            if table[name] == getattr(Recipe, name):
-                del table[name]
-        return table
-
-
-# Recipe fields newer than the first trained models: absent from a key when at their default.
-_KEY_OMITS_DEFAULT = ("resolution_schedule",)
+        """The recipe's part of a model's key (``key_params``: a field declared ``added`` is
+        left out while at the value models were trained with before it existed)."""
+        return key_params(self)
 
 
 def resolution_segments(value: Any) -> tuple[tuple[int, int], ...]:
@@ -100,7 +89,7 @@ _RECIPE_FILE_FORM = (("resolution_schedule", list[ScheduleSegment | tuple[int, i
 
 def recipe_problems(table: dict[str, Any], where: str = "[recipe]") -> list[str]:
     """What is wrong with a recipe table (every key's type and range, and how they fit)."""
-    problems = check_table(dataclass_table(Recipe, _RECIPE_FILE_FORM), table, where)
+    problems = params_problems(Recipe, table, where, _RECIPE_FILE_FORM)
     if problems:
         return problems
     epochs = table.get("epochs", Recipe.epochs)

@@ -12,13 +12,11 @@ name is never inherited: it is the file's own ``name`` or its file name.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
 
 from counteraudit.train.core.artifacts import OWN_FOLDERS, atomic_write_text, inside_runs, runs_dir
 from counteraudit.train.core.model_spec import (HELD_OUT, REFERENCE, ModelSpec, Sweep, expand_sweep, replicates,
@@ -32,7 +30,7 @@ from counteraudit.train.core.suite_checks import (entry_problems, held_out_probl
                                                   size_problems, slurm_problems, world_problems)
 from counteraudit.train.core.suite_files import overridden, read_table, suite_path, toml_text
 from counteraudit.train.core.suite_schema import (DiscoverTable, EvaluateTable, ExplainTable, SuiteFileError,
-                                                  SuiteTable, check_table, problem_lines, raise_problems)
+                                                  SuiteTable, problem_lines, raise_problems, validated_table)
 
 
 @dataclass
@@ -99,16 +97,14 @@ class Suite:
                 updates[section] = {**getattr(self.settings, section).model_dump(exclude_unset=True), **given}
         if not updates:
             return self
-        table = {**self.settings.model_dump(exclude_unset=True), **updates}
-        try:
-            settings = SuiteTable.model_validate_json(json.dumps(table, default=str))
-        except ValidationError:
-            problems = check_table(SuiteTable, table, "")
+        settings, problems = validated_table(SuiteTable, {**self.settings.model_dump(exclude_unset=True),
+                                                          **updates}, "")
+        if problems:
             for key, option in (where or {}).items():
                 problems = [problem.replace(f"] {key} =", f"] {key} (from {option}) =", 1)
                             for problem in problems]
             raise SuiteFileError(redacted(f"suite file {self.path} with the command line's options "
-                                          f"has {problem_lines(problems)}")) from None
+                                          f"has {problem_lines(problems)}"))
         return dataclasses.replace(self, settings=settings)
 
     @property
@@ -153,15 +149,14 @@ def load_suite(name_or_path: str | Path,
     """The suite, every table and key checked (``train/core/suite_schema.py``) before anything runs:
     one ``SuiteFileError`` lists every problem with its fix. The plug-in tables of the layers above
     training (explanation methods, auditors, the distance, the null test) are checked by the entry
-    scripts, which own those layers: they pass ``plugin_problems`` (``train/suite_plugins.py``),
-    whose problems join the others in the one error."""
+    scripts, which own those layers: they pass ``plugin_problems`` (``evaluate/pipeline.py``,
+    ``explain/settings.py``), whose problems join the others in the one error."""
     path = suite_path(name_or_path)
     table = read_table(path)
-    problems = check_table(SuiteTable, table, "")
+    settings, problems = validated_table(SuiteTable, table, "")
     if problems:  # with the recipe's and the world's, so one run of the tool lists them all
         problems += recipe_and_world_problems(table)
         raise_problems(path, problems)
-    settings = SuiteTable.model_validate_json(json.dumps(table, default=str))
     try:
         return _parse(table, settings, path, plugin_problems)
     except SuiteFileError:

@@ -144,3 +144,17 @@ def slurm_problems(slurm: dict[str, Any]) -> list[str]:
         except (ExecutorConfigError, TypeError, ValueError) as error:
             problems.append(f"[slurm{'.' + stage if stage else ''}] {error}")
     return problems
+
+
+def built_problems(tables: dict[str, dict[str, Any]], registry, header: str) -> list[str]:
+    """Each ``[header.<name>]`` table against the registry, and the plug-in built from its
+    parameters."""
+    problems = named_problems(tables, registry, f"[{header}.<name>]")
+    for name, params in tables.items():
+        if name in registry:
+            try:
+                registry.get(name)(params)
+            except (TypeError, ValueError, LookupError) as error:
+                message = error.args[0] if isinstance(error, LookupError) and error.args else error
+                problems.append(f"[{header}.{name}] {message}")
+    return problems

@@ -11,22 +11,20 @@ strict JSON mode has exactly TOML's types (a whole number stays whole: ``count =
 ``epochs = "3"`` are errors, ``lr = 1`` is a number), it reports every error with its location,
 and the ranges and explanations live beside each key (``Field(ge=..., description=...)``) rather
 than in hand-written checks. The dataclasses that hold a suite's settings (``Recipe``, each
-world's config) carry their own ranges the same way; ``dataclass_table`` turns one into a table
-schema, so a key added to a dataclass is checked without touching this file.
+world's config, every plug-in's parameters) carry their own ranges the same way;
+``train/core/params.py`` turns one into a table schema, so a key added to a dataclass is checked
+without touching this file.
 
 The schema checks and never converts: a suite's values go on exactly as written (they are part of
 model keys, where ``2`` and ``2.0`` hash differently).
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, StringConstraints, ValidationError,
-                      create_model)
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from counteraudit.train.core import size_bounds as bounds
 from counteraudit.train.core.paths import redacted
@@ -45,12 +43,12 @@ class SuiteFileError(ValueError):
     """A suite file that cannot be run as written; the message names the file, each key and its fix."""
 
 
-class _Table(BaseModel):
+class StrictTable(BaseModel):
     # allow_inf_nan: inf and nan are never a setting (an lr of inf trains a NaN model)
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
-class ReferencesTable(_Table):
+class ReferencesTable(StrictTable):
     count: int = Field(5, ge=2, le=bounds.MODELS.limit, json_schema_extra=bounds.MODELS.extra,
                        description=(
         "reference models to train: the anomaly score's spread needs a pair, and scoring (each "
@@ -84,7 +82,7 @@ PAPER_DETECTION_IMAGES = 50
 PAPER_LOCALIZATION_IMAGES = 40
 
 
-class EvaluateTable(_Table):
+class EvaluateTable(StrictTable):
     detection_images: int = Field(PAPER_DETECTION_IMAGES, ge=2, le=bounds.SET_IMAGES.limit,
                                   json_schema_extra=bounds.SET_IMAGES.extra,
                                   description="m, images explained per model for detection (the paper: 50)")
@@ -109,7 +107,7 @@ class EvaluateTable(_Table):
         "'inconclusive' (0.8)"))
 
 
-class ExplainTable(_Table):
+class ExplainTable(StrictTable):
     methods: list[str] | None = Field(None, description="explanation methods to run (default: "
                                                          "every registered method)")
     batch_sizes: dict[str, Annotated[int, Field(ge=1, le=bounds.BATCH.limit)]] = Field(
@@ -121,7 +119,7 @@ class ExplainTable(_Table):
         "16 is a good start on Slurm)"))
 
 
-class DiscoverTable(_Table):
+class DiscoverTable(StrictTable):
     auditors: list[str] | None = Field(None, description="failure-discovery auditors to run "
                                                           "(default: every registered auditor)")
     seed: int = Field(0, ge=0, description="seed of the auditors' searches")
@@ -131,21 +129,21 @@ class DiscoverTable(_Table):
     score: Literal["relative", "absolute"] = Field("relative", description=(
         "how subgroups are ranked: relative (recommended: the model's statistic against the "
         "references' on the same images, each reference left out of its own baseline) or "
-        "absolute (the statistic alone, as the seeds' papers ranked)"))
+        "absolute (the statistic alone, as the auditors' source papers ranked)"))
 
 
-class ArchitectureTable(_Table):
+class ArchitectureTable(StrictTable):
     name: str = Field("small_resnet", description="a registered architecture")
 
 
-class ScheduleSegment(_Table):
+class ScheduleSegment(StrictTable):
     epochs: int = Field(ge=1, le=bounds.EPOCHS.limit, json_schema_extra=bounds.EPOCHS.extra,
                         description="epochs trained at this crop size")
     size: int = Field(ge=1, le=bounds.IMAGE_SIDE.limit, json_schema_extra=bounds.IMAGE_SIDE.extra,
                       description="the training crop's side in pixels")
 
 
-class AnomalyEntry(_Table):
+class AnomalyEntry(StrictTable):
     name: SafeName = Field(description=f"the model's name, {SAFE_NAME_RULE}")
     family: str = Field(description="a registered anomaly family")
     params: dict[str, Any] = Field(default_factory=dict, description="the family's parameters")
@@ -166,7 +164,7 @@ class AnomalyEntry(_Table):
         "5 or more to tell a family's rate from chance)"))
 
 
-class SweepEntry(_Table):
+class SweepEntry(StrictTable):
     family: str = Field(description="a registered anomaly family with a strength parameter")
     values: list[float] = Field(min_length=2, max_length=bounds.MODELS.limit,
                                 json_schema_extra=bounds.MODELS.extra,
@@ -180,7 +178,7 @@ class SweepEntry(_Table):
     name: SafeName | None = Field(None, description=f"the models' name prefix, {SAFE_NAME_RULE}")
 
 
-class SuiteTable(_Table):
+class SuiteTable(StrictTable):
     """A whole suite file. Plug-in tables (a world's options, a method's, an auditor's, a family's
     parameters) are checked against their registries by ``train.suite`` once this passes."""
     name: SafeName = Field(description=f"the suite's name and folder, {SAFE_NAME_RULE}")
@@ -207,27 +205,18 @@ class SuiteTable(_Table):
                                                                     "(slurm/README.md)")
 
 
-# ---------------------------------------------------------------- dataclasses as tables
-@functools.cache
-def dataclass_table(cls: type, overrides: tuple[tuple[str, Any], ...] = ()) -> type[BaseModel]:
-    """A strict table schema for the dataclass ``cls``: one key per field, its type and the
-    ranges and description its annotation carries (``Annotated[int, Field(ge=1, ...)]``).
-    ``overrides``: (field, annotation) pairs for fields whose file form differs."""
-    hints = typing.get_type_hints(cls, include_extras=True)
-    replaced = dict(overrides)
-    definitions = {}
-    for field in dataclasses.fields(cls):
-        default = (field.default if field.default is not dataclasses.MISSING
-                   else field.default_factory() if field.default_factory is not dataclasses.MISSING
-                   else ...)
-        definitions[field.name] = (replaced.get(field.name, hints[field.name]), default)
-    return create_model(f"{cls.__name__}Table", __base__=_Table, **definitions)
-
-
+# ---------------------------------------------------------------- checking a table
 def check_table(schema: type[BaseModel], table: Any, where: str) -> list[str]:
     """The problems of ``table`` under ``schema``, each one line naming ``where`` and the key."""
+    return validated_table(schema, table, where)[1]
+
+
+def validated_table(schema: type[BaseModel], table: Any,
+                    where: str) -> tuple[BaseModel | None, list[str]]:
+    """``table`` validated under ``schema`` (None where it has problems) and its problems, each
+    one line naming ``where`` and the key."""
     try:
-        schema.model_validate_json(json.dumps(table, default=str))
+        return schema.model_validate_json(json.dumps(table, default=str)), []
     except ValidationError as error:
         problems: dict[tuple, list[dict[str, Any]]] = {}
         for problem in error.errors():  # one line per key, whichever union members it failed
@@ -237,9 +226,8 @@ def check_table(schema: type[BaseModel], table: Any, where: str) -> list[str]:
         # the member that matched the table's shape and failed at one of its keys
         deepest = [loc for loc in problems
                    if not any(other[:len(loc)] == loc and other != loc for other in problems)]
-        return [_describe({**problems[loc][0], "loc": loc, "alternatives": problems[loc]},
-                          schema, table, where) for loc in deepest]
-    return []
+        return None, [_describe({**problems[loc][0], "loc": loc, "alternatives": problems[loc]},
+                                schema, table, where) for loc in deepest]
 
 
 def _real_loc(table: Any, loc: tuple, missing: bool) -> tuple:
@@ -345,11 +333,24 @@ def _siblings(schema: type[BaseModel], loc: tuple) -> list[str]:
 
 
 def _why(info, sign: str) -> str:
-    """The reason for an upper bound (``size_bounds.py``), where the key has one."""
-    extra = info.json_schema_extra if info is not None else None
-    if sign not in ("<=", "<") or not isinstance(extra, dict) or bounds.BOUND_REASON not in extra:
-        return ""
-    return f" ({extra[bounds.BOUND_REASON]})"
+    """The reason for an upper bound (``size_bounds.py``), where the key has one (on the key
+    itself, or on its items: ``dict[str, Annotated[int, Field(le=...)]]``)."""
+    reason = _bound_reason(info.json_schema_extra, info.annotation) if info is not None else None
+    return f" ({reason})" if sign in ("<=", "<") and reason else ""
+
+
+def _bound_reason(extra: Any, annotation: Any) -> str | None:
+    if isinstance(extra, dict) and bounds.BOUND_REASON in extra:
+        return extra[bounds.BOUND_REASON]
+    for part in getattr(annotation, "__metadata__", ()):  # Annotated[X, Field(...)]
+        reason = _bound_reason(getattr(part, "json_schema_extra", None), None)
+        if reason:
+            return reason
+    for argument in typing.get_args(annotation):
+        reason = _bound_reason(None, argument)
+        if reason:
+            return reason
+    return None
 
 
 def _describe(problem: dict[str, Any], schema: type[BaseModel], table: Any, where: str) -> str:
@@ -361,6 +362,8 @@ def _describe(problem: dict[str, Any], schema: type[BaseModel], table: Any, wher
         name = loc[-1]
         is_table = isinstance(problem.get("input"), dict) and not where and len(loc) == 1
         what = f"unknown table [{name}]" if is_table else f"{key}: unknown key"
+        if not valid:
+            return f"{what}: none is valid (it takes no parameters)"
         return (f"{what}{nearest(name, valid)}; valid {'tables' if is_table else 'keys'}: "
                 f"{', '.join(valid)}")
     if kind == "missing":
@@ -373,6 +376,11 @@ def _describe(problem: dict[str, Any], schema: type[BaseModel], table: Any, wher
     if kind in _BOUNDS:
         sign, bound = _BOUNDS[kind][0], problem["ctx"][_BOUNDS[kind][1]]
         return f"{key} = {_value_text(value)} must be {sign} {bound}{_why(info, sign)}{meaning}"
+    if kind == "literal_error":
+        annotation = info.annotation if info is not None else None
+        valid = (", ".join(map(repr, typing.get_args(annotation)))
+                 if typing.get_origin(annotation) is Literal else problem["ctx"]["expected"])
+        return f"{key} = {_value_text(value)} is not one of the valid values {valid}{meaning}"
     if kind == "finite_number":
         return (f"{key} = {_value_text(value)} must be a finite number (inf and nan are never a "
                 f"setting){meaning}")

@@ -15,8 +15,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from counteraudit.train.core.registries import AUDITORS, WORLDS
-from counteraudit.train.core.suite_schema import check_table, dataclass_table
+from counteraudit.train.core.registries import WORLDS
+from counteraudit.train.core.params import params_problems
 
 # (x0, y0, x1, y1) in pixels of the evaluation image, x1/y1 exclusive.
 Box = tuple[int, int, int, int]
@@ -129,7 +129,7 @@ class World(ABC):
         is checked when it loads, before any job starts."""
         if cls.config_class is None:
             return []
-        return check_table(dataclass_table(cls.config_class), config, "[world]")
+        return params_problems(cls.config_class, config, "[world]")
 
     @classmethod
     def listed_class_names(cls, config: dict[str, Any]) -> list[str] | None:
@@ -183,11 +183,10 @@ class World(ABC):
     def generate(self, conditions: dict[str, str], n: int, seed: int) -> Split:
         """n images whose factors satisfy ``conditions`` ({factor: value}), the other factors
         drawn from the world's own distribution; deterministic in (conditions, n, seed)."""
-        without = [name for name in AUDITORS.names() if not AUDITORS.get(name).needs_generator]
         raise NotImplementedError(
             f"the {self.name} world has no image generator, so it cannot generate images for "
-            f"{conditions}; auditors that work on its annotated validation images instead: "
-            f"{', '.join(without) or '(none)'}")
+            f"{conditions}; use an auditor that works on its annotated validation images instead "
+            "(one whose needs_generator is False: discover.py --help lists them)")
 
 
 def build_world(config: dict[str, Any], runs_root=None) -> World:

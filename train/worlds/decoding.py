@@ -2,7 +2,7 @@
 ``decode`` option.
 
 - ``pil``: PIL decodes, torchvision.transforms crops and flips the PIL image (torchvision's
-  reference recipe; the default, and what every model trained before this option used).
+  reference recipe, and the default).
 - ``tensor``: torchvision.io decodes to a uint8 tensor (libjpeg-turbo), transforms.v2 crops and
   flips the tensor (images/s per core of each path: evaluate/benchmarks/decode.py, evaluate/benchmarks/README.md).
 - ``nvjpeg``: the loader workers read only the file bytes and draw each image's crop box from its

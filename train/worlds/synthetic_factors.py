@@ -180,7 +180,7 @@ class FactorPool:
     def _cache_paths(self, cache_dir: Path) -> tuple[Path, Path]:
         """The cache: the codes (.npz) and the draws with the codes' SHA-256 (.json, written last:
         it marks the pair finished). No pickle: a shared runs folder may come from a stranger, and
-        unpickling runs code; the pickle an older version cached (``.pkl``) is never read."""
+        unpickling runs code; a ``.pkl`` file in the cache folder is never read."""
         stem = f"factor-pool-v{FACTORS_VERSION}-{self.per_class}"
         return cache_dir / f"{stem}-codes.npz", cache_dir / f"{stem}-draws.json"
 

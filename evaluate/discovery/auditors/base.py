@@ -27,8 +27,11 @@ import numpy as np
 import torch
 from scipy.stats import binom
 
-from counteraudit.explain.params import NoParams, parse_params, recorded_params
-from counteraudit.train.core.registries import AUDITORS
+from counteraudit.train.core.params import NoParams, parse_params, recorded_params
+from counteraudit.train.core.registry import Registry
+
+# Failure-discovery auditors: one module each in evaluate/discovery/auditors/, imported on the first lookup.
+AUDITORS: Registry = Registry("auditor", plugins="counteraudit.evaluate.discovery.auditors")
 
 PREDICT_BATCH = 256
 
@@ -145,7 +148,7 @@ class Auditor(ABC):
     spread_floor: ClassVar[float] = 0.05
 
     def __init__(self, params: Mapping[str, Any] | Any | None = None):
-        self.params = parse_params(self.Params, params, self.name)
+        self.params = parse_params(self.Params, params, f"auditor {self.name!r}")
         self.check()
         self._used = 0
         self._budget: int | None = 0

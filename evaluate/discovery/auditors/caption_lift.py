@@ -1,4 +1,4 @@
-"""Failure-rate lift of captions of misclassified images (seed 000, Wiles et al., 2022).
+"""Failure-rate lift of captions of misclassified images (Wiles, Albuquerque & Gowal, 2022).
 
 The paper's two objectives, for a class y and a description z (the class's prompt plus sentences):
 
@@ -61,6 +61,7 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 from scipy.stats import fisher_exact
@@ -69,7 +70,7 @@ from statsmodels.stats.proportion import proportion_confint
 
 from counteraudit.evaluate.discovery.auditors.base import (AUDITORS, Auditor, Finding, Subgroup,
                                                            conditions_key)
-from counteraudit.explain.params import at_most
+from counteraudit.train.core.params import at_most
 from counteraudit.train.core import size_bounds as bounds
 from counteraudit.train.core.artifacts import derive_seed
 
@@ -82,8 +83,8 @@ HALF_COUNT = 0.5  # Haldane-Anscombe: a finite lift where a baseline count is ze
 
 @dataclass(frozen=True)
 class CaptionLiftParams:
-    images_per_class: int = at_most(100, bounds.DISCOVERY_IMAGES)       # baseline images per class
-    images_per_description: int = at_most(50, bounds.DISCOVERY_IMAGES)  # fresh images per tested description
+    images_per_class: Annotated[int, at_most(bounds.DISCOVERY_IMAGES)] = 100       # baseline images per class
+    images_per_description: Annotated[int, at_most(bounds.DISCOVERY_IMAGES)] = 50  # fresh images per tested description
     hypotheses: str = "clusters"         # "clusters" (the paper) or "recurring"
     captioner: str = "all"               # "all" factors, or "partial": described_factors only
     described_factors: tuple[str, ...] = ()   # with captioner = "partial"
@@ -91,7 +92,7 @@ class CaptionLiftParams:
     max_sentences: int = 3               # sentences combined into one caption
     min_recurrence: int = 3              # failures a cluster (a recurring description) needs
     fdr: float = 0.05                    # Benjamini-Hochberg false-discovery rate
-    descriptions: int = at_most(30, bounds.DISCOVERY_IMAGES)  # default budget: tested descriptions
+    descriptions: Annotated[int, at_most(bounds.DISCOVERY_IMAGES)] = 30  # default budget: tested descriptions
 
 
 def target_objective(target: str) -> str:

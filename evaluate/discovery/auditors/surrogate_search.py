@@ -1,4 +1,5 @@
-"""Budgeted failure search (seed 002): generation, evaluation and selection over subdomains.
+"""Budgeted failure search: generation, evaluation and selection over subdomains, with a
+surrogate model choosing the next one.
 
 A subdomain is one combination of values of the grid's factors (``factors``; the demo grid is
 class x face x size x background, 196 feasible subdomains of 240). The search evaluates 10 random
@@ -17,6 +18,7 @@ subdomain once and compares the selection functions over many search seeds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 from statsmodels.stats.proportion import proportion_confint
@@ -26,7 +28,7 @@ from counteraudit.evaluate.discovery.auditors.base import (AUDITORS, Auditor, Bu
 from counteraudit.evaluate.discovery.covering_arrays import cached_covering_array
 from counteraudit.evaluate.discovery.relative import relative_score
 from counteraudit.evaluate.discovery.selection import SELECTIONS, BudgetBelowInitial, Subdomains, search
-from counteraudit.explain.params import at_most
+from counteraudit.train.core.params import at_most
 from counteraudit.train.core import size_bounds as bounds
 
 OBJECTIVE = "failure_rate"
@@ -38,7 +40,7 @@ DEMO_FACTORS = ("class", "face", "size", "background")
 class SurrogateSearchParams:
     selection: str = "bo"                 # random, nwise, genetic, bo or bo_lasso_bootstrap
     factors: tuple[str, ...] = DEMO_FACTORS   # the grid; () = all the world's (a huge grid)
-    images_per_subdomain: int = at_most(50, bounds.DISCOVERY_IMAGES)  # the seed's count
+    images_per_subdomain: Annotated[int, at_most(bounds.DISCOVERY_IMAGES)] = 50  # the seed's count
     initial: int = 10                     # random subdomains first (the seed's warm start)
     budget_fraction: float = 0.4          # default budget: this share of the subdomains
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Annotated
 
 import numpy as np
 
@@ -38,7 +39,7 @@ from counteraudit.evaluate.discovery.auditors.base import (AUDITORS, Auditor, Bu
                                                            conditions_key, median_interval)
 from counteraudit.evaluate.discovery.covering_arrays import (cached_covering_array,
                                                              cached_feasible_tuples, uncovered)
-from counteraudit.explain.params import at_most
+from counteraudit.train.core.params import at_most
 from counteraudit.train.core import size_bounds as bounds
 
 SYSTEMATIC_ERROR = "systematic_error"
@@ -53,7 +54,7 @@ EXHAUSTIVE_LIMIT = 4096  # subgroups: beyond this, pick fewer factors
 class TwiseParams:
     design: str = "promptattack"        # or "joint": the class as one factor of one array
     t: int = 3                          # strength of the covering array (the paper's n_C = 3)
-    images_per_subgroup: int = at_most(16, bounds.DISCOVERY_IMAGES)  # n_s (the paper's choice)
+    images_per_subgroup: Annotated[int, at_most(bounds.DISCOVERY_IMAGES)] = 16  # n_s (the paper's choice)
     mode: str = "covering"              # or "exhaustive": every subgroup of the grid
     factors: tuple[str, ...] = field(default=())  # the grid's factors; () = all the world's
 

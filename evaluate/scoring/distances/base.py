@@ -14,7 +14,10 @@ from typing import ClassVar, Sequence
 import numpy as np
 import torch
 
-from counteraudit.train.core.registries import DISTANCES
+from counteraudit.train.core.registry import Registry
+
+# Image distances: one module each in this package, imported on the first lookup.
+DISTANCES: Registry = Registry("distance", plugins="counteraudit.evaluate.scoring.distances")
 
 __all__ = ["DISTANCES", "DEFAULT_CHUNK_BYTES", "Distance", "Features", "WeightFreeDistance",
            "check_images", "chunk_length"]

@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from counteraudit.train.core.registries import NULL_TESTS
-from counteraudit.train.core.suite_schema import MIN_NULL_MODELS
+from counteraudit.train.core.registry import Registry
+from counteraudit.train.core.suite_checks import named_problems
+from counteraudit.train.core.suite_schema import MIN_NULL_MODELS, ReferencesTable
+
+# Null tests: one module each in this package, imported on the first lookup.
+NULL_TESTS: Registry = Registry("p-value test", plugins="counteraudit.evaluate.scoring.null_tests")
 
 __all__ = ["NULL_TESTS", "NullTest", "RECOMMENDED_TEST", "power", "detectable_effect",
            "below_level_p_values", "describe_tests"]
@@ -37,7 +41,7 @@ class NullTest:
     name: str = ""
     summary: str = ""  # one line: what the p-value is, for the report and --help
     continuous: bool = True  # False: p-values on a grid (a rank), where a KS test says nothing
-    min_nulls: int = 2  # null models the test needs; ``_check_nulls`` enforces it
+    min_nulls: int = 2  # null models the test needs; ``check_nulls`` enforces it
 
     def p_values(self, null_abars: np.ndarray, abars: np.ndarray) -> np.ndarray:
         """``null_abars`` (..., k) and ``abars`` (..., n), all > 0 -> p-values (..., n):
@@ -64,7 +68,9 @@ def describe_tests() -> str:
                      f"{NULL_TESTS.get(name).summary})" for name in NULL_TESTS.names())
 
 
-def _check_nulls(null_abars: np.ndarray, minimum: int) -> np.ndarray:
+def check_nulls(null_abars: np.ndarray, minimum: int) -> np.ndarray:
+    """``null_abars`` (..., k) as float64, once they are at least ``minimum`` per row, finite and
+    positive; an error saying what to raise otherwise."""
     null_abars = np.asarray(null_abars, dtype=np.float64)
     if null_abars.shape[-1] < minimum:
         raise ValueError(f"a null p-value needs at least {minimum} null models' Abars, got "
@@ -122,3 +128,24 @@ def below_level_p_values(test: NullTest, null_abars: np.ndarray, abars: np.ndarr
         return np.ones(np.shape(abars))
     shifted = np.asarray(null_abars, dtype=np.float64) * level_ratio
     return test.p_values(1.0 / shifted, 1.0 / np.asarray(abars, dtype=np.float64))
+
+
+def null_test_problems(references: ReferencesTable, p_value: str | None, asked_by: str) -> list[str]:
+    """What stops the null p-values (``p_value``, asked for by ``asked_by``: a suite key or a
+    command-line option) from being computed: an unknown test, or fewer held-out references left
+    to fit it than the test needs (``MIN_NULL_MODELS``, or its ``min_nulls``); one line each, for
+    the suite file's error."""
+    if p_value is None:
+        return []
+    problems = named_problems([p_value], NULL_TESTS, f"{asked_by} = {p_value!r}")
+    needed = MIN_NULL_MODELS if problems else NULL_TESTS.get(p_value).nulls_needed()
+    held_out, checking = references.held_out, references.held_out_check
+    fitting = held_out - checking
+    if fitting < needed:
+        problems.append(
+            f"{asked_by} = {p_value!r} fits each method's null distribution to the held-out "
+            f"references and needs at least {needed} of them; [references] held_out = "
+            f"{held_out} with held_out_check = {checking} leaves {fitting}: set "
+            f"[references] held_out = {needed + checking} or more (40 with "
+            "held_out_check = 20 fits on 20 and checks the calibration on the other 20)")
+    return problems

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from counteraudit.evaluate.scoring.null_tests.base import NULL_TESTS, NullTest, _check_nulls
+from counteraudit.evaluate.scoring.null_tests.base import NULL_TESTS, NullTest, check_nulls
 
 
 @NULL_TESTS.register
@@ -19,7 +19,7 @@ class Empirical(NullTest):
     continuous = False
 
     def p_values(self, null_abars: np.ndarray, abars: np.ndarray) -> np.ndarray:
-        nulls = _check_nulls(null_abars, self.min_nulls)
+        nulls = check_nulls(null_abars, self.min_nulls)
         abars = np.asarray(abars, dtype=np.float64)
         at_least = (nulls[..., None, :] >= abars[..., :, None]).sum(axis=-1)
         return (1 + at_least) / (nulls.shape[-1] + 1)

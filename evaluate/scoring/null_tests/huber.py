@@ -23,7 +23,7 @@ import functools
 import numpy as np
 from scipy.stats import norm
 
-from counteraudit.evaluate.scoring.null_tests.base import NULL_TESTS, NullTest, _check_nulls
+from counteraudit.evaluate.scoring.null_tests.base import NULL_TESTS, NullTest, check_nulls
 
 TUNING = 1.5  # statsmodels' default: 95% efficiency for a normal location
 CONSISTENCY = (2 * norm.cdf(TUNING) - 1) * (1 - TUNING ** 2) + TUNING ** 2 \
@@ -90,7 +90,7 @@ class Huber(NullTest):
                "move, calibrated by simulation")
 
     def p_values(self, null_abars: np.ndarray, abars: np.ndarray) -> np.ndarray:
-        null_logs = np.log(_check_nulls(null_abars, self.min_nulls))
+        null_logs = np.log(check_nulls(null_abars, self.min_nulls))
         reference = reference_statistics(null_logs.shape[-1])
         statistic = _statistic(null_logs, np.log(np.asarray(abars, dtype=np.float64)))
         at_least = len(reference) - np.searchsorted(reference, statistic, side="left")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.stats import t as student_t
 
-from counteraudit.evaluate.scoring.null_tests.base import NULL_TESTS, NullTest, _check_nulls
+from counteraudit.evaluate.scoring.null_tests.base import NULL_TESTS, NullTest, check_nulls
 
 
 @NULL_TESTS.register
@@ -23,7 +23,7 @@ class StudentT(NullTest):
     summary = "Student-t prediction on log Abar, fitted to the null models"
 
     def p_values(self, null_abars: np.ndarray, abars: np.ndarray) -> np.ndarray:
-        logs = np.log(_check_nulls(null_abars, self.min_nulls))
+        logs = np.log(check_nulls(null_abars, self.min_nulls))
         k = logs.shape[-1]
         mean = logs.mean(axis=-1, keepdims=True)
         scale = logs.std(axis=-1, ddof=1, keepdims=True) * np.sqrt(1 + 1 / k)
