@@ -51,8 +51,8 @@ def test_readme_example_adds_a_method_with_one_file_that_passes_every_methods_ch
         from counteraudit.train.architectures import build_model
         from counteraudit.train.core.suite import load_suite
         suite_file = Path({str(tmp_path)!r}) / "newcomer.toml"
-        suite_file.write_text(f'extends = "quick"\n[explain]\nmethods = ["{{name}}"]\n'
-                              f'[methods.{{name}}]\nsamples = 4\nnoise_std = 1\n')
+        suite_file.write_text(f'[explain]\\nmethods = ["{{name}}"]\\n'
+                              f'[methods.{{name}}]\\nsamples = 4\\nnoise_std = 1\\n')
         suite = load_suite(suite_file, method_problems)
         method_class, seen = explain.METHODS.get(name), []
         attribute = method_class.attribute

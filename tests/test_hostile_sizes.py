@@ -15,6 +15,7 @@ import torch
 
 from conftest import TINY_WORLD, write_suite
 from counteraudit.anomalies.image_sets import detection_set
+from counteraudit.evaluate import detect
 from counteraudit.train import train
 from counteraudit.train.checkpoint import CHECKPOINT_NAME, METRICS_NAME, WEIGHTS_NAME
 from counteraudit.train.core import size_bounds as bounds
@@ -41,12 +42,25 @@ def _train_cli(suite: Path, runs: Path, capsys, *options: str) -> tuple[int, str
     return exit_.value.code, capsys.readouterr().err
 
 
+def _detect_cli(suite: Path, runs: Path, capsys) -> tuple[int, str]:
+    """``python evaluate/detect.py --suite <suite> --runs-dir <runs>``: its exit status and its
+    error output (the command that checks every table, the plug-ins' too, before any work)."""
+    parser = detect.get_args_parser()
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(detect.main, parser, parser.parse_args(
+            ["--suite", str(suite), "--runs-dir", str(runs), "--no-progress"]))
+    return exit_.value.code, capsys.readouterr().err
+
+
 def _refused(tmp_path: Path, text: str, capsys, name: str = "hostile.toml") -> str:
-    """The one message the training command gives for a suite file of ``text`` (extending the
-    quick suite), having written nothing: no runs folder, no other file."""
+    """The one message the command gives for a suite file of ``text`` (extending the quick
+    suite), having written nothing: no runs folder, no other file. The training command checks
+    the tables training reads; a method's table is checked by the commands that explain, here
+    the detection command."""
     (tmp_path / name).write_text(text)
     before = _listing(tmp_path)
-    status, error = _train_cli(tmp_path / name, tmp_path / "runs", capsys)
+    command = _detect_cli if "[methods." in text else _train_cli
+    status, error = command(tmp_path / name, tmp_path / "runs", capsys)
     assert status == 2 and "Traceback" not in error
     assert _listing(tmp_path) == before, "a refused suite wrote something"
     return error

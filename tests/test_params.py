@@ -17,7 +17,10 @@ from counteraudit.explain.base import build_method
 from counteraudit.train.core.params import (BEFORE, EXECUTION_ONLY, NoParams, key_params,
                                             params_problems, parse_params, recorded_params)
 from counteraudit.train.core.recipe import Recipe, recipe_problems
-from counteraudit.train.core.registries import AUDITORS, FAMILIES, METHODS, RENDERERS, WORLDS
+from counteraudit.evaluate.discovery.auditors import AUDITORS
+from counteraudit.explain.base import METHODS
+from counteraudit.explain.renderers import RENDERERS
+from counteraudit.train.core.registries import FAMILIES, WORLDS
 
 UNKNOWN = "no_such_key"
 # Wrong for every annotation a parameter has (a number, a string, a flag, a name among a few, a

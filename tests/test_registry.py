@@ -11,6 +11,13 @@ from dataclasses import dataclass
 import pytest
 
 import counteraudit.train.core.registry as registry_module
+from counteraudit.evaluate.discovery import selection
+from counteraudit.evaluate.discovery.auditors import base as auditors_base
+from counteraudit.evaluate.scoring.distances import base as distances_base
+from counteraudit.evaluate.scoring.null_tests import base as null_tests_base
+from counteraudit.evaluate.studies import protocol_choices
+from counteraudit.explain import base as explain_base
+from counteraudit.explain import renderers
 from counteraudit.train.core import registries
 from counteraudit.train.core.registry import Registry, UnknownNameError, import_plugins
 from tests.conftest import REPO, write_suite
@@ -122,26 +129,37 @@ def test_a_failed_plugin_import_is_tried_again(plugin_root):
 
 
 def test_every_registry_names_an_importable_plugin_package():
-    kinds = [value for value in vars(registries).values() if isinstance(value, Registry)]
-    assert len(kinds) == 10
+    """Training's registries (train/core/registries.py) and each higher layer's own, beside its
+    plug-ins."""
+    kinds = [value for module in (registries, explain_base, renderers, auditors_base, selection,
+                                  distances_base, null_tests_base, protocol_choices)
+             for value in vars(module).values() if isinstance(value, Registry)]
+    assert len({id(kind) for kind in kinds}) == 10
     for registry in kinds:
         assert registry.plugins.startswith("counteraudit.") and len(registry) > 0, registry.kind
 
 
 def test_checking_a_suite_imports_the_methods_only_for_a_methods_table(tmp_path):
-    """The trainer's layer reads a suite without importing explain's plug-ins (and captum): the
-    METHODS registry imports them when a [methods.*] table has to be checked, not before."""
+    """Training reads a suite without importing explain's plug-ins (and captum), a [methods.*]
+    table or not; the explain layer's check (``method_problems``, which explain/run.py and the
+    evaluate scripts pass to ``load_suite``) imports them when a [methods.*] table has to be
+    checked, not before."""
     plain = write_suite(tmp_path / "plain.toml")
     with_methods = write_suite(tmp_path / "with_methods.toml", body="[methods.gradcam]\naug_smooth = false\n")
     script = textwrap.dedent(f"""
         import sys
         import counteraudit.train.core.suite as suite
-        heavy = ("counteraudit.explain.methods", "captum", "counteraudit.evaluate")
+        heavy = ("counteraudit.explain", "captum", "counteraudit.evaluate")
         loaded = lambda: sorted(m for m in sys.modules if m.startswith(heavy))
         assert not loaded(), loaded()
         suite.load_suite({str(plain)!r})
-        assert not loaded(), loaded()
         suite.load_suite({str(with_methods)!r})
+        assert not loaded(), loaded()
+        from counteraudit.explain.settings import method_problems
+        suite.load_suite({str(plain)!r}, method_problems)
+        assert "captum" not in sys.modules and not any(m.startswith("counteraudit.explain.methods.")
+                                                       for m in sys.modules)
+        suite.load_suite({str(with_methods)!r}, method_problems)
         assert "counteraudit.explain.methods.gradcam" in sys.modules and "captum" in sys.modules
         print("OK")
     """)

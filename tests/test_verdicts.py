@@ -12,7 +12,7 @@ from scipy.stats import kstest, nct
 from scipy.stats import t as student_t
 from statsmodels.stats.proportion import proportion_confint
 
-from counteraudit.evaluate.pipeline import scoring_suite
+from counteraudit.evaluate.pipeline import load_checked_suite, scoring_suite
 from counteraudit.evaluate.reporting.page import Report
 from counteraudit.evaluate.reporting.verdicts import verdict_section
 from counteraudit.evaluate.scoring.detection import detection_table
@@ -241,7 +241,7 @@ def _with_nulls(tmp_path, references: str, evaluate: str) -> str:
 
 def test_an_unknown_p_value_test_lists_the_valid_ones(tmp_path):
     with pytest.raises(SuiteFileError) as caught:
-        load_suite(_with_nulls(tmp_path, "held_out = 4", 'p_value = "studnet_t"'))
+        load_checked_suite(_with_nulls(tmp_path, "held_out = 4", 'p_value = "studnet_t"'))
     message = str(caught.value)
     assert "[evaluate] p_value" in message and "student_t" in message and "empirical" in message
 
@@ -249,7 +249,7 @@ def test_an_unknown_p_value_test_lists_the_valid_ones(tmp_path):
 @pytest.mark.parametrize("references", ["held_out = 1", "held_out = 4\nheld_out_check = 3"])
 def test_null_p_values_need_two_fitting_nulls(tmp_path, references):
     with pytest.raises(SuiteFileError) as caught:
-        load_suite(_with_nulls(tmp_path, references, 'p_value = "student_t"'))
+        load_checked_suite(_with_nulls(tmp_path, references, 'p_value = "student_t"'))
     message = str(caught.value)
     assert "at least 2" in message and "[references] held_out" in message
     assert "nothing was run" in message

@@ -1,5 +1,4 @@
-"""Atomic artifact writes, locks on the making of an artifact, seed derivation and the run-folder
-layout.
+"""Atomic artifact writes, locks on the making of an artifact, seeds and the run-folder layout.
 
 Every write goes to a temporary file in the destination folder and is renamed into place, so a
 killed process never leaves a half-written file that a later run would take for a finished one.

@@ -1,22 +1,18 @@
 """The suite file's schema: every table and key, its type and its range, checked when a suite is read.
 
 A suite file may come from a stranger, and a typo must not silently run a default or fail after
-an hour of training. So before any work, ``train.suite.load_suite`` checks the whole file (its
-``extends`` chain resolved) against ``SuiteTable`` and the plug-in registries, and raises one
-``SuiteFileError`` listing every problem: the table and key, the value given, what it must be,
-the key's meaning and recommended value, and for an unknown key or table the nearest valid name.
+an hour of training. So before any work, ``load_suite`` (train/core/suite.py) checks the whole
+file (its ``extends`` chain resolved) against ``SuiteTable`` and raises one ``SuiteFileError``
+listing every problem: the table and key, the value given, what it must be, the key's meaning
+and recommended value, and for an unknown key or table the nearest valid name.
 
-Validation is pydantic's (v2), in strict mode on the file's values as JSON. Why pydantic: its
-strict JSON mode has exactly TOML's types (a whole number stays whole: ``count = 2.9`` and
-``epochs = "3"`` are errors, ``lr = 1`` is a number), it reports every error with its location,
-and the ranges and explanations live beside each key (``Field(ge=..., description=...)``) rather
-than in hand-written checks. The dataclasses that hold a suite's settings (``Recipe``, each
-world's config, every plug-in's parameters) carry their own ranges the same way;
-``train/core/params.py`` turns one into a table schema, so a key added to a dataclass is checked
-without touching this file.
-
-The schema checks and never converts: a suite's values go on exactly as written (they are part of
-model keys, where ``2`` and ``2.0`` hash differently).
+Validation is pydantic's (v2), in strict mode on the file's values as JSON: its strict JSON mode
+has exactly TOML's types (``count = 2.9`` and ``epochs = "3"`` are errors, ``lr = 1`` is a
+number), it reports every error with its location, and the ranges and explanations live beside
+each key (``Field(ge=..., description=...)``). The validated ``SuiteTable`` is kept: the stages
+read its typed sections. The tables that become parts of model keys (the world, the recipe, an
+entry's params) are kept as written, where ``2`` and ``2.0`` hash differently; the dataclasses
+that hold them carry their own ranges (``train/core/params.py`` turns one into a table schema).
 """
 from __future__ import annotations
 

@@ -132,8 +132,8 @@ def _pool_rng(seed: int, label: int, j: int) -> np.random.Generator:
     return np.random.default_rng([seed, POOL_SPLIT_ID, label, j])
 
 
-def _pool_chunk(args) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    cfg, grid, label, start, stop = args
+def _pool_chunk(chunk) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    cfg, grid, label, start, stop = chunk
     names = list(grid)
     index = {f: {v: k for k, v in enumerate(grid[f])} for f in names}
     codes = np.empty((stop - start, len(names)), np.uint8)
@@ -312,8 +312,8 @@ def _feasible_labels(pool: FactorPool, conditions: dict[str, str]) -> list[int]:
     return labels
 
 
-def _generate_chunk(args):
-    cfg, (grid, cache_dir, per_class), conditions, stream, start, stop = args
+def _generate_chunk(chunk):
+    cfg, (grid, cache_dir, per_class), conditions, stream, start, stop = chunk
     pool = FactorPool.shared(cfg, grid, cache_dir, per_class)
     labels_ok = _feasible_labels(pool, conditions)
     images = np.empty((stop - start, cfg.image_size, cfg.image_size, 3), np.uint8)

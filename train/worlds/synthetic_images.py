@@ -309,8 +309,8 @@ def _harmonica_holes(canvas: np.ndarray, attrs: dict[str, Any], size: int) -> np
 
 
 # ---------------------------------------------------------------- generation and caching
-def _generate_chunk(args: tuple[SyntheticConfig, str, int, int, bool]):
-    cfg, split, start, stop, texture_randomized = args
+def _generate_chunk(chunk: tuple[SyntheticConfig, str, int, int, bool]):
+    cfg, split, start, stop, texture_randomized = chunk
     images = np.empty((stop - start, cfg.image_size, cfg.image_size, 3), np.uint8)
     annotations = []
     for i in range(start, stop):
