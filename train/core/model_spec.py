@@ -7,21 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from counteraudit.train.core import numerics
-from counteraudit.train.core.artifacts import (
-    derive_seed,
-    stable_hash,
-)
+from counteraudit.train.core.artifacts import derive_seed, stable_hash
 from counteraudit.train.core.recipe import Recipe
-from counteraudit.train.core.registries import (
-    ARCHITECTURES,
-    FAMILIES,
-    strength_families,
-)
-from counteraudit.train.core.suite_schema import (
-    SAFE_NAME_LENGTH,
-    SAFE_NAME_PATTERN,
-    SAFE_NAME_RULE,
-)
+from counteraudit.train.core.registries import ARCHITECTURES, FAMILIES, strength_families
+from counteraudit.train.core.suite_schema import SAFE_NAME_LENGTH, SAFE_NAME_PATTERN, SAFE_NAME_RULE
 
 REFERENCE = "reference"
 HELD_OUT = "held-out"  # name prefix of the null models ([references] held_out)
@@ -101,14 +90,12 @@ class Sweep:
     models: tuple[str, ...]
 
 
-
 def safe_name(name: str, what: str) -> str:
     """``name`` if it is one safe path component (``SAFE_NAME_RULE``); else a ValueError."""
     if not (isinstance(name, str) and len(name) <= SAFE_NAME_LENGTH
             and re.fullmatch(SAFE_NAME_PATTERN, name)):
         raise ValueError(f"{what} {name!r} is not {SAFE_NAME_RULE}")
     return name
-
 
 
 def expand_sweep(entry: dict[str, Any], common: dict[str, Any],

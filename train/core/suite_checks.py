@@ -12,9 +12,7 @@ from counteraudit.train.core import size_bounds as bounds
 from counteraudit.train.core.image_folders import ABNORMAL_SUFFIX, DETECTION
 from counteraudit.train.core.published_recipes import checkpoint_recipe_problems
 from counteraudit.train.core.recipe import resolution_segments, recipe_problems
-from counteraudit.train.core.registries import (
-    WORLDS,
-)
+from counteraudit.train.core.registries import WORLDS
 from counteraudit.train.core.registry import UnknownNameError
 from counteraudit.train.core.suite_schema import SuiteTable
 from counteraudit.train.core.weights import check_external_checkpoint
@@ -35,7 +33,6 @@ def recipe_and_world_problems(table: dict[str, Any]) -> list[str]:
     if isinstance(world, dict) and world.get("name", "synthetic") in WORLDS:
         problems += world_problems(world)
     return problems
-
 
 
 def size_problems(settings: SuiteTable, entries: list[dict[str, Any]], sweep_entries: list[dict[str, Any]],

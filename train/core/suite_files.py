@@ -7,12 +7,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from counteraudit.train.core.suite_schema import (
-    SuiteFileError,
-)
+from counteraudit.train.core.suite_schema import SuiteFileError
 
 SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"  # train/suites/, beside core/
-
 
 
 def available_suites() -> list[str]:
@@ -112,7 +109,6 @@ def _nesting_depth(value: Any) -> int:
             deepest = max(deepest, depth + 1)
             stack += [(child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)]
     return deepest
-
 
 
 def toml_text(table: dict[str, Any], prefix: str = "") -> str:
