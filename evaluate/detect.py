@@ -30,6 +30,7 @@ from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.evaluate.scoring.baseline import DETECTION_VERSUS_CAPTION
 from counteraudit.evaluate.scoring.detection import margin_wide
 from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME, EXPLAIN_TIME_CAPTION
+from counteraudit.evaluate.scoring.model_blind import detection_blind
 from counteraudit.evaluate.scoring.stage import detection_scores, tables_dir
 from counteraudit.evaluate.scoring.provenance import PROVENANCE
 from counteraudit.evaluate.scoring.stability import OUTLYING_DISTANCE
@@ -60,6 +61,8 @@ def main(args: argparse.Namespace) -> dict:
           f"reference's; {describe_distance(distance_name)};"
           f" {suite.name} suite, {len(references)} references; {set_sources(suite, [DETECTION])})\n")
     print(to_markdown(summary))
+    for line in detection_blind(tables, distance_name).values():
+        print(f"\n{line}")
     nulls = tables.get(f"detection-null-{distance_name}")
     if nulls is not None:
         print(f"\nNull row: {len(suite.held_out)} held-out references (seeds trained like the "

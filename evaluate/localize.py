@@ -26,6 +26,7 @@ import time
 from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, prepare
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.anomalies.image_sets import set_sources
+from counteraudit.evaluate.scoring.model_blind import localization_blind
 from counteraudit.evaluate.scoring.stage import localization_scores, model_level_methods, tables_dir
 from counteraudit.evaluate.scoring.tables import (chance_band_note, localization_power_note,
                                                   localization_tables)
@@ -53,6 +54,8 @@ def main(args: argparse.Namespace) -> dict:
     print(f"\nTable 2 -- localization AUROC, abnormal vs normal inputs "
           f"({describe_distance(distance_name)}; {suite.name} suite; images: {set_sources(suite)})\n")
     print(to_markdown(summary, float_format="{:.2f}"))
+    for line in localization_blind(tables, distance_name).values():
+        print(f"\n{line}")
     if model_level:
         print(f"\n{', '.join(model_level)}: not applicable (a model-level "
               "method explains the model, one image per class, not an input; detection only)")

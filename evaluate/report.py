@@ -50,6 +50,7 @@ from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.evaluate.scoring.stage import (detection_scores, localization_scores, model_level_methods,
                                                 only_methods_label)
 from counteraudit.evaluate.scoring.tables import localization_tables, stored_detection_tables, zoo_summary_tables
+from counteraudit.evaluate.scoring.model_blind import detection_blind
 from counteraudit.evaluate.scoring.zoo import summary_caption
 from counteraudit.evaluate.studies.dose_response import suite_dose
 from counteraudit.explain.stage import load_image_sets
@@ -111,6 +112,8 @@ def main(args: argparse.Namespace) -> Path | None:
     summary = tables.get(f"zoo-summary-{distance_name}")
     if summary is not None:
         print(f"\n{summary_caption(distance_name)}\n\n{to_markdown(summary, float_format='{:.2f}')}")
+        for line in detection_blind(tables, distance_name).values():
+            print(f"\n{line}")
     discovery = stored_discovery(suite, runs_root)
     report = Report(suite=suite, methods=methods, distance_name=distance_name, source=run.source,
                     detection=detection, localization=localization, tables=tables,

@@ -10,6 +10,7 @@ from counteraudit.evaluate.reporting.html import (fmt, fraction_class, html_tabl
 from counteraudit.evaluate.scoring.baseline import DETECTION_VERSUS_CAPTION as VERSUS_CAPTION
 from counteraudit.evaluate.scoring.detection import margin_wide
 from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME, EXPLAIN_TIME_CAPTION
+from counteraudit.evaluate.scoring.model_blind import DETECTION_CONSEQUENCE, blind_methods
 from counteraudit.explain.stage import detection_set_for
 from counteraudit.evaluate.reporting.svg import (ANOMALOUS_COLOR, MISSED_COLOR, REFERENCE_COLOR, StripRow,
                                                  strip_plot)
@@ -27,7 +28,9 @@ def detection_section(report) -> str:
                     ("v-not-detected", "none")),
              '<p class="note">E detects f when Abar(f, E), the mean anomaly score over the detection '
              "images, exceeds every reference's own leave-one-out Abar. Margin = Abar(f) / max_i Abar(g_i) "
-             "(above 1 means detected); p = rank p-value.</p>"]
+             "(above 1 means detected); p = rank p-value.</p>",
+             *(f'<p class="note">{escape(line)}.</p>' for line in blind_methods(
+                 report.optional_table("detection-model-blind"), DETECTION_CONSEQUENCE).values())]
     intervals = report.optional_table("detection-intervals")
     if intervals is not None and (intervals["n_models"] >= 2).any():
         parts.append(html_table(intervals, caption=(

@@ -12,6 +12,7 @@ from counteraudit.anomalies.image_sets import abnormal_set_name, normal_set_name
 from counteraudit.evaluate.reporting.html import auroc_class, fmt, html_table, legend, versus_class
 from counteraudit.evaluate.reporting.summary import LOCALIZED_AUROC
 from counteraudit.evaluate.reporting.svg import ANOMALOUS_COLOR, MISSED_COLOR, StripRow, roc_plot, strip_plot
+from counteraudit.evaluate.scoring.model_blind import LOCALIZATION_CONSEQUENCE, blind_methods
 from counteraudit.evaluate.scoring.tables import chance_band_note, localization_power_note
 from counteraudit.evaluate.scoring.zoo import summary_caption
 
@@ -37,6 +38,9 @@ def localization_section(report) -> str:
              legend(("v-localized", f"localized (AUROC \u2265 {LOCALIZED_AUROC:g})"),
                     ("v-above-chance", "above chance only (the median band over the models)"),
                     ("v-not-localized", "not localized")),
+             *(f'<p class="note">{escape(line)}.</p>' for line in blind_methods(
+                 report.optional_table("localization-model-blind"),
+                 LOCALIZATION_CONSEQUENCE).values()),
              f'<p class="note">{escape(chance_band_note(per_model))} '
              "CI: seeded bootstrap, abnormal and normal images resampled "
              f"separately. {escape(localization_power_note(report.suite) or '')}</p>",

@@ -8,7 +8,7 @@ builds: which defect families each method detects (Table 1), which models each m
 from __future__ import annotations
 
 from html import escape
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -16,6 +16,7 @@ import pandas as pd
 from counteraudit.anomalies.base import FAMILIES
 from counteraudit.evaluate.scoring.baseline import ADDS, BASELINE, LESS
 from counteraudit.evaluate.scoring.detection import NULL_FAMILY
+from counteraudit.evaluate.scoring.model_blind import DETECTION_CONSEQUENCE, MODEL_BLIND, blind_methods
 
 SECTION_ID = "summary"
 # Table 2 counts a localization as a success from this AUROC (the paper's reading).
@@ -37,11 +38,20 @@ def _count(fraction: float, n_models: int) -> int:
     return int(round(float(fraction) * n_models))
 
 
-def detection_sentences(table1: pd.DataFrame) -> list[str]:
+def compared_methods(table1: pd.DataFrame, model_blind: Sequence[str]) -> list[str]:
+    """Table 1's explanation methods the sentences compare: not the outputs-only control, and
+    not a model-blind method (named in ``model_blind`` or its cells reading so), which has no
+    detections to count (scoring/model_blind.py)."""
+    return [c for c in table1.columns if c not in TABLE1_KEYS and c != BASELINE
+            and c not in model_blind and not (table1[c] == MODEL_BLIND).any()]
+
+
+def detection_sentences(table1: pd.DataFrame, model_blind: Sequence[str] = ()) -> list[str]:
     """One sentence per family of Table 1 (``family``, ``n_models``, one fraction column per
     method): which methods detect all, some or none of its models, then the outputs-only
-    control's count. The held-out references' row (a false-positive rate) is left out."""
-    methods = [c for c in table1.columns if c not in TABLE1_KEYS and c != BASELINE]
+    control's count. The held-out references' row (a false-positive rate) is left out, and so
+    are ``model_blind`` methods (never "missed by": they cannot detect)."""
+    methods = compared_methods(table1, model_blind)
     sentences = []
     for row in table1.to_dict("records"):
         if row["family"] == NULL_FAMILY:
@@ -75,12 +85,12 @@ def detection_sentences(table1: pd.DataFrame) -> list[str]:
     return sentences
 
 
-def detection_beyond_outputs(table1: pd.DataFrame) -> str | None:
-    """Families some explanation method detects more often than the outputs-only control does
-    (None: the table has no control column)."""
+def detection_beyond_outputs(table1: pd.DataFrame, model_blind: Sequence[str] = ()) -> str | None:
+    """Families some explanation method (not a ``model_blind`` one) detects more often than the
+    outputs-only control does (None: the table has no control column)."""
     if BASELINE not in table1.columns:
         return None
-    methods = [c for c in table1.columns if c not in TABLE1_KEYS and c != BASELINE]
+    methods = compared_methods(table1, model_blind)
     beyond = []
     for row in table1.to_dict("records"):
         if row["family"] == NULL_FAMILY:
@@ -96,12 +106,13 @@ def detection_beyond_outputs(table1: pd.DataFrame) -> str | None:
     return "Detection beyond the outputs: " + "; ".join(beyond) + "."
 
 
-def localization_sentences(per_model: pd.DataFrame, *,
-                           target: float = LOCALIZED_AUROC) -> list[str]:
+def localization_sentences(per_model: pd.DataFrame, *, target: float = LOCALIZED_AUROC,
+                           model_blind: Sequence[str] = ()) -> list[str]:
     """One sentence per localizable model of the per-model localization table (``method``,
     ``model``, ``auroc``): the methods whose AUROC reaches ``target``, with their AUROCs, and the
-    outputs-only control's AUROC."""
+    outputs-only control's AUROC. ``model_blind`` methods (no AUROC) are not counted."""
     sentences = []
+    per_model = per_model[~per_model["method"].isin(list(model_blind))]
     for model, rows in per_model.groupby("model", sort=False):
         auroc = dict(zip(rows["method"], rows["auroc"].astype(float)))
         control = auroc.pop(BASELINE, None)
@@ -140,10 +151,12 @@ def localization_beyond_outputs(versus: pd.DataFrame) -> str:
             + "; ".join(by_model) + f"; {tail}.")
 
 
-def sanity_sentences(table1: pd.DataFrame, sanity_families: Sequence[str]) -> list[str]:
+def sanity_sentences(table1: pd.DataFrame, sanity_families: Sequence[str],
+                     model_blind: Sequence[str] = ()) -> list[str]:
     """For each sanity-check family of Table 1 (a model that learnt nothing of the task): the
-    explanation methods that miss any of its models, which do not depend on the model."""
-    methods = [c for c in table1.columns if c not in TABLE1_KEYS and c != BASELINE]
+    explanation methods that miss any of its models, which do not depend on the model
+    (``model_blind`` ones are said apart, in the summary's first topic)."""
+    methods = compared_methods(table1, model_blind)
     sentences = []
     for row in table1.to_dict("records"):
         if row["family"] not in sanity_families:
@@ -160,20 +173,26 @@ def sanity_sentences(table1: pd.DataFrame, sanity_families: Sequence[str]) -> li
 def summary_sentences(table1: pd.DataFrame, localization: pd.DataFrame | None = None,
                       versus: pd.DataFrame | None = None, *,
                       target: float = LOCALIZED_AUROC,
-                      sanity_families: Sequence[str] = ()) -> dict[str, list[str]]:
-    """The summary's sentences by topic: "Detection (Table 1)", "Localization (Table 2)" (when
-    the suite has localizable models) and "Beyond the outputs" (when the outputs-only control ran).
-    ``localization`` is the per-model localization table, ``versus`` the per-model comparison
-    with the outputs-only control."""
-    topics = {"Detection (Table 1)": detection_sentences(table1)}
+                      sanity_families: Sequence[str] = (),
+                      model_blind: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+    """The summary's sentences by topic: "Model-blind methods (not ranked)" first (when one ran:
+    ``model_blind``, method -> its sentence, ``model_blind.blind_methods``), "Detection (Table
+    1)", "Localization (Table 2)" (when the suite has localizable models) and "Beyond the outputs"
+    (when the outputs-only control ran). ``localization`` is the per-model localization table,
+    ``versus`` the per-model comparison with the outputs-only control."""
+    blind = dict(model_blind or {})
+    topics = ({"Model-blind methods (not ranked)": [f"{line}." for line in blind.values()]}
+              if blind else {})
+    topics["Detection (Table 1)"] = detection_sentences(table1, list(blind))
     if localization is not None and len(localization):
-        topics["Localization (Table 2)"] = localization_sentences(localization, target=target)
-    beyond = [line for line in [detection_beyond_outputs(table1),
+        topics["Localization (Table 2)"] = localization_sentences(localization, target=target,
+                                                                  model_blind=list(blind))
+    beyond = [line for line in [detection_beyond_outputs(table1, list(blind)),
                                 localization_beyond_outputs(versus)
                                 if versus is not None and len(versus) else None] if line]
     if beyond:
         topics["Beyond the outputs"] = beyond
-    sanity = sanity_sentences(table1, sanity_families)
+    sanity = sanity_sentences(table1, sanity_families, list(blind))
     if sanity:
         topics["Sanity checks (Adebayo et al. 2018)"] = sanity
     return topics
@@ -189,7 +208,9 @@ def summary_section(report) -> str:
         versus = report.optional_table("localization-vs-outputs-per-model")
     sanity = [name for name in FAMILIES.names() if FAMILIES.get(name).sanity_check]
     topics = summary_sentences(report.table("detection"), localization, versus,
-                               sanity_families=sanity)
+                               sanity_families=sanity, model_blind=blind_methods(
+                                   report.optional_table("detection-model-blind"),
+                                   DETECTION_CONSEQUENCE))
     blocks = "".join(f"<h3>{escape(topic)}</h3><ul>"
                      + "".join(f"<li>{escape(line)}</li>" for line in lines) + "</ul>"
                      for topic, lines in topics.items())

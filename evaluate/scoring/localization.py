@@ -124,7 +124,9 @@ def localization_table(scores: pd.DataFrame, *, abnormal_column: str = "abnormal
         if len(abnormal) == 0 or len(normal) == 0:
             rows.append({**row, "auroc": np.nan, "ci_low": np.nan, "ci_high": np.nan, "chance_low": np.nan,
                          "chance_high": np.nan, "p_value": np.nan,
-                         "flag": "no_abnormal_images" if len(abnormal) == 0 else "no_normal_images"})
+                         "flag": ("all_scores_flagged" if usable.empty  # e.g. a model-blind method
+                                  else "no_abnormal_images" if len(abnormal) == 0
+                                  else "no_normal_images")})
             continue
         group_seed = derive_seed(seed, "localization", *map(str, key))
         ci_low, ci_high = bootstrap_auroc_interval(abnormal, normal, n_resamples=n_resamples, level=level,

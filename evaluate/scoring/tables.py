@@ -15,6 +15,8 @@ from counteraudit.evaluate.scoring.detection import (NO_LAYER, NULL_FAMILY, ROLE
 from counteraudit.evaluate.scoring.localization import (NOT_APPLICABLE, localization_table, paper_layout,
                                                         replicate_localization_table, table2)
 from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME, explain_time_table
+from counteraudit.evaluate.scoring.model_blind import (detection_blind, localization_blind, mark_columns,
+                                                       mark_rows, model_blind_table)
 from counteraudit.evaluate.scoring.provenance import PROVENANCE, provenance_table
 from counteraudit.evaluate.scoring.zoo import zoo_summary
 from counteraudit.evaluate.scoring.stability import outlying_nulls, with_stability
@@ -57,21 +59,24 @@ def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str, *,
         row = {"family": NULL_FAMILY, "n_models": len(nulls),
                **dict(zip(rates["method"], rates["false_positive_rate"]))}
         summary = pd.concat([summary, pd.DataFrame([row])], ignore_index=True)
-    tables = {f"detection-{distance_name}": summary, **tables,
+    tables[f"detection-model-blind-{distance_name}"] = model_blind_table(scores)
+    blind = detection_blind(tables, distance_name)  # said in words, never read as "missed"
+    tables = {f"detection-{distance_name}": mark_columns(summary, blind), **tables,
               f"detection-per-model-{distance_name}": per_model,
               f"detection-per-layer-{distance_name}": per_layer,
-              f"detection-intervals-{distance_name}": fraction_table(fraction_intervals(per_model),
-                                                                     order)}
-    if BASELINE in set(per_model["method"]) and len(set(per_model["method"])) > 1:
-        versus = detection_versus_baseline(scores, per_model)
+              f"detection-intervals-{distance_name}": mark_columns(
+                  fraction_table(fraction_intervals(per_model), order), blind)}
+    if BASELINE in set(per_model["method"]) and len(set(per_model["method"]) - set(blind)) > 1:
+        versus = detection_versus_baseline(scores[~scores["method"].isin(list(blind))],
+                                           per_model[~per_model["method"].isin(list(blind))])
         tables[f"detection-vs-outputs-per-model-{distance_name}"] = versus
         tables[f"detection-vs-outputs-{distance_name}"] = delta_table(
             versus[versus["role"] == ROLE_ANOMALOUS], value="margin_ratio", low="ratio_low",
             high="ratio_high", signed=False)
     plan = null_plan(suite)
     if plan is not None:
-        tables.update(verdict_tables(suite, per_model, plan, distance_name, implants or {},
-                                     accuracies))
+        tables.update(verdict_tables(suite, per_model[~per_model["method"].isin(list(blind))],
+                                     plan, distance_name, implants or {}, accuracies))
     return tables
 
 
@@ -143,16 +148,18 @@ def localization_tables(scores: pd.DataFrame, distance_name: str,
     per_model = localization_table(scores)
     per_layer = localization_table(scores, per_layer=True)
     per_layer = per_layer[per_layer["layer"] != NO_LAYER]
+    blind_tables = {f"localization-model-blind-{distance_name}": model_blind_table(scores)}
+    blind = localization_blind(blind_tables, distance_name)  # no AUROC: said, not left blank
     # the paper's layout: Caricatures one row per layer, their layer average an extra row
-    tables = {f"localization-{distance_name}": with_not_applicable(
-                  table2(paper_layout(per_model, per_layer)), not_applicable),
+    tables = {f"localization-{distance_name}": mark_rows(with_not_applicable(
+                  table2(paper_layout(per_model, per_layer)), not_applicable), blind),
               f"localization-per-model-{distance_name}": per_model,
-              f"localization-per-layer-{distance_name}": per_layer}
+              f"localization-per-layer-{distance_name}": per_layer, **blind_tables}
     if suite is not None and any(spec.replicate is not None for spec in suite.anomalies):
         replicated = replicate_localization_table(scores, configurations(suite))
         tables[f"localization-replicates-{distance_name}"] = replicated
-    if BASELINE in set(scores["method"]) and len(set(scores["method"])) > 1:
-        versus = localization_versus_baseline(scores)
+    if BASELINE in set(scores["method"]) and len(set(scores["method"]) - set(blind)) > 1:
+        versus = localization_versus_baseline(scores[~scores["method"].isin(list(blind))])
         tables[f"localization-vs-outputs-per-model-{distance_name}"] = versus
         tables[f"localization-vs-outputs-{distance_name}"] = delta_table(versus)
     return tables
@@ -216,7 +223,8 @@ def zoo_summary_tables(tables: dict[str, pd.DataFrame], distance_name: str,
     if per_model is None or localization is None or BASELINE not in set(per_model["method"]):
         return {}
     summary = zoo_summary(per_model, localization, n_references, detection_versus=detection,
-                          not_localized=not_localized)
+                          not_localized=not_localized,
+                          model_blind=list(detection_blind(tables, distance_name)))
     times = tables.get(EXPLAIN_TIME)
     if times is not None:  # each method's cost beside what it finds
         summary = summary.merge(times[["method", "cpu_seconds"]].rename(

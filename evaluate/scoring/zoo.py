@@ -16,7 +16,10 @@ zoo suite): per method, from Table 1's per-model rows and the paired comparison 
 
 The controls (outputs-only, random maps) are listed last, unranked, with their detection rate
 beside the null rate 1/(n+1): the chance that a model exchangeable with the n references scores
-above all of them, what a method that sees nothing should detect.
+above all of them, what a method that sees nothing should detect. Model-blind methods
+(``model_blind.py``: maps the same for every model, every score undefined) come after them with
+``note`` = ``model-blind``, no rank and no counts, McNemar test or beyond_outputs: they have no
+detections or AUROCs to count or compare.
 """
 from __future__ import annotations
 
@@ -28,13 +31,18 @@ import pandas as pd
 from counteraudit.evaluate.scoring.baseline import ADDS, BASELINE, LESS, SAME, mcnemar_exact_p
 from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS, check_columns
 from counteraudit.evaluate.scoring.localization import NOT_APPLICABLE
+from counteraudit.evaluate.scoring.model_blind import MODEL_BLIND
 
 RANDOM_MAP = "random_map"
 CONTROLS = (BASELINE, RANDOM_MAP)
 COLUMNS = ["method", "rank", "beyond_outputs", "detected", "detected_beyond_outputs",
            "detection_adds", "detection_same", "detection_less", "mcnemar_p",
            "localized_adds", "localized_same", "localized_less", "n_models", "detection_rate",
-           "null_rate"]
+           "null_rate", "note"]
+# what a model-blind method has none of: each counts or compares detections or AUROCs
+NO_SCORES = ["beyond_outputs", "detected", "detected_beyond_outputs", "detection_adds",
+             "detection_same", "detection_less", "mcnemar_p", "localized_adds", "localized_same",
+             "localized_less", "detection_rate"]
 
 
 def verdict_counts(versus: pd.DataFrame | None, method: str, prefix: str) -> dict[str, int]:
@@ -48,8 +56,9 @@ def verdict_counts(versus: pd.DataFrame | None, method: str, prefix: str) -> dic
 def zoo_summary(per_model: pd.DataFrame, localization_versus: pd.DataFrame | None,
                 n_references: int, *, detection_versus: pd.DataFrame | None = None,
                 baseline: str = BASELINE, controls: Sequence[str] = CONTROLS,
-                not_localized: Sequence[str] = ()) -> pd.DataFrame:
-    """One row per method (``COLUMNS``), ranked; controls last with ``null_rate`` = 1/(n+1).
+                not_localized: Sequence[str] = (), model_blind: Sequence[str] = ()) -> pd.DataFrame:
+    """One row per method (``COLUMNS``), ranked; controls last with ``null_rate`` = 1/(n+1), then
+    the ``model_blind`` methods, unranked, their counts and McNemar test empty (module docstring).
     ``per_model``: the detection-per-model table (method, model, role, detected);
     ``localization_versus``: localization-vs-outputs-per-model (method, model, verdict), or None
     for a suite with no localizable model; ``detection_versus``: detection-vs-outputs-per-model
@@ -79,15 +88,20 @@ def zoo_summary(per_model: pd.DataFrame, localization_versus: pd.DataFrame | Non
     table = pd.DataFrame(rows)
     table["beyond_outputs"] = table["detected_beyond_outputs"] + table["localized_adds"]
     table["detection_rate"] = table["detected"] / table["n_models"]
-    is_control = table["method"].isin(list(controls))
-    ranked = table[~is_control].sort_values(["beyond_outputs", "detected", "method"],
-                                            ascending=[False, False, True], kind="stable")
+    is_blind = table["method"].isin(list(model_blind))
+    is_control = table["method"].isin(list(controls)) & ~is_blind
+    ranked = table[~is_control & ~is_blind].sort_values(
+        ["beyond_outputs", "detected", "method"], ascending=[False, False, True], kind="stable")
     # ties share the better rank: 1 + the methods strictly ahead on (beyond_outputs, detected)
     keys = list(zip(ranked["beyond_outputs"], ranked["detected"]))
     ranked = ranked.assign(rank=[1 + sum(other > key for other in keys) for key in keys],
                            null_rate=np.nan)
     control_rows = table[is_control].assign(rank=pd.NA, null_rate=1 / (n_references + 1))
-    summary = pd.concat([ranked, control_rows], ignore_index=True)[COLUMNS]
+    blind_rows = table[is_blind].astype({c: object for c in NO_SCORES}).assign(
+        rank=pd.NA, null_rate=np.nan, note=MODEL_BLIND)
+    blind_rows.loc[:, NO_SCORES] = np.nan
+    summary = pd.concat([ranked.assign(note=""), control_rows.assign(note=""), blind_rows],
+                        ignore_index=True)[COLUMNS]
     if not_localized:  # counted as 0 above (no adds); said as what they are
         localized = ["localized_adds", "localized_same", "localized_less"]
         summary = summary.astype({column: object for column in localized})
@@ -106,5 +120,6 @@ def summary_caption(distance_name: str) -> str:
             "images (95% paired bootstrap of their ratio; models neither detects are not counted), "
             "and mcnemar_p, McNemar's exact test "
             "of its detections against outputs-only's. Controls last, their "
-            "detection_rate beside null_rate = 1/(n+1), what a method that sees nothing detects "
-            f"({distance_name})")
+            "detection_rate beside null_rate = 1/(n+1), what a method that sees nothing detects; "
+            "then model-blind methods (note), whose maps are the same for every model: no "
+            f"detection is possible, so they are not ranked ({distance_name})")
