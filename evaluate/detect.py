@@ -5,7 +5,8 @@
     python evaluate/detect.py --suite paper --distance lpips-alex --weights-dir ~/weights
 
 Runs whatever upstream work is missing (world, training with implant checks, image sets,
-visualizations), then scores every model on the m detection images: Abar(f, E) is the mean anomaly
+visualizations of the detection images: localize.py explains the abnormal ones), then scores
+every model on the m detection images: Abar(f, E) is the mean anomaly
 score, and E detects f when Abar(f, E) exceeds every reference's own (leave-one-out) Abar.
 Tables are printed as Markdown and saved as .md/.csv/.tex under runs/<suite>/tables/.
 """
@@ -44,7 +45,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict:
-    run = prepare(args)
+    run = prepare(args, detection_only=True)  # localize.py explains the abnormal sets
     suite, methods, distance, options = run.suite, run.method_names, run.distance, run.options
     distance_name = distance.name
     if options.dry_run:

@@ -132,10 +132,10 @@ def scoring_distance(suite: Suite, options: RunOptions, requested: bool = False)
     return distance, source
 
 
-def prepare(args: argparse.Namespace) -> Prepared:
+def prepare(args: argparse.Namespace, detection_only: bool = False) -> Prepared:
     """Everything upstream of scoring that is missing: world, training, implant checks,
-    image sets, visualizations. The distance is built first, so missing LPIPS weights fail
-    before any work."""
+    image sets, visualizations (``detection_only``: on the detection sets alone, all Table 1
+    scores). The distance is built first, so missing LPIPS weights fail before any work."""
     suite = scoring_suite(args.suite, distance=args.distance, p_value=args.p_value,
                           chunk_images=args.chunk_images)
     options = run_options(args)
@@ -145,9 +145,10 @@ def prepare(args: argparse.Namespace) -> Prepared:
     _stage(f"1/3 training {len(suite.models)} models of suite {suite.name!r} (skips trained ones)")
     train_and_check(suite, suite.models, options)
     print(f"training and implant checks: {time.perf_counter() - started:.0f}s")
-    _stage(f"2/3 explaining with {', '.join(methods)}")
+    _stage(f"2/3 explaining with {', '.join(methods)}"
+           + (" (the detection sets: Table 1's)" if detection_only else ""))
     started = time.perf_counter()
-    counts = explain_suite(suite, options, methods=methods)
+    counts = explain_suite(suite, options, methods=methods, detection_only=detection_only)
     print(f"{counts['computed']} visualization set(s) computed, {counts['stored']} already stored, "
           f"in {time.perf_counter() - started:.0f}s; {explained_images_line(counts)}")
     _stage(f"3/3 scoring with distance {distance.name} ({source})")

@@ -103,6 +103,12 @@ def sets_for(suite: Suite, spec: ModelSpec, method: str | None = None) -> list[s
     return names
 
 
+def item_sets(suite: Suite, spec: ModelSpec, method: str, detection_only: bool) -> list[str]:
+    """The sets a work item explains: ``sets_for``, or with ``detection_only`` (Table 1's run)
+    the one set its detection scores are computed on."""
+    return [detection_set_for(method)] if detection_only else sets_for(suite, spec, method)
+
+
 def sets_needed(suite: Suite, specs: list[ModelSpec]) -> set[str]:
     """The image sets the models ``specs`` are explained on."""
     return {name for spec in specs for name in sets_for(suite, spec)}
@@ -286,11 +292,12 @@ def timed(images: int) -> Iterator[dict[str, float]]:
 
 @dataclass(frozen=True, kw_only=True)
 class ExplainItem(StageItem):
-    """One model and one method: all of the model's image sets, or with ``image_set`` (a chunked
-    run) the images [start, stop) of that set."""
+    """One model and one method: all of the model's image sets (``detection_only``: its detection
+    set), or with ``image_set`` (a chunked run) the images [start, stop) of that set."""
     model: str
     method: MethodSpec
     device: str | None = None
+    detection_only: bool = False
     image_set: str | None = None
     start: int = 0
     stop: int = 0
@@ -364,7 +371,7 @@ def explain_one(item: ExplainItem) -> dict[str, int]:
     counts = {"computed": 0, "stored": 0, "explained_images": 0, "reused_images": 0}
     batch = work.batch_size or work.method.default_batch_size
     with method_run_context(work.spec, work.device):
-        for set_name in sets_for(work.suite, work.spec, work.method.name):
+        for set_name in item_sets(work.suite, work.spec, work.method.name, item.detection_only):
             image_set, directory, key = work.target(set_name)
 
             def explain_set() -> str:
@@ -443,7 +450,8 @@ class ExplainPlan(StagePlan[ExplainItem]):
 def plan_explanations(suite: Suite, methods: list[MethodSpec], specs: list[ModelSpec],
                       image_sets: dict[str, ImageSet] | None, chunk: int | None, runs_root,
                       device: str | None = None,
-                      linked_sets: dict[str, LinkedSet] | None = None) -> ExplainPlan:
+                      linked_sets: dict[str, LinkedSet] | None = None,
+                      detection_only: bool = False) -> ExplainPlan:
     """The work items of the missing results and what a chunked run gathers (``ExplainPlan``).
 
     ``image_sets`` None: a dry run, which writes nothing; it reads the results stored for the
@@ -461,9 +469,9 @@ def plan_explanations(suite: Suite, methods: list[MethodSpec], specs: list[Model
             cost[(name, spec.name)] = method.passes_per_image(spec.architecture)
             description = method.describe(spec.architecture, batch_size)
             missing, already = _missing_results(suite, name, description, spec, image_sets,
-                                                runs_root, linked_sets or {})
+                                                runs_root, linked_sets or {}, detection_only)
             item = ExplainItem(suite=suite, runs_dir=resolved_runs_dir(runs_root), device=device,
-                               model=spec.name, method=method_spec)
+                               model=spec.name, method=method_spec, detection_only=detection_only)
             if not chunk:  # one item for the (model, method); it counts the stored sets itself
                 items += [item] if missing else []
                 stored += 0 if missing else already
@@ -488,7 +496,8 @@ def plan_explanations(suite: Suite, methods: list[MethodSpec], specs: list[Model
 
 def _missing_results(suite: Suite, method: str, description: dict[str, Any], spec: ModelSpec,
                      image_sets: dict[str, ImageSet] | None, runs_root,
-                     linked_sets: dict[str, LinkedSet]) -> tuple[list[MissingResult], int]:
+                     linked_sets: dict[str, LinkedSet],
+                     detection_only: bool = False) -> tuple[list[MissingResult], int]:
     """The results of one (model, method) that are not stored, and how many are; each is linked
     from the suite's folder first (an older layout's result there is moved into the store). On
     a dry run (``image_sets`` None) nothing is linked or moved: a result counts as stored when
@@ -496,7 +505,7 @@ def _missing_results(suite: Suite, method: str, description: dict[str, Any], spe
     root = suite.root(runs_root)
     m, p = set_sizes(suite)
     missing, already = [], 0
-    for set_name in sets_for(suite, spec, method):
+    for set_name in item_sets(suite, spec, method, detection_only):
         if image_sets is None:
             linked = linked_sets.get(set_name)
             key = None if linked is None else result_key(description, spec.key, linked.id)
@@ -532,7 +541,7 @@ def _parts_to_compute(result: MissingResult, ranges: list[tuple[int, int]],
 
 
 def explain_suite(suite: Suite, options: RunOptions, methods: dict[str, MethodSpec] | None = None,
-                  models: list[str] | None = None) -> dict[str, int]:
+                  models: list[str] | None = None, detection_only: bool = False) -> dict[str, int]:
     """Every missing visualization of the suite, through the local or Slurm executor
     (``methods``: those ``method_specs`` made; default: the suite's).
 
@@ -552,7 +561,8 @@ def explain_suite(suite: Suite, options: RunOptions, methods: dict[str, MethodSp
     image_sets = None if config.dry_run else load_image_sets(
         suite, runs_root, classes=any(method.model_level for method in methods))
     linked = linked_image_sets(suite, runs_root) if config.dry_run else None
-    plan = plan_explanations(suite, methods, specs, image_sets, chunk, runs_root, options.device, linked)
+    plan = plan_explanations(suite, methods, specs, image_sets, chunk, runs_root, options.device, linked,
+                             detection_only)
 
     def describe(missing: list[ExplainItem]) -> str:  # a dry run's first line
         not_made = sets_needed(suite, specs) - set(linked or {})

@@ -135,13 +135,16 @@ def run_script(script, *args, timeout: float = 600):
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory):
     """(suite file, runs dir, detect.py's stdout) of a finished end-to-end run of E2E_BODY:
-    trained, implant-checked, explained, scored. Made once per session, shared by the tests of
-    the pipeline and of the report."""
+    trained, implant-checked, explained, scored (detect.py, then localize.py). Made once per
+    session, shared by the tests of the pipeline and of the report."""
     base = tmp_path_factory.mktemp("e2e")
     suite = write_suite(base / "e2e.toml", body=E2E_BODY, references=3, epochs=2)
     runs = base / "runs"
     out = run_script("evaluate/detect.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
                      "--no-progress")
+    # detect.py explains the detection sets; localize.py the abnormal ones: the run is finished
+    run_script("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
+               "--no-progress")
     return suite, runs, out
 
 
