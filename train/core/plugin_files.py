@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from counteraudit.train.core.registry import Registry
-from counteraudit.train.core.suite_schema import SuiteFileError
+from counteraudit.train.core.suite_schema import raise_problems
 
 PLUGIN_PACKAGE = "counteraudit_plugins"
 
@@ -204,10 +204,10 @@ def suite_plugin_paths(entries: Any, suite_file: Path) -> list[str]:
     """A suite file's ``plugins`` entries as absolute paths. The file may come from a stranger,
     and a plug-in is code that runs: only .py files inside the suite file's own folder, named
     relative to it (no absolute path, no '..', no link out of the folder); one SuiteFileError
-    names the file, the key and the fix."""
-    where = f"suite file {suite_file}: plugins = {json.dumps(entries, default=str)}"
+    (``raise_problems``) names the file, the key and the fix."""
+    where = f"plugins = {json.dumps(entries, default=str)}"
     if not isinstance(entries, list) or not all(isinstance(entry, str) for entry in entries):
-        raise SuiteFileError(f"{where} must be a list of paths in quotes; {SUITE_PLUGINS_FIX}")
+        raise_problems(suite_file, [f"{where} must be a list of paths in quotes; {SUITE_PLUGINS_FIX}"])
     folder = suite_file.parent.resolve()
     paths, problems = [], []
     for entry in entries:
@@ -224,7 +224,7 @@ def suite_plugin_paths(entries: Any, suite_file: Path) -> list[str]:
         else:
             paths.append(str(resolved))
     if problems:
-        raise SuiteFileError(f"{where}: {'; '.join(problems)}; {SUITE_PLUGINS_FIX}")
+        raise_problems(suite_file, [f"{where}: {'; '.join(problems)}; {SUITE_PLUGINS_FIX}"])
     return paths
 
 

@@ -179,9 +179,8 @@ class SuiteTable(StrictTable):
     parameters) are checked against their registries by ``train.suite`` once this passes."""
     name: SafeName = Field(description=f"the suite's name and folder, {SAFE_NAME_RULE}")
     plugins: list[str] = Field(default_factory=list, max_length=bounds.MODELS.limit, description=(
-        "plug-in files to load (methods, families, auditors, tests defined outside the package): "
-        ".py files named relative to the suite file's folder and inside it; an extending suite "
-        "adds its own to its base's"))
+        "plug-in files to load first: .py files inside the suite file's folder, named relative "
+        "to it (an extending suite adds its own to its base's; explain/README.md)"))
     world: dict[str, Any] = Field(default_factory=dict, description="the world and its options")
     architecture: ArchitectureTable = Field(default_factory=ArchitectureTable)
     recipe: dict[str, Any] = Field(default_factory=dict, description="the training recipe")
