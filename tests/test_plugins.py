@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from counteraudit.explain.settings import method_problems
+from counteraudit.slurm.errors import ItemsFailedError
 from counteraudit.slurm.executor import run_items
 from counteraudit.slurm.executor_config import ExecutorConfig
 from counteraudit.train.core.suite import load_suite
@@ -140,23 +141,46 @@ def test_an_extending_suite_adds_its_plugins_to_its_bases(tmp_path):
     assert suite.plugin_files[0].sha256 == hashlib.sha256(HARMLESS.encode()).hexdigest()
 
 
-def test_a_worker_refuses_a_plugin_file_changed_after_planning(tmp_path):
-    folder = tmp_path / "suite"
+def planned_items(folder: Path, runs: Path) -> tuple[Path, list[TrainItem]]:
+    """Two work items of a suite whose plugins name a (harmless) file, planned here: (the file,
+    the items)."""
     folder.mkdir()
     plugin = folder / "helpers.py"
     plugin.write_text(HARMLESS)
     path = write_suite(folder / "planned.toml")
     path.write_text('plugins = ["helpers.py"]\n' + path.read_text())
-    suite = load_suite(path)  # planned with the file as it was
-    plugin.write_text(HARMLESS.replace("2", "3"))
-    items = [TrainItem(suite=suite, runs_dir=str(tmp_path / "runs"), model=spec.name)
-             for spec in suite.references[:2]]
-    with pytest.raises(Exception) as refused:  # two spawned workers: fresh interpreters
-        run_items(operator.attrgetter("model"), items, ExecutorConfig(local_jobs=2), "plugins")
-    message = str(refused.value) + "".join(failure.details + failure.reason
-                                            for failure in getattr(refused.value, "failures", []))
-    assert f"plug-in file {plugin.resolve()} changed after this run was planned" in message, message
+    suite = load_suite(path)
+    return plugin, [TrainItem(suite=suite, runs_dir=str(runs), model=spec.name)
+                    for spec in suite.references[:2]]
 
+
+def refusal(error: BaseException) -> str:
+    """An ItemsFailedError's message and its items' reasons and tracebacks."""
+    return str(error) + "".join(failure.details + failure.reason
+                                for failure in getattr(error, "failures", []))
+
+
+def test_a_worker_refuses_a_plugin_file_changed_after_planning(tmp_path):
+    plugin, items = planned_items(tmp_path / "suite", tmp_path / "runs")
+    plugin.write_text(HARMLESS.replace("2", "3"))
+    with pytest.raises(ItemsFailedError) as refused:  # two spawned workers: fresh interpreters
+        run_items(operator.attrgetter("model"), items, ExecutorConfig(local_jobs=2), "plugins")
+    message = refusal(refused.value)
+    assert f"plug-in file {plugin.resolve()} changed after this run was planned" in message, message
+    assert len(refused.value.failures) == 2
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_a_slurm_job_loads_the_plugin_file_and_refuses_it_changed(tmp_path):
+    plugin, items = planned_items(tmp_path / "suite", tmp_path / "runs")
+    config = ExecutorConfig(executor="slurm", log_dir=tmp_path / "logs", time_minutes=5)
+    stage = f"plugins-{tmp_path.name[-12:]}"
+    assert run_items(operator.attrgetter("model"), items, config, stage) == ["reference-00", "reference-01"]
+    plugin.write_text(HARMLESS.replace("2", "3"))
+    with pytest.raises(ItemsFailedError) as refused:
+        run_items(operator.attrgetter("model"), items, config, stage + "-changed")
+    assert f"plug-in file {plugin.resolve()} changed after this run was planned" in refusal(refused.value)
 
 FAMILY_FILE = '''"""A backdoor of one's own: the shipped family under another name."""
 from counteraudit.anomalies.base import FAMILIES
