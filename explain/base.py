@@ -32,6 +32,7 @@ from counteraudit.train.core.params import NoParams, added, parse_params, record
 from counteraudit.explain.render import RENDERER_VERSION
 from counteraudit.explain.renderers import ATTRIBUTIONS, CAMS, Renderer, build_renderer
 from counteraudit.train.core.artifacts import derive_seed
+from counteraudit.train.core.plugin_files import plugin_digest
 from counteraudit.train.core.registries import ARCHITECTURES
 from counteraudit.train.core.registry import Registry
 
@@ -262,6 +263,9 @@ class ExplanationMethod(ABC):
                        "renderer_version": self.renderer_version}
         if not self.batch_invariant:
             description["batch_size"] = batch_size or self.default_batch_size
+        digest = plugin_digest(type(self))
+        if digest is not None:  # a method from a file of the user's: editing it computes anew
+            description["method_file_sha256"] = digest
         return description
 
     # The version recorded with every result: of the module that turns outputs into images.

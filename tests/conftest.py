@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from counteraudit.slurm.cluster import REQUIRE_SLURM_ENV, why_slurm_unavailable
+from counteraudit.train.core.plugin_files import command_line_plugin, load_plugin_file
 
 # Two cores: keep each test process on its threads without oversubscribing.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -146,6 +147,18 @@ def finished_run(tmp_path_factory):
     run_script("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
                "--no-progress")
     return suite, runs, out
+
+
+def pytest_addoption(parser):
+    parser.addoption("--plugins", action="append", default=[], metavar="FILE.py", dest="plugin_files",
+                     help="a plug-in file of your own (explain/README.md), loaded before the tests "
+                          "are collected: the tests that run every registered method (family, "
+                          "auditor, ...) run on its plug-ins too (repeatable)")
+
+
+def pytest_configure(config):
+    for path in config.getoption("plugin_files"):
+        load_plugin_file(command_line_plugin(path))
 
 
 def pytest_runtest_setup(item):

@@ -8,8 +8,9 @@ from typing import Any
 
 from counteraudit.train.core import numerics
 from counteraudit.train.core.artifacts import derive_seed, stable_hash
+from counteraudit.train.core.plugin_files import plugin_digest
 from counteraudit.train.core.recipe import Recipe
-from counteraudit.train.core.registries import ARCHITECTURES, FAMILIES, strength_families
+from counteraudit.train.core.registries import ARCHITECTURES, FAMILIES, WORLDS, strength_families
 from counteraudit.train.core.suite_schema import SAFE_NAME_LENGTH, SAFE_NAME_PATTERN, SAFE_NAME_RULE
 
 REFERENCE = "reference"
@@ -60,7 +61,19 @@ class ModelSpec:
                 "architecture": self.architecture,
                 "architecture_version": ARCHITECTURES.get(self.architecture).version,
                 "recipe": self.recipe.identity(),
-                "params": self.weight_params, "checkpoint": self.checkpoint, **numerics.key_tag()}
+                "params": self.weight_params, "checkpoint": self.checkpoint, **numerics.key_tag(),
+                **self.plugin_file_digests()}
+
+    def plugin_file_digests(self) -> dict[str, str]:
+        """The SHA-256 of each plug-in file (--plugins, a suite's plugins) that defines this
+        model's family, architecture or world: editing the file trains anew. Empty for shipped
+        plug-ins, so their keys are what they always were."""
+        entries = {"architecture": ARCHITECTURES.get(self.architecture),
+                   "world": WORLDS.get(self.world.get("name", "synthetic"))}
+        if not self.is_reference:
+            entries["family"] = FAMILIES.get(self.family)
+        digests = {f"{kind}_file_sha256": plugin_digest(entry) for kind, entry in entries.items()}
+        return {key: digest for key, digest in digests.items() if digest is not None}
 
     @property
     def weight_params(self) -> dict[str, Any]:

@@ -14,9 +14,12 @@ import difflib
 import importlib
 import pkgutil
 import threading
-from typing import Generic, Iterable, Iterator, TypeVar
+import weakref
+from typing import ClassVar, Generic, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
+
+SHIPPED_PREFIX = "counteraudit."  # the package's own modules (a plug-in file's: counteraudit_plugins.)
 
 
 def nearest(name: object, valid: Iterable[str]) -> str:
@@ -47,6 +50,9 @@ class Registry(Generic[T]):
     """Plug-ins of one kind by name. ``plugins``: the dotted package or module whose import
     registers them (None: entries are registered by whoever imports this registry)."""
 
+    # Every registry, so a plug-in file can say what it registered (train/core/plugin_files.py).
+    _all: ClassVar[weakref.WeakSet] = weakref.WeakSet()
+
     def __init__(self, kind: str, plugins: str | None = None):
         self.kind = kind  # e.g. "world", used in error messages
         self.plugins = plugins
@@ -56,6 +62,15 @@ class Registry(Generic[T]):
         # Re-entrant: a plug-in module that reads its own registry while the plug-ins are being
         # imported sees the entries so far instead of importing them again; another thread waits.
         self._lock = threading.RLock()
+        Registry._all.add(self)
+
+    @classmethod
+    def instances(cls) -> list["Registry"]:
+        return sorted(cls._all, key=lambda registry: registry.kind)
+
+    def loaded_entries(self) -> dict[str, T]:
+        """The entries registered so far, without importing the plug-ins."""
+        return dict(self._entries)
 
     def register(self, entry: T) -> T:
         """Add ``entry`` (a class or an instance) under its ``name`` attribute; returns it, so a
@@ -94,6 +109,12 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         return sorted(self._complete())
+
+    def shipped_names(self) -> list[str]:
+        """The names of the plug-ins that ship with the package (defined in a ``counteraudit.``
+        module): those its guides and shipped suites list, never a user's plug-in file's."""
+        return [name for name, entry in sorted(self._complete().items())
+                if getattr(entry, "__module__", "").startswith(SHIPPED_PREFIX)]
 
     def __contains__(self, name: object) -> bool:
         return name in self._complete()

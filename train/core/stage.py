@@ -26,6 +26,7 @@ from counteraudit.train.core import numerics
 from counteraudit.train.core.artifacts import (SLURM_LOGS, bound_to_runs_folder, inside_runs, runs_dir,
                                                runs_folder_bound)
 from counteraudit.train.core.paths import redacted
+from counteraudit.train.core.plugin_files import command_line_plugins, sealed_item
 from counteraudit.train.core.model_spec import ModelSpec
 from counteraudit.train.core.suite import Suite
 from counteraudit.train.core.suite_files import available_suites
@@ -65,6 +66,10 @@ def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "AVX2); native: each library's fastest kernels, results this kind of "
                              f"CPU's own, stored apart (default: ${numerics.ENV_VAR}, else "
                              f"{numerics.DEFAULT_MODE})")
+    parser.add_argument("--plugins", action="append", default=None, metavar="FILE.py",
+                        help="a Python file of your own plug-ins (methods, anomaly families, "
+                             "auditors, tests) to load before the suite is read, for this run and "
+                             "its workers (repeatable; explain/README.md)")
     return parser
 
 
@@ -116,7 +121,7 @@ def run_cli(main, parser: argparse.ArgumentParser, args: argparse.Namespace | No
         except numerics.NumericsError:
             numerics.restart_in_effect()  # replaces this process; returns if it already did once
             raise
-        with runs_folder_bound(given.get("runs_dir")):
+        with runs_folder_bound(given.get("runs_dir")), command_line_plugins(given.get("plugins")):
             if "suite" in given:
                 args.suite = suite_name(args)  # --quick: every later step reads the quick suite
             return main(args)
@@ -243,3 +248,10 @@ class StageItem:
     A stage's items subclass it with their own fields."""
     suite: Suite
     runs_dir: str | None
+
+    def __reduce_ex__(self, protocol):
+        # A worker (a fresh interpreter) loads the suite's plug-in files, checked against their
+        # digests, before it unpickles the rest of the item, which may hold their classes.
+        if self.suite.plugin_files:
+            return sealed_item(self, self.suite.plugin_files, protocol)
+        return super().__reduce_ex__(protocol)

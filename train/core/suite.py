@@ -22,6 +22,7 @@ from counteraudit.train.core.artifacts import OWN_FOLDERS, atomic_write_text, in
 from counteraudit.train.core.model_spec import (HELD_OUT, REFERENCE, ModelSpec, Sweep, expand_sweep, replicates,
                                                 safe_name)
 from counteraudit.train.core.paths import redacted
+from counteraudit.train.core.plugin_files import PluginFile, command_line_plugin_files, load_plugin_file
 from counteraudit.train.core.recipe import Recipe, recipe_problems
 from counteraudit.train.core.registries import ARCHITECTURES, FAMILIES, WORLDS
 from counteraudit.train.core.image_folders import DETECTION, ImageFolder, abnormal_name, normal_name
@@ -51,6 +52,9 @@ class Suite:
     held_out: list[ModelSpec] = field(default_factory=list)
     sweeps: list[Sweep] = field(default_factory=list)  # their models are among ``anomalies``
     held_out_check: int = 0  # the last held_out models check the null p-values ([references])
+    # The plug-in files in effect (the command line's --plugins, the file's ``plugins``): a work
+    # item carries them to its worker, which loads them before anything else (StageItem).
+    plugin_files: tuple[PluginFile, ...] = ()
 
     @property
     def evaluate(self) -> EvaluateTable:
@@ -145,20 +149,27 @@ class Suite:
 
 
 def load_suite(name_or_path: str | Path,
-               plugin_problems: Callable[[SuiteTable], list[str]] | None = None) -> Suite:
+               plugin_problems: Callable[[SuiteTable], list[str]] | None = None,
+               plugins: tuple[PluginFile, ...] = ()) -> Suite:
     """The suite, every table and key checked (``train/core/suite_schema.py``) before anything runs:
     one ``SuiteFileError`` lists every problem with its fix. The plug-in tables of the layers above
     training (explanation methods, auditors, the distance, the null test) are checked by the entry
     scripts, which own those layers: they pass ``plugin_problems`` (``evaluate/pipeline.py``,
-    ``explain/settings.py``), whose problems join the others in the one error."""
+    ``explain/settings.py``), whose problems join the others in the one error.
+    Plug-in files are loaded first, so the tables of their plug-ins check like shipped ones: the
+    command line's (``command_line_plugins``), ``plugins`` (files already loaded, e.g. a derived
+    suite's base's) and the file's own ``plugins``."""
     path = suite_path(name_or_path)
-    table = read_table(path)
+    table = read_table(path)  # its plugins entries checked: inside the suite file's folder
     settings, problems = validated_table(SuiteTable, table, "")
     if problems:  # with the recipe's and the world's, so one run of the tool lists them all
         problems += recipe_and_world_problems(table)
         raise_problems(path, problems)
+    own = tuple(load_plugin_file(file) for file in settings.plugins)
+    plugin_files = tuple(dict.fromkeys([*command_line_plugin_files(), *plugins, *own]))
     try:
-        return _parse(table, settings, path, plugin_problems)
+        return dataclasses.replace(_parse(table, settings, path, plugin_problems),
+                                   plugin_files=plugin_files)
     except SuiteFileError:
         raise
     except (TypeError, ValueError, LookupError) as error:
@@ -306,6 +317,7 @@ def write_derived_suite(base: Suite, name: str, overrides: dict[str, Any], path:
     A whole file, not an object in memory, so every work item (a Slurm job included) loads the
     same suite from its path."""
     table = overridden({**read_table(base.path), "name": name}, overrides)
+    table.pop("plugins", None)  # absolute paths by now, which a suite file may not name: carried
     text = toml_text({"name": table.pop("name"), **table})
     atomic_write_text(path, f"# {base.path.name} with changes, written by counteraudit\n{text}\n")
-    return load_suite(path)
+    return load_suite(path, plugins=base.plugin_files)

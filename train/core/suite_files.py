@@ -7,6 +7,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from counteraudit.train.core.plugin_files import inherited_plugins, suite_plugin_paths
 from counteraudit.train.core.suite_schema import SuiteFileError
 
 SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"  # train/suites/, beside core/
@@ -51,6 +52,8 @@ def read_table(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     ``chain``: the files that extend this one, the first file first."""
     table = _read_file(path)
     table.setdefault("name", path.stem)
+    if "plugins" in table:  # each file's entries from its own folder, checked before any work
+        table["plugins"] = suite_plugin_paths(table["plugins"], path)
     base_name = table.pop("extends", None)
     if base_name is None:
         return table
@@ -72,7 +75,10 @@ def read_table(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
                              "one extends")
     base = read_table(base_path, chain)
     base.pop("name")
-    return _merged(base, table)
+    merged = _merged(base, table)
+    if "plugins" in base or "plugins" in table:
+        merged["plugins"] = inherited_plugins(base.get("plugins", []), table.get("plugins", []))
+    return merged
 
 
 def _read_file(path: Path) -> dict[str, Any]:

@@ -178,6 +178,9 @@ class SuiteTable(StrictTable):
     """A whole suite file. Plug-in tables (a world's options, a method's, an auditor's, a family's
     parameters) are checked against their registries by ``train.suite`` once this passes."""
     name: SafeName = Field(description=f"the suite's name and folder, {SAFE_NAME_RULE}")
+    plugins: list[str] = Field(default_factory=list, max_length=bounds.MODELS.limit, description=(
+        "plug-in files to load first: .py files inside the suite file's folder, named relative "
+        "to it (an extending suite adds its own to its base's; explain/README.md)"))
     world: dict[str, Any] = Field(default_factory=dict, description="the world and its options")
     architecture: ArchitectureTable = Field(default_factory=ArchitectureTable)
     recipe: dict[str, Any] = Field(default_factory=dict, description="the training recipe")
