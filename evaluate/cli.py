@@ -27,6 +27,7 @@ STAGE_SCRIPTS = {
     "discover": "counteraudit.evaluate.discover",
     "sensitivity": "counteraudit.evaluate.sensitivity",
     "reproducibility": "counteraudit.evaluate.reproducibility",
+    "population": "counteraudit.evaluate.population",
 }
 
 
