@@ -75,7 +75,7 @@ def with_method_parameters(suite: Suite, names: list[str] | None,
         if name not in suite.method_tables:
             line = inheritance_line(suite.method_tables, name, suite.path)
             if line:
-                replaced = "; the values --method gives replace these" if name in given else ""
+                replaced = "; the values --method gives go over these" if name in given else ""
                 print(f"{line}{replaced}", flush=True)
     tables = {name: _with_given(suite, name, table) for name, (_, table) in given.items()}
     tables.update({name: inherited_table(suite.method_tables, name) for name in names

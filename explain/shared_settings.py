@@ -87,8 +87,10 @@ def inheritance_line(tables: Mapping[str, Mapping[str, Any]], name: str, suite_f
     for setting in shared_settings(tables, name):
         named = ", ".join(f"[methods.{source}]" for source in setting.by_source)
         if not setting.agreed:
-            differing = "; ".join(f"{source}: {_values_text(dict(zip(setting.fields, values)))}"
-                                  for source, values in setting.by_source.items())
+            by_values: dict[str, list[str]] = {}
+            for source, values in setting.by_source.items():
+                by_values.setdefault(_values_text(dict(zip(setting.fields, values))), []).append(source)
+            differing = "; ".join(f"{text} in {', '.join(sources)}" for text, sources in by_values.items())
             kept.append(f"its default {' and '.join(setting.fields)} (the suite's methods differ: "
                         f"{differing})")
         elif any(value != getattr(defaults, field) for field, value in setting.values.items()):
@@ -99,8 +101,8 @@ def inheritance_line(tables: Mapping[str, Mapping[str, Any]], name: str, suite_f
     taken_text = (f"{', '.join(text for text, _ in taken)} (from {sources.pop()})" if len(sources) == 1
                   else "; ".join(f"{text} (from {named})" for text, named in taken))
     parts = ([f"takes {taken_text}"] if taken else []) + ([f"keeps {'; '.join(kept)}"] if kept else [])
-    return (f"{name}: no [methods.{name}] table in {suite_file}, so it runs with the suite's shared "
-            f"settings for its kind of map: {'; '.join(parts)}")
+    return (f"{name}: no [methods.{name}] table in {suite_file}; of the settings the suite's "
+            f"methods of its kind of map share, it {'; '.join(parts)}")
 
 
 def _values_text(values: Mapping[str, Any]) -> str:
