@@ -11,7 +11,8 @@ from pathlib import Path
 from counteraudit.evaluate.scoring.distances import DISTANCES, Distance, MissingBackboneWeightsError, build_distance
 from counteraudit.evaluate.discovery.stage import auditor_problems
 from counteraudit.evaluate.scoring.null_tests.base import describe_tests, null_test_problems
-from counteraudit.explain.run import add_chunk_images_arg
+from counteraudit.explain.method_choice import METHOD_HELP, run_methods, with_method_parameters
+from counteraudit.explain.run import add_chunk_images_arg, add_method_args
 from counteraudit.explain.settings import MethodSpec, method_problems, method_specs
 from counteraudit.explain.stage import explain_suite, explained_images_line
 from counteraudit.slurm.executor import add_executor_args
@@ -36,9 +37,8 @@ def pipeline_parser(prog: str, add_help: bool = True) -> argparse.ArgumentParser
 
 def add_pipeline_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_distance_args(parser)
-    parser.add_argument("--method", action="append", default=None, metavar="NAME",
-                        help="only this explanation method (repeatable); its tables go to "
-                             "runs/<suite>/tables/method-<names>/, beside the suite's, never over them")
+    add_method_args(parser, f"{METHOD_HELP}. The tables of a run with --method go to "
+                            "runs/<suite>/tables/method-<names>/, beside the suite's, never over them")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     parser.add_argument("--p-value", default=None, metavar="TEST",
                         help="test each model's Abar against the null population of held-out "
@@ -140,7 +140,9 @@ def prepare(args: argparse.Namespace, detection_only: bool = False) -> Prepared:
                           chunk_images=args.chunk_images)
     options = run_options(args)
     distance, source = scoring_distance(suite, options, requested=args.distance is not None)
-    methods = method_specs(suite, args.method)
+    names = run_methods(args.method, not args.no_control)
+    suite = with_method_parameters(suite, names, args.method_params)
+    methods = method_specs(suite, names)
     started = time.perf_counter()
     _stage(f"1/3 training {len(suite.models)} models of suite {suite.name!r} (skips trained ones)")
     train_and_check(suite, suite.models, options)

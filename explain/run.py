@@ -1,7 +1,8 @@
 """Compute every visualization a suite needs: each (model, method) on its image sets.
 
     python explain/run.py --suite demo                      # everything missing
-    python explain/run.py --suite demo --method gradcam     # one method (e.g. a new one)
+    python explain/run.py --suite demo --method gradcam     # one method (e.g. a new one) and outputs_only
+    python explain/run.py --suite demo --method saliency:explained_class=label --no-control
     python explain/run.py --suite paper --executor slurm --partition gpu --gpus-per-node 1
     python explain/run.py --suite paper --executor slurm --gpus-per-node 1 --chunk-images 16
 
@@ -32,6 +33,8 @@ import counteraudit.train  # noqa: E402, F401, I001
 import argparse
 import time
 
+from counteraudit.explain.method_choice import (CONTROL_METHOD, METHOD_HELP, method_choice, run_methods,
+                                                with_method_parameters)
 from counteraudit.explain.settings import method_problems, method_specs
 from counteraudit.explain.stage import explain_suite, explained_images_line
 from counteraudit.slurm.executor import add_executor_args
@@ -45,8 +48,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser("counteraudit explanations", add_help=add_help,
                                      formatter_class=ScriptHelpFormatter)
     add_common_args(parser)
-    parser.add_argument("--method", action="append", default=None, metavar="NAME",
-                        help="only this method (repeatable); default: the suite's [explain] methods")
+    add_method_args(parser)
     parser.add_argument("--model", action="append", default=None, metavar="NAME",
                         help="only this model (repeatable); default: every model of the suite")
     parser.add_argument("--device", default=None,
@@ -57,15 +59,18 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def explain_overrides(suite: Suite, args: argparse.Namespace) -> Suite:
-    """The suite with the command line's overrides of its [explain] table merged in, once."""
-    return suite.with_settings({"chunk_images": "--chunk-images"},
-                               explain={"chunk_images": args.chunk_images})
+    """The suite with the command line's overrides of its [explain] and [methods] tables merged
+    in, once."""
+    suite = suite.with_settings({"chunk_images": "--chunk-images"},
+                                explain={"chunk_images": args.chunk_images})
+    return with_method_parameters(suite, run_methods(args.method, not args.no_control),
+                                  args.method_params)
 
 
 def main(args: argparse.Namespace) -> None:
     suite = explain_overrides(load_suite(args.suite, method_problems), args)
     options = run_options(args)
-    methods = method_specs(suite, args.method)
+    methods = method_specs(suite, run_methods(args.method, not args.no_control))
     # This stage needs trained models, and the blurred-faces image set needs the implant checks:
     # whatever is missing runs first, through the same executor, instead of failing (a no-op when
     # everything is there).
@@ -75,6 +80,36 @@ def main(args: argparse.Namespace) -> None:
     parts = f" (from {done['parts']} new part(s))" if done.get("parts") else ""
     print(f"{suite.name}: {done['computed']} visualization set(s) computed{parts}, {done['stored']} "
           f"already stored, in {time.perf_counter() - started:.1f}s; {explained_images_line(done)}")
+
+
+class MethodOption(argparse.Action):
+    """``--method NAME[:key=value,...]``: appends NAME to ``method`` and (text, table) to
+    ``method_params``; the syntax is checked here, the parameters by the method's own ``Params``
+    once the suite is read (``with_method_parameters``)."""
+
+    def __call__(self, parser, namespace, text, option_string=None):
+        try:
+            name, table = method_choice(text)
+        except ValueError as error:
+            raise argparse.ArgumentError(self, str(error).removeprefix("--method ")) from None
+        names = list(getattr(namespace, self.dest) or [])
+        if name in names:
+            raise argparse.ArgumentError(self, f"{name!r} is given twice; give its parameters "
+                                               f"once, --method {name}:key=value,key=value")
+        setattr(namespace, self.dest, [*names, name])
+        if table:
+            namespace.method_params = {**namespace.method_params, name: (text, table)}
+
+
+def add_method_args(parser: argparse.ArgumentParser, help_text: str = METHOD_HELP) -> argparse.ArgumentParser:
+    """--method and --no-control: the methods a run explains with, their parameters, and the
+    control (``explain/method_choice.py``)."""
+    parser.add_argument("--method", action=MethodOption, default=None,
+                        metavar="NAME[:KEY=VALUE,...]", help=help_text)
+    parser.add_argument("--no-control", action="store_true",
+                        help=f"with --method: do not add the outputs-only control ({CONTROL_METHOD})")
+    parser.set_defaults(method_params={})
+    return parser
 
 
 def add_chunk_images_arg(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -2,10 +2,12 @@
 own typed ``Params``: what the explain stage and its work items carry.
 
 The path of a value set in a suite's ``[methods.<name>]`` table: ``method_specs`` builds the
-method from the table (``ExplanationMethod.__init__`` parses it with ``parse_params`` into the
-method's ``Params`` dataclass: types, ranges, choices, unknown keys) and keeps the typed
-parameters in a ``MethodSpec``; a work item carries the spec, ``MethodSpec.build`` makes the
-method from them, and ``attribute`` reads ``self.params``.
+method from the table (for a method the suite gives no table: from the settings the suite's
+methods of its kind share, ``shared_settings.py``); ``ExplanationMethod.__init__`` parses it
+with ``parse_params`` into the method's ``Params`` dataclass (types, ranges, choices, unknown
+keys), and ``method_specs`` keeps the typed parameters in a ``MethodSpec``; a work item carries
+the spec, ``MethodSpec.build`` makes the method from them, and ``attribute`` reads
+``self.params``.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from counteraudit.explain.base import METHODS, ExplanationMethod
+from counteraudit.explain.shared_settings import inherited_table
 from counteraudit.train.core.suite import Suite
 from counteraudit.train.core.suite_checks import built_problems, named_problems
 from counteraudit.train.core.suite_schema import SuiteTable
@@ -38,11 +41,19 @@ class MethodSpec:
 
 def method_specs(suite: Suite, only: list[str] | None = None) -> dict[str, MethodSpec]:
     """The methods a suite explains with (``only``: a subset, --method), in order, each parsed
-    from its ``[methods.<name>]`` table: an unknown method, parameter, choice or renderer fails
-    here, when the command starts, with the valid names, and not after the models are trained."""
+    from its ``[methods.<name>]`` table (``method_table``): an unknown method, parameter, choice
+    or renderer fails here, when the command starts, with the valid names, and not after the
+    models are trained."""
     names = only or suite.explain.methods or METHODS.names()
-    return {name: MethodSpec(name, METHODS.get(name)(suite.method_tables.get(name)).params,
+    return {name: MethodSpec(name, METHODS.get(name)(method_table(suite, name)).params,
                              suite.explain.batch_sizes.get(name)) for name in names}
+
+
+def method_table(suite: Suite, name: str) -> dict[str, Any]:
+    """The parameters the method ``name`` runs with in ``suite``: its own [methods.<name>] table,
+    or, without one, the settings the suite's methods of its kind share (``inherited_table``)."""
+    own = suite.method_tables.get(name)
+    return own if own is not None else inherited_table(suite.method_tables, name)
 
 
 def suite_method(suite: Suite, name: str) -> ExplanationMethod:

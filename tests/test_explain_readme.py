@@ -67,6 +67,20 @@ def test_readme_example_adds_a_method_with_one_file_that_passes_every_methods_ch
         assert isinstance(spec.params, method_class.Params) and seen == [spec.params]
         assert seen[0].samples == 4 and type(seen[0].noise_std) is float and seen[0].noise_std == 1.0
 
+        # Evaluated against a suite's saliency methods without a table of its own, it is drawn as
+        # they are: its Params derive from SaliencyParams, so it takes their renderer and space.
+        from counteraudit.explain.base import SaliencyParams
+        assert issubclass(method_class.Params, SaliencyParams)
+        fair_file = Path({str(tmp_path)!r}) / "fair.toml"
+        fair_file.write_text(f'[explain]\\nmethods = ["{{name}}", "guided_backprop"]\\n'
+                             '[methods.guided_backprop]\\ngradient_space = "normalized"\\n'
+                             'renderer = "captum_figure"\\n'
+                             'renderer_options = {{ figure_inches = 2.0, dpi = 16 }}\\n')
+        fair = method_specs(load_suite(fair_file, method_problems))[name]
+        taken = (fair.params.gradient_space, fair.params.renderer, fair.params.renderer_options)
+        assert taken == ("normalized", "captum_figure", {{"figure_inches": 2.0, "dpi": 16}}), taken
+        fair.build().run(model, torch.rand(2, 3, 32, 32), batch_size=2)  # honours gradient_space
+
         class Outcomes:
             "Each selected test's outcome, by its name and parameter."
             def __init__(self):

@@ -81,6 +81,8 @@ def test_import_from_a_folder_trains_nothing_and_scores_the_same(release, tmp_pa
                             capture_output=True, text=True, timeout=600)
     assert detect.returncode == 0, detect.stderr[-2000:]
     assert not list((runs / "store" / "models").rglob("checkpoint.pth")), "a model was trained"
+    # 5 models x 2 methods on the detection set alone: Table 1 explains nothing else
+    assert f"{len(suite.models) * 2} visualization set(s) computed, 0 already stored" in detect.stdout
     assert not (runs / "worlds").exists() or not list((runs / "worlds").rglob("train.npz")), \
         "the training split was generated: something trained"
     # the same weights and image sets: the same per-model Table 1, bit for bit

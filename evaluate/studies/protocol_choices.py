@@ -19,7 +19,7 @@ from counteraudit.explain.base import METHODS
 from counteraudit.explain.methods.caricature import TRANSFORM_PATHS
 from counteraudit.explain.renderers import ATTRIBUTIONS
 from counteraudit.explain.renderers.captum_figure import RASTERISATIONS
-from counteraudit.explain.settings import suite_method
+from counteraudit.explain.settings import method_table, suite_method
 from counteraudit.train.core.registry import Registry
 
 # Protocol choices: registered in this module.
@@ -76,15 +76,23 @@ class ProtocolChoice:
         applicable methods; a None removes a parameter (``train.suite.write_derived_suite``). A
         renderer option is set inside the method's own ``renderer_options``, the others kept."""
         if self.within is not None:
-            return {"methods": {m: {self.within: {**self._options(suite, m), self.parameter: value}}
+            return {"methods": {m: {**_taken(suite, m),
+                                    self.within: {**self._options(suite, m), self.parameter: value}}
                                 for m in self.applicable(methods, suite)}}
         settings = {self.parameter: value, **(self.along(value, suite) if self.along else {})}
-        return {"methods": {m: dict(settings) for m in self.applicable(methods, suite)}}
+        return {"methods": {m: {**_taken(suite, m), **settings} for m in self.applicable(methods, suite)}}
 
 
     def _options(self, suite, method: str) -> dict[str, Any]:
         """The method's own ``within`` table in ``suite`` (its renderer's options as written)."""
         return dict(getattr(suite_method(suite, method).params, self.within) or {})
+
+
+def _taken(suite, method: str) -> dict[str, Any]:
+    """The shared settings a method the suite gives no table takes (explain/shared_settings.py),
+    written into the table a patch gives it, so that the patch changes its one parameter and not,
+    by giving it a table of its own, the settings it took."""
+    return {} if method in suite.method_tables else method_table(suite, method)
 
 
 def _renderer_fields(suite, method: str) -> set[str]:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
 
 from counteraudit.train.core.artifacts import OWN_FOLDERS, atomic_write_text, inside_runs, runs_dir
 from counteraudit.train.core.model_spec import (HELD_OUT, REFERENCE, ModelSpec, Sweep, expand_sweep, replicates,
@@ -98,7 +99,10 @@ class Suite:
         for section, values in sections.items():
             given = {key: value for key, value in values.items() if value is not None}
             if given:
-                updates[section] = {**getattr(self.settings, section).model_dump(exclude_unset=True), **given}
+                current = getattr(self.settings, section)  # a table of keys, or of tables ([methods])
+                written = (current.model_dump(exclude_unset=True) if isinstance(current, BaseModel)
+                           else dict(current))
+                updates[section] = {**written, **given}
         if not updates:
             return self
         settings, problems = validated_table(SuiteTable, {**self.settings.model_dump(exclude_unset=True),

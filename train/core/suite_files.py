@@ -75,10 +75,50 @@ def read_table(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
                              "one extends")
     base = read_table(base_path, chain)
     base.pop("name")
+    base = _without_unlisted_method_tables(base, table)
+    _check_inherited_method_tables(base, table, path, base_path)
     merged = _merged(base, table)
     if "plugins" in base or "plugins" in table:
         merged["plugins"] = inherited_plugins(base.get("plugins", []), table.get("plugins", []))
     return merged
+
+
+def _run_methods(table: dict[str, Any]) -> list[Any] | None:
+    """The ``[explain] methods`` list a suite table sets, or None."""
+    explain = table.get("explain")
+    methods = explain.get("methods") if isinstance(explain, dict) else None
+    return methods if isinstance(methods, list) else None
+
+
+def _without_unlisted_method_tables(base: dict[str, Any], table: dict[str, Any]) -> dict[str, Any]:
+    """``base`` without its ``[methods.<name>]`` tables for the methods that the extending
+    ``table``'s own ``[explain] methods`` list leaves out: a shorter list runs fewer of the base's
+    methods, and their tables, which the extending file does not hold, go with them."""
+    run, tables = _run_methods(table), base.get("methods")
+    if run is None or not isinstance(tables, dict):
+        return base
+    return {**base, "methods": {name: params for name, params in tables.items() if name in run}}
+
+
+def _check_inherited_method_tables(base: dict[str, Any], table: dict[str, Any], path: Path,
+                                   base_path: Path) -> None:
+    """A ``[methods.<name>]`` table ``table`` inherits for a method the resolved ``[explain]
+    methods`` list leaves out is an error naming the file that holds it (``base_path`` or a file
+    it extends), not the extending one, where the user would look for it in vain."""
+    run = _run_methods(table) or _run_methods(base)
+    tables, own = base.get("methods"), table.get("methods")
+    if run is None or not isinstance(tables, dict):
+        return
+    own = own if isinstance(own, dict) else {}
+    unlisted = [name for name in tables if name not in run and name not in own]
+    if unlisted:
+        listed = ", ".join(json.dumps(name, default=str) for name in run)
+        raise SuiteFileError(
+            f"suite file {path} extends {base_path}, where (or in a file it extends) "
+            + "; ".join(f"[methods.{name}]" for name in unlisted)
+            + f" sets parameters of a method the suite does not run ([explain] methods = [{listed}]): "
+            f"add {' and '.join(json.dumps(name) for name in unlisted)} to [explain] methods in "
+            f"{path}, or remove the table from {base_path}")
 
 
 def _read_file(path: Path) -> dict[str, Any]:
