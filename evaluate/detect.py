@@ -56,7 +56,8 @@ def main(args: argparse.Namespace) -> dict:
     references = [s.name for s in suite.references]
     tables = stored_detection_tables(suite, scores, distance_name, methods, options.runs_dir)
     summary, per_model = tables[f"detection-{distance_name}"], tables[f"detection-per-model-{distance_name}"]
-    write_tables(suite, tables, options.runs_dir, only_methods=args.method)
+    write_tables(suite, tables, options.runs_dir, only_methods=args.method,
+                 parameters=args.method_params)
     anomalous = per_model[per_model["role"] == "anomalous"]
     print(f"\nTable 1 -- fraction of each family's models detected by the paper's rule (Abar above every "
           f"reference's; {describe_distance(distance_name)};"
@@ -89,7 +90,7 @@ def main(args: argparse.Namespace) -> dict:
     print(to_markdown(tables[EXPLAIN_TIME], float_format="{:.3g}"))
     print("\nWhere these numbers were computed (numeric mode and CPU of scoring and training)\n")
     print(to_markdown(tables[PROVENANCE]))
-    print(f"\ntables: {tables_dir(suite, options.runs_dir, args.method)}/")
+    print(f"\ntables: {tables_dir(suite, options.runs_dir, args.method, args.method_params)}/")
     return tables
 
 

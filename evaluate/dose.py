@@ -90,8 +90,9 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
         print("\nlocalization\n")
         print(to_markdown(wide.rename_axis(None, axis=1).reset_index()))
     tables = {f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits}
-    write_tables(suite, tables, options.runs_dir, only_methods=args.method)
-    print(f"\ntables: {tables_dir(suite, options.runs_dir, args.method)}/")
+    write_tables(suite, tables, options.runs_dir, only_methods=args.method,
+                 parameters=args.method_params)
+    print(f"\ntables: {tables_dir(suite, options.runs_dir, args.method, args.method_params)}/")
     return tables
 
 

@@ -50,7 +50,8 @@ def main(args: argparse.Namespace) -> dict:
     tables = localization_tables(scores, distance_name, suite, not_applicable=model_level)
     summary = tables[f"localization-{distance_name}"]
     per_model = tables[f"localization-per-model-{distance_name}"]
-    write_tables(suite, tables, options.runs_dir, only_methods=args.method)
+    write_tables(suite, tables, options.runs_dir, only_methods=args.method,
+                 parameters=args.method_params)
     print(f"\nTable 2 -- localization AUROC, abnormal vs normal inputs "
           f"({describe_distance(distance_name)}; {suite.name} suite; images: {set_sources(suite)})\n")
     print(to_markdown(summary, float_format="{:.2f}"))
@@ -75,7 +76,7 @@ def main(args: argparse.Namespace) -> dict:
     power = localization_power_note(suite)
     if power:
         print(power)
-    print(f"tables: {tables_dir(suite, options.runs_dir, args.method)}/")
+    print(f"tables: {tables_dir(suite, options.runs_dir, args.method, args.method_params)}/")
     return tables
 
 

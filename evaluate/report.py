@@ -79,7 +79,7 @@ def report_path(suite, args: argparse.Namespace) -> Path:
     (report-method-<names>.html), as its tables do."""
     if args.output:
         return Path(args.output)
-    label = only_methods_label(args.method)
+    label = only_methods_label(args.method, args.method_params)
     return inside_runs(suite.root(args.runs_dir) / "report" /
                        (f"report-{label}.html" if label else "report.html"))
 
@@ -108,7 +108,7 @@ def main(args: argparse.Namespace) -> Path | None:
     if suite.sweeps:  # dose-response: one panel per sweep
         dose, limits = suite_dose(suite, detection, localization, implants)
         tables.update({f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits})
-    write_tables(suite, tables, runs_root, only_methods=args.method)
+    write_tables(suite, tables, runs_root, only_methods=args.method, parameters=args.method_params)
     summary = tables.get(f"zoo-summary-{distance_name}")
     if summary is not None:
         print(f"\n{summary_caption(distance_name)}\n\n{to_markdown(summary, float_format='{:.2f}')}")

@@ -86,7 +86,8 @@ def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
         return {}
     tables = {f"sensitivity-detection-{distance_name}": pd.concat(detections, ignore_index=True),
               f"sensitivity-localization-{distance_name}": pd.concat(localizations, ignore_index=True)}
-    write_tables(suite, tables, options.runs_dir, only_methods=args.method)
+    write_tables(suite, tables, options.runs_dir, only_methods=args.method,
+                 parameters=args.method_params)
     detection, localization = tables.values()
     print(f"\nTable 1 margins, the suite's protocol -> the alternative ({CHANGED}: the detection "
           f"verdict changes)\n")

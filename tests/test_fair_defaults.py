@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from counteraudit.evaluate.scoring.stage import only_methods_label
 from counteraudit.explain.base import METHODS, AttributionMethod, SaliencyParams
 from counteraudit.explain.input_space import in_gradient_space
 from counteraudit.explain.method_choice import run_methods, with_method_parameters
@@ -188,3 +189,15 @@ def test_a_child_suite_with_a_shorter_method_list_drops_the_parents_tables(tmp_p
     message = str(caught.value)
     assert f"{grandchild} extends {parent}" in message and "[methods.saliency]" in message
     assert f"remove the table from {Path(parent)}" in message
+
+
+def test_a_method_run_with_other_parameters_keeps_its_tables_apart():
+    """Two runs of one method with other --method parameters write to two tables folders, and a
+    run without parameters to the plain method-<names> one."""
+    plain = only_methods_label(["saliency"])
+    one = only_methods_label(["saliency"], {"saliency": ("saliency:renderer=hot_overlay",
+                                                         {"renderer": "hot_overlay"})})
+    other = only_methods_label(["saliency"], {"saliency": ("saliency:renderer=jet_overlay",
+                                                           {"renderer": "jet_overlay"})})
+    assert plain == "method-saliency"
+    assert one.startswith("method-saliency-") and len({plain, one, other}) == 3

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -114,11 +114,12 @@ def write_table(frame: pd.DataFrame, path_stem: str | Path, formats: Sequence[st
 
 
 def write_tables(suite, tables: dict[str, pd.DataFrame], runs_root=None,
-                 only_methods: list[str] | None = None) -> list[Path]:
+                 only_methods: list[str] | None = None,
+                 parameters: Mapping[str, tuple[str, dict[str, Any]]] | None = None) -> list[Path]:
     """Every table of a stage under <runs>/<suite>/tables/<name>.{md,csv,tex}; with
     ``only_methods`` (a run's --method) under tables/method-<names>/ (``tables_dir``), never over
     the suite's own."""
     written = []
     for name, frame in tables.items():
-        written += write_table(frame, tables_dir(suite, runs_root, only_methods) / name)
+        written += write_table(frame, tables_dir(suite, runs_root, only_methods, parameters) / name)
     return written

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import pandas as pd
 
@@ -34,20 +34,28 @@ SCORES = "scores"
 TABLES = "tables"
 
 
-def only_methods_label(only_methods: list[str] | None) -> str | None:
+def only_methods_label(only_methods: list[str] | None,
+                       parameters: Mapping[str, tuple[str, dict[str, Any]]] | None = None) -> str | None:
     """How the outputs of a run restricted with ``--method`` are named: "method-<a>+<b>" (the
-    methods sorted), or None for a run of the suite's own methods."""
-    return f"method-{'+'.join(sorted(set(only_methods)))}" if only_methods else None
+    methods sorted), with "-<hash>" of the parameters ``--method NAME:key=value`` gave
+    (``parameters``: a name -> the option's text and its table), so runs of one method with other
+    parameters keep their tables apart; None for a run of the suite's own methods."""
+    if not only_methods:
+        return None
+    label = f"method-{'+'.join(sorted(set(only_methods)))}"
+    tables = {name: table for name, (_, table) in (parameters or {}).items()}
+    return f"{label}-{stable_hash(tables, length=8)}" if tables else label
 
 
-def tables_dir(suite: Suite, runs_root=None, only_methods: list[str] | None = None) -> Path:
+def tables_dir(suite: Suite, runs_root=None, only_methods: list[str] | None = None,
+               parameters: Mapping[str, tuple[str, dict[str, Any]]] | None = None) -> Path:
     """Where a stage's tables go: <runs>/<suite>/tables/, and for a run restricted with
-    ``--method`` its own folder in it, tables/method-<a>+<b>/: its tables hold only those methods'
-    columns, so written over the suite's (which the report and the other scripts read) they would
-    replace the whole suite's results, and leave its older tables (the outputs-only comparisons)
-    beside tables they no longer match."""
+    ``--method`` its own folder in it, tables/method-<a>+<b>/ (``only_methods_label``): its tables
+    hold only those methods' columns, so written over the suite's (which the report and the other
+    scripts read) they would replace the whole suite's results, and leave its older tables (the
+    outputs-only comparisons) beside tables they no longer match."""
     root = suite.root(runs_root) / TABLES
-    label = only_methods_label(only_methods)
+    label = only_methods_label(only_methods, parameters)
     return root / label if label else root
 
 
