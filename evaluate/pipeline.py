@@ -38,7 +38,8 @@ def pipeline_parser(prog: str, add_help: bool = True) -> argparse.ArgumentParser
 def add_pipeline_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add_distance_args(parser)
     add_method_args(parser, f"{METHOD_HELP}. The tables of a run with --method go to "
-                            "runs/<suite>/tables/method-<names>/, beside the suite's, never over them")
+                            "runs/<suite>/tables/method-<names>/ (method-<names>-<hash> with "
+                            "parameters), beside the suite's, never over them")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     parser.add_argument("--p-value", default=None, metavar="TEST",
                         help="test each model's Abar against the null population of held-out "
