@@ -33,6 +33,7 @@ from counteraudit.evaluate.release.sources import opened_release
 from counteraudit.evaluate.release.verify import verify_release
 from counteraudit.train.core.artifacts import runs_dir
 from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli
+from counteraudit.train.core.suite_files import available_suites
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -83,8 +84,9 @@ def import_(args: argparse.Namespace) -> None:
     warning = mode_mismatch(release)
     if warning:
         print(f"warning: {warning}")
-    print(f"next: python evaluate/detect.py --suite {release.manifest.suite} (trains nothing it "
-          "imported)")
+    suite = (release.manifest.suite if release.manifest.suite in available_suites()
+             else f"<release>/{release.manifest.suite_file}")
+    print(f"next: python evaluate/detect.py --suite {suite} (trains nothing it imported)")
 
 
 def main(args: argparse.Namespace) -> None:

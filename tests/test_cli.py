@@ -45,10 +45,14 @@ def test_every_subcommand_says_each_default_once_and_takes_quick():
         subcommands["reference-count"].format_help().split())  # a default of 0 is still said
 
 
+# The positional arguments a subcommand requires (what it acts on), given so the flag is the error.
+REQUIRED_ARGUMENTS = {"population": ["import", "release.tar"]}
+
+
 @pytest.mark.parametrize("name", list(STAGE_SCRIPTS))
 def test_a_bad_flag_shows_the_subcommands_usage(name, capsys):
     with pytest.raises(SystemExit) as exited:
-        main([name, "--quick", "--no-such-flag"])
+        main([name, *REQUIRED_ARGUMENTS.get(name, []), "--quick", "--no-such-flag"])
     assert exited.value.code == 2
     error = capsys.readouterr().err
     assert error.startswith(f"usage: counteraudit {name} "), error

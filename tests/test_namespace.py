@@ -16,6 +16,7 @@ import pytest
 from counteraudit.evaluate.benchmarks import benchmark_parser
 from counteraudit.evaluate.cli import STAGE_SCRIPTS as COMMANDS, get_args_parser
 from tests.conftest import REPO, write_suite
+from tests.test_cli import REQUIRED_ARGUMENTS
 
 # every subcommand's script file: counteraudit.evaluate.detect -> evaluate/detect.py
 STAGE_SCRIPTS = [module.removeprefix("counteraudit.").replace(".", "/") + ".py"
@@ -134,8 +135,9 @@ def test_the_command_uses_the_scripts_parsers_and_reports_errors_as_they_do(tmp_
     parser = get_args_parser()
     for name, module_name in COMMANDS.items():
         own = importlib.import_module(module_name).get_args_parser(add_help=False)
-        sub = parser.parse_args([name])
-        assert {k: v for k, v in vars(sub).items() if k != "command"} == vars(own.parse_args([]))
+        required = REQUIRED_ARGUMENTS.get(name, [])
+        sub = parser.parse_args([name, *required])
+        assert {k: v for k, v in vars(sub).items() if k != "command"} == vars(own.parse_args(required))
     command = shutil.which("counteraudit", path=str(Path(sys.executable).parent))
     bad = subprocess.run([command, "detect", "--suite", "no-such-suite"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
