@@ -19,6 +19,7 @@ import torch
 from counteraudit.evaluate.release.export import export_population, manifest_bytes
 from counteraudit.evaluate.release.install import install_release
 from counteraudit.evaluate.release.manifest import Manifest
+from counteraudit.evaluate.release import sources
 from counteraudit.evaluate.release.sources import ReleaseError, opened_release
 from counteraudit.evaluate.release.verify import verify_release
 from counteraudit.train.checkpoint import is_trained, model_dir, read_metrics
@@ -221,3 +222,20 @@ def test_export_never_replaces_a_path(release, tmp_path):
     suite_path, runs, folder, _ = release
     with pytest.raises(ValueError, match="already exists"):
         export_population(load_suite(suite_path), folder, runs)
+
+
+def test_a_release_larger_than_its_bounds_is_refused_before_it_is_unpacked(release, tmp_path, monkeypatch):
+    """A stranger's archive or manifest may declare any size: the bounds refuse it before a byte
+    is unpacked or a file is read whole (train/core/size_bounds.py)."""
+    _, _, folder, archive = release
+    monkeypatch.setattr(sources, "RELEASE_BYTES", 1000)  # below this small release's size
+    with pytest.raises(ReleaseError, match="more than a release may"):
+        with opened_release(str(archive)):
+            pass
+    copy = shutil.copytree(folder, tmp_path / "copy")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["files"]["README.md"]["size"] = 2 ** 40
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ReleaseError, match=r"manifest.json: files.README.md.size: .*less than or equal"):
+        with opened_release(str(copy)) as opened:
+            verify_release(opened)

@@ -27,8 +27,8 @@ from counteraudit.explain.stage import IMAGE_SETS, linked_image_sets
 from counteraudit.train.checkpoint import (METRICS_NAME, SPEC_NAME, WEIGHTS_NAME, is_trained, model_dir,
                                            read_metrics)
 from counteraudit.train.core import numerics
-from counteraudit.train.core.artifacts import read_json, runs_dir, store_dir
-from counteraudit.train.core.model_spec import HELD_OUT, ModelSpec
+from counteraudit.train.core.artifacts import runs_dir, store_dir
+from counteraudit.train.core.model_spec import ModelSpec
 from counteraudit.train.core.suite import Suite
 from counteraudit.train.core.suite_files import read_table, toml_text
 from counteraudit.train.core.weights import load_weights_only
@@ -47,10 +47,10 @@ class ExportError(ValueError):
     """A population that cannot be exported yet; the message says what is missing and the fix."""
 
 
-def role(spec: ModelSpec) -> str:
+def role(suite: Suite, spec: ModelSpec) -> str:
     if not spec.is_reference:
         return "anomalous"
-    return "held-out" if spec.name.startswith(HELD_OUT) else "reference"
+    return "held-out" if spec in suite.held_out else "reference"
 
 
 def weights_file(state_dict: dict[str, torch.Tensor]) -> bytes:
@@ -131,10 +131,10 @@ def population_files(suite: Suite, runs_root: Path) -> tuple[Manifest, dict[str,
                          f"{toml_text({'name': table.pop('name', suite.name), **table})}\n").encode()
     models = []
     for spec in suite.models:
-        for path, content in _model_files(suite, spec, runs_root).items():
-            files[f"models/{spec.key}/{path}"] = content
-        metrics = read_json(model_dir(runs_root, spec) / METRICS_NAME)
-        models.append(ModelEntry(name=spec.name, key=spec.key, role=role(spec), family=spec.family,
+        own = _model_files(suite, spec, runs_root)
+        files.update({f"models/{spec.key}/{path}": content for path, content in own.items()})
+        metrics = json.loads(own[METRICS_NAME])
+        models.append(ModelEntry(name=spec.name, key=spec.key, role=role(suite, spec), family=spec.family,
                                  val_accuracy=float(metrics["val_accuracy"])))
     image_sets = []
     for name, linked in sorted(linked_image_sets(suite, runs_root).items()):

@@ -14,12 +14,10 @@ from counteraudit.anomalies.image_sets import IMAGE_SET
 from counteraudit.evaluate.release.export import WEIGHTS_RELEASED
 from counteraudit.evaluate.release.verify import VerifiedRelease, read_weights
 from counteraudit.explain.stage import IMAGE_SETS
-from counteraudit.train.checkpoint import METRICS_NAME, TRAINED_MODEL, is_trained
+from counteraudit.train.checkpoint import METRICS_NAME, MODELS, TRAINED_MODEL, is_trained
 from counteraudit.train.core.artifacts import atomic_torch_save, atomic_write_bytes, store_dir
 from counteraudit.train.core.keyed_store import as_stored
 from counteraudit.train.core.numerics import key_tag
-
-MODELS = "models"
 
 
 @dataclass

@@ -25,6 +25,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from counteraudit.train.core.size_bounds import MODELS, RELEASE_FILE_BYTES
+
 FORMAT = "counteraudit-population"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -45,7 +47,7 @@ class Strict(BaseModel):
 
 class FileEntry(Strict):
     sha256: str = Field(pattern=SHA256_PATTERN)
-    size: int = Field(ge=0)
+    size: int = Field(ge=0, le=RELEASE_FILE_BYTES)
 
 
 class ModelEntry(Strict):
@@ -74,7 +76,7 @@ class Manifest(Strict):
     counteraudit: dict[str, str]        # the code that made it: version, git commit
     numerics: dict[str, str]            # the key tag every model's key carries
     world: WorldEntry
-    models: list[ModelEntry]
+    models: list[ModelEntry] = Field(max_length=MODELS.limit)
     image_sets: list[ImageSetEntry]
     files: dict[str, FileEntry]         # every file but manifest.json, by release path
 

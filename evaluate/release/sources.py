@@ -25,6 +25,7 @@ from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
 from counteraudit.evaluate.release.manifest import path_problem
+from counteraudit.train.core.size_bounds import RELEASE_BYTES, RELEASE_FILE_BYTES
 
 HUB_PREFIX = "hf://"
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -65,6 +66,11 @@ def _unpack_tar(path: Path, into: Path) -> None:
                     kind = "a link" if (member.issym() or member.islnk()) else "not a regular file"
                     raise refused(str(path), f"archive entry {member.name!r} is {kind}; a release "
                                              "holds regular files only")
+            sizes = [member.size for member in members if member.isfile()]
+            if max(sizes, default=0) > RELEASE_FILE_BYTES or sum(sizes) > RELEASE_BYTES:
+                raise refused(str(path), f"its files hold {sum(sizes)} bytes, the largest "
+                                         f"{max(sizes, default=0)}: more than a release may "
+                                         f"({RELEASE_FILE_BYTES} a file, {RELEASE_BYTES} in all)")
             for member in members:
                 if not member.isfile():
                     continue

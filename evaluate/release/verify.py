@@ -32,10 +32,12 @@ from counteraudit.anomalies.image_sets import IMAGE_SET
 from counteraudit.evaluate.release.export import STATE_DICT_METADATA, WEIGHTS_RELEASED
 from counteraudit.evaluate.release.manifest import (FORMAT, FORMAT_VERSION, MANIFEST_NAME, Manifest,
                                                     path_problem, type_problem)
+from counteraudit.evaluate.release.provenance import sha256_bytes
 from counteraudit.evaluate.release.sources import OpenedRelease, refused
 from counteraudit.train.checkpoint import METRICS_NAME, SPEC_NAME, finite_weights
 from counteraudit.train.core.artifacts import stable_hash
 from counteraudit.train.core.payloads import PayloadProblem, npz_layout
+from counteraudit.train.core.size_bounds import RELEASE_MANIFEST_BYTES
 
 # spec.json fields that are labels, not part of the key (ModelSpec.to_dict)
 SPEC_LABELS = ("name", "key", "checkpoint_recipe")
@@ -53,7 +55,7 @@ class VerifiedRelease:
         """A file's bytes, checked again against the manifest as they are read (a folder may
         change between verifying and importing)."""
         content = (self.folder / path).read_bytes()
-        if hashlib.sha256(content).hexdigest() != self.manifest.files[path].sha256:
+        if sha256_bytes(content) != self.manifest.files[path].sha256:
             raise refused(self.source, f"{path} changed after it was verified")
         return content
 
@@ -92,6 +94,9 @@ def _manifest(release: OpenedRelease, files: dict[str, Path]) -> tuple[Manifest,
     if MANIFEST_NAME not in files:
         raise refused(release.source, f"no {MANIFEST_NAME}: not a counteraudit population release "
                                       "(counteraudit population export writes one)")
+    if files[MANIFEST_NAME].stat().st_size > RELEASE_MANIFEST_BYTES:
+        raise refused(release.source, f"{MANIFEST_NAME} is larger than a manifest may be "
+                                      f"({RELEASE_MANIFEST_BYTES} bytes)")
     content = files[MANIFEST_NAME].read_bytes()
     try:
         raw = json.loads(content)
@@ -107,7 +112,7 @@ def _manifest(release: OpenedRelease, files: dict[str, Path]) -> tuple[Manifest,
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         raise refused(release.source, f"{MANIFEST_NAME}: {where}: {first['msg']}") from None
-    return manifest, hashlib.sha256(content).hexdigest()
+    return manifest, sha256_bytes(content)
 
 
 def _check_files(release: OpenedRelease, manifest: Manifest, files: dict[str, Path]) -> None:

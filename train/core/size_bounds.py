@@ -68,6 +68,15 @@ DISCOVERY_IMAGES = Bound(1_000_000, (
     "(the small model at 64 px on 2 CPU cores), 1,000,000 are 17 minutes per model, 300x the "
     "demo's 3,200"))
 
+# A population release comes from a stranger, and the importer unpacks it to disk and reads each
+# file whole into memory: each file at most 2 GiB (a model's weights are a few MB, an image set a
+# few at most: IMAGE_SET_MEMORY's images as uint8 are a quarter of it), the whole release at most
+# MODELS' 1,000 models at 64 MiB each, and its manifest, read before anything is checked, 64 MiB
+# (about 300,000 entries: 60x the largest shipped suite's release).
+RELEASE_FILE_BYTES = 2 * GIB
+RELEASE_BYTES = MODELS.limit * 64 * 2 ** 20
+RELEASE_MANIFEST_BYTES = 64 * 2 ** 20
+
 # A world's splits are held in memory as uint8 (3 x side^2 bytes an image) by every training
 # process, and --jobs runs several: 4 GiB each leaves a 24 GiB machine room for two jobs, their
 # float batches and their models.
