@@ -29,7 +29,7 @@ from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, p
 from counteraudit.anomalies.image_sets import DETECTION, set_sources
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.evaluate.scoring.baseline import DETECTION_VERSUS_CAPTION
-from counteraudit.evaluate.scoring.detection import margin_wide
+from counteraudit.evaluate.scoring.detection import margin_wide, paper_rule_caution
 from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME, EXPLAIN_TIME_CAPTION
 from counteraudit.evaluate.scoring.model_blind import detection_blind
 from counteraudit.evaluate.scoring.stage import detection_scores, tables_dir
@@ -63,6 +63,10 @@ def main(args: argparse.Namespace) -> dict:
           f"reference's; {describe_distance(distance_name)};"
           f" {suite.name} suite, {len(references)} references; {set_sources(suite, [DETECTION])})\n")
     print(to_markdown(summary))
+    if tables.get(f"detection-families-{distance_name}") is None:  # no null models: no verdicts
+        print(f"\nEvery detection in Table 1 is {paper_rule_caution(len(references))} (with "
+              f"{len(references)} references). Verdicts need null models: [references] held_out "
+              "and [evaluate] p_value (the replicated suite has them).")
     for line in detection_blind(tables, distance_name).values():
         print(f"\n{line}")
     nulls = tables.get(f"detection-null-{distance_name}")

@@ -49,9 +49,9 @@ from counteraudit.evaluate.reporting.sensitivity import stored_sensitivity
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.evaluate.scoring.stage import (detection_scores, localization_scores, model_level_methods,
                                                 only_methods_label)
-from counteraudit.evaluate.scoring.tables import localization_tables, stored_detection_tables, zoo_summary_tables
+from counteraudit.evaluate.scoring.tables import (localization_tables, stored_detection_tables,
+                                                  zoo_summary_caption, zoo_summary_tables)
 from counteraudit.evaluate.scoring.model_blind import detection_blind
-from counteraudit.evaluate.scoring.zoo import summary_caption
 from counteraudit.evaluate.studies.dose_response import suite_dose
 from counteraudit.explain.stage import load_image_sets
 from counteraudit.train.core.artifacts import atomic_write_text, inside_runs, store_dir
@@ -111,7 +111,9 @@ def main(args: argparse.Namespace) -> Path | None:
     write_tables(suite, tables, runs_root, only_methods=args.method, parameters=args.method_params)
     summary = tables.get(f"zoo-summary-{distance_name}")
     if summary is not None:
-        print(f"\n{summary_caption(distance_name)}\n\n{to_markdown(summary, float_format='{:.2f}')}")
+        caption = zoo_summary_caption(suite, tables.get(f"detection-families-{distance_name}"),
+                                      distance_name)
+        print(f"\n{caption}\n\n{to_markdown(summary, float_format='{:.2f}')}")
         for line in detection_blind(tables, distance_name).values():
             print(f"\n{line}")
     discovery = stored_discovery(suite, runs_root)

@@ -8,11 +8,11 @@ from counteraudit.anomalies.image_sets import DETECTION
 from counteraudit.evaluate.reporting.html import (fmt, fraction_class, html_table, is_detected, legend,
                                                   margin_class, median_image)
 from counteraudit.evaluate.scoring.baseline import DETECTION_VERSUS_CAPTION as VERSUS_CAPTION
-from counteraudit.evaluate.scoring.detection import margin_wide
+from counteraudit.evaluate.scoring.detection import margin_wide, paper_rule_caution
 from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME, EXPLAIN_TIME_CAPTION
 from counteraudit.evaluate.scoring.model_blind import DETECTION_CONSEQUENCE, blind_methods
 from counteraudit.explain.stage import detection_set_for
-from counteraudit.evaluate.reporting.svg import (ANOMALOUS_COLOR, MISSED_COLOR, REFERENCE_COLOR, StripRow,
+from counteraudit.evaluate.reporting.svg import (FLAGGED_COLOR, MISSED_COLOR, REFERENCE_COLOR, StripRow,
                                                  strip_plot)
 
 
@@ -24,8 +24,11 @@ def detection_section(report) -> str:
              html_table(summary, cell_class=fraction_class,
                         class_columns=[c for c in summary.columns if c not in ("family", "n_models")],
                         caption=f"Table 1: fraction of each family's models detected ({where})"),
-             legend(("v-detected", "every model detected"), ("v-partial", "some"),
-                    ("v-not-detected", "none")),
+             legend(("v-paper-rule", "every model flagged by the paper's rule, not a statistical "
+                                     "verdict"),
+                    "v-partial", ("", "uncoloured: none flagged")),
+             f'<p class="note">Table 1 counts by the paper\'s rule: '
+             f"{escape(paper_rule_caution(len(report.references)))}.</p>",
              '<p class="note">E detects f when Abar(f, E), the mean anomaly score over the detection '
              "images, exceeds every reference's own leave-one-out Abar. Margin = Abar(f) / max_i Abar(g_i) "
              "(above 1 means detected); p = rank p-value.</p>",
@@ -94,8 +97,8 @@ def detection_examples(report) -> str:
             if not verdict.empty:
                 v = verdict.iloc[0]
                 summary = (f"<br>Abar {fmt(v['abar'])}, margin {fmt(v['margin'])}<br>"
-                           + ('<span class="fail">detected</span>' if is_detected(v["detected"])
-                              else "not detected"))
+                           + ('<span class="v-paper-rule">detected by the paper\'s rule</span>'
+                              if is_detected(v["detected"]) else "not flagged by the paper's rule"))
             reference_figure = report.figure(
                 report.visualization(method, reference, shown_set, position),
                 f"{method} {reference} image {position}", f"{escape(reference)}<br>A = {fmt(reference_score)}")
@@ -133,7 +136,7 @@ def distributions(report) -> str:
         for record in rows[rows["role"] == "anomalous"].to_dict("records"):
             detected = is_detected(record["detected"])
             strips.append(StripRow(record["model"], [record["abar"]],
-                                   ANOMALOUS_COLOR if detected else MISSED_COLOR,
+                                   FLAGGED_COLOR if detected else MISSED_COLOR,
                                    [f"{record['model']} ({record['family']}): Abar {record['abar']:.4g}, "
                                     f"margin {fmt(record['margin'])}, {'detected' if detected else 'not detected'}"]))
         threshold = references["abar"].max() if not references.empty else None
@@ -142,6 +145,7 @@ def distributions(report) -> str:
     return ('<section id="distributions"><h2>Score distributions</h2>'
             f'<p class="note">Per method: each model\'s mean anomaly score Abar over the detection images '
             f"({report.distance_name}; layered methods: mean over layers). Grey: references (each scored "
-            "leave-one-out); red: detected anomalous model; blue: missed. Dashed: the highest reference "
-            'Abar, the detection threshold. Hover a point for its value.</p><div class="plots">'
+            "leave-one-out); green: anomalous model flagged by the paper's rule; blue: not flagged. "
+            "Dashed: the highest reference Abar, the detection threshold. Hover a point for its value."
+            '</p><div class="plots">'
             + "".join(plots) + "</div></section>")

@@ -13,6 +13,7 @@ import pandas as pd
 from PIL import Image
 
 from counteraudit.evaluate.reporting.tables import format_cell
+from counteraudit.evaluate.scoring.localization import PAPER_SUCCESS_AUROC, localization_call
 
 # ---------------------------------------------------------------- the page's script and style
 # Installed first in <head>: counts script errors and console.error calls from the start, and on
@@ -82,13 +83,17 @@ table.examples td, table.examples th { text-align: center; }
 .plots { display: flex; flex-wrap: wrap; gap: 10px 24px; align-items: flex-start; }
 details { margin: 0.4em 0; } summary { cursor: pointer; color: #035; }
 nav ul { columns: 2; }
-/* verdict colours: detected / localized / adds beyond the outputs; partly / above chance only;
-   not detected / not localized / less than the outputs; inconclusive / the same */
-.v-detected, .v-localized, .v-adds { background: #d5efd5; }
+/* verdict colours (VERDICTS names each): what the data supports, never pass or fail; red is
+   kept for a run's own failures (.warn, .fail). Green: a statistical verdict that it sees the
+   defect; hatched green: the paper's rule only; amber: partly or above chance only; blue: missed
+   with power, below chance or worse than the outputs; grey: cannot be told apart */
+.v-detected, .v-localized, .v-adds { background: #cdeccd; }
+.v-paper-rule { background: repeating-linear-gradient(135deg, #c9e6c9 0 4px, #f4faf4 4px 8px); }
 .v-partial, .v-above-chance { background: #fbecc8; }
-.v-not-detected, .v-not-localized, .v-less { background: #f6d2d2; }
-.v-inconclusive, .v-same { background: #ececec; color: #444; } .v-implant-failed { color: #888; }
-.legend span { padding: 1px 6px; margin-right: 6px; border: 1px solid #ddd; display: inline-block; }
+.v-not-detected, .v-below-chance, .v-less { background: #d9e5f5; }
+.v-inconclusive, .v-within-chance, .v-same { background: #ececec; color: #444; }
+.v-implant-failed { color: #888; }
+.legend span { padding: 1px 6px; margin: 0 6px 3px 0; border: 1px solid #ddd; display: inline-block; }
 .table-wrap { max-width: 100%; overflow-x: auto; }
 svg { max-width: 100%; height: auto; }
 .table-wrap > table { margin: 0.3em 0; }
@@ -102,22 +107,34 @@ svg { max-width: 100%; height: auto; }
 """
 
 
+CellClass = Callable[[Any], "str | None"]
+# a cell's row (column -> value), its column and its value -> a CSS class for it, or None
+CellClassAt = Callable[[Mapping[str, Any], str, Any], "str | None"]
+
+
 def html_table(frame: pd.DataFrame, *, float_format: str = "{:.3f}", caption: str | None = None,
-               cell_class: Callable[[Any], str | None] | None = None,
-               class_columns: Collection[str] | None = None) -> str:
+               cell_class: CellClass | None = None,
+               class_columns: Collection[str] | None = None,
+               cell_class_at: CellClassAt | None = None) -> str:
     """A pandas frame (flat columns, index ignored) as an HTML table; numbers right-aligned;
     wrapped so that a table wider than a phone's screen scrolls on its own.
     ``cell_class``: a cell's value -> a CSS class for it (or None), e.g. ``verdict_class``;
-    ``class_columns``: only these columns' cells get one (default: every column)."""
+    ``cell_class_at``: the same from the cell's row and column too (``auroc_class``: each
+    model's own chance band); ``class_columns``: only these columns' cells get one (default:
+    every column)."""
     numeric = [pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
                for c in frame.columns]
     classed = [class_columns is None or c in class_columns for c in frame.columns]
     head = "".join(f"<th>{escape(str(c))}</th>" for c in frame.columns)
     body = []
     for row in frame.itertuples(index=False):
-        cells = "".join(f'<td{_classes(v, num, cell_class if use else None)}>'
+        values = dict(zip(frame.columns, row))
+        classify = [(lambda v, c=column: cell_class_at(values, c, v)) if cell_class_at and use
+                    else cell_class if use else None
+                    for column, use in zip(frame.columns, classed)]
+        cells = "".join(f'<td{_classes(v, num, how)}>'
                         f"{escape(format_cell(v, float_format))}</td>"
-                        for v, num, use in zip(row, numeric, classed))
+                        for v, num, how in zip(row, numeric, classify))
         body.append(f"<tr>{cells}</tr>")
     cap = f"<caption>{escape(caption)}</caption>" if caption else ""
     return (f'<div class="table-wrap"><table>{cap}<thead><tr>{head}</tr></thead>'
@@ -154,42 +171,53 @@ def verdict_class(value: Any) -> str | None:
     return None
 
 
+def _finite_number(value: Any) -> bool:
+    return (isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_))
+            and math.isfinite(float(value)))
+
+
 def fraction_class(value: Any) -> str | None:
-    """Table 1's cells (the fraction of a family's models detected): all, some or none."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+    """Table 1's cells (the fraction of a family's models the paper's rule flags): every model
+    (v-paper-rule, not the colour of a statistical verdict), some (v-partial) or none (no
+    colour: the rule claims nothing, a miss included, without the power a verdict states)."""
+    if not _finite_number(value):
         return None
-    if not math.isfinite(float(value)):
-        return None
-    return "v-detected" if value >= 1 else "v-not-detected" if value <= 0 else "v-partial"
+    return "v-paper-rule" if value >= 1 else None if value <= 0 else "v-partial"
 
 
 def margin_class(value: Any) -> str | None:
-    """A detection margin (Abar over the highest reference's): above 1 is detected. Also as the
-    tables print it (``margin_text``: the digits that show its side of 1, or the verdict beside)."""
+    """A detection margin (Abar over the highest reference's): above 1 is flagged by the paper's
+    rule (v-paper-rule); a margin under 1 gets no colour. Also as the tables print it
+    (``margin_text``: the digits that show its side of 1, or the verdict beside)."""
     if isinstance(value, str):
         verdict = re.search(r"\((not )?detected\)$", value)
         if verdict:
-            return "v-not-detected" if verdict.group(1) else "v-detected"
+            return None if verdict.group(1) else "v-paper-rule"
         try:
             value = float(value)
         except ValueError:  # "n/a"
             return None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
-        return None
-    return None if not math.isfinite(float(value)) else (
-        "v-detected" if value > 1 else "v-not-detected")
+    return "v-paper-rule" if _finite_number(value) and value > 1 else None
 
 
-def auroc_class(target: float, chance_high: float) -> Callable[[Any], str | None]:
-    """Table 2's cells: localized (AUROC >= ``target``), above chance only (above the chance
-    band's upper end), or not localized."""
-    def classify(value: Any) -> str | None:
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+def call_class(call: str | None) -> str | None:
+    """The CSS class of a reading (a verdict or a ``localization_call``): "within chance" ->
+    v-within-chance."""
+    return None if call is None else "v-" + call.replace(" ", "-")
+
+
+def auroc_class(target: float, bands: pd.DataFrame) -> CellClassAt:
+    """Table 2's cells (a "method" column, one column per model) read against each cell's own
+    chance band (``localization_call``): ``bands`` holds method (as Table 2's rows name it),
+    model, chance_low and chance_high (``localization.table2_bands``)."""
+    limits = {(str(m), str(model)): (low, high) for m, model, low, high in zip(
+        bands["method"], bands["model"], bands["chance_low"], bands["chance_high"])}
+
+    def classify(row: Mapping[str, Any], column: str, value: Any) -> str | None:
+        band = limits.get((str(row.get("method")), str(column)))
+        if band is None or not _finite_number(value):
             return None
-        if not math.isfinite(float(value)):
-            return None
-        return ("v-localized" if value >= target else "v-above-chance" if value > chance_high
-                else "v-not-localized")
+        return call_class(localization_call(float(value), *band, target=target))
     return classify
 
 
@@ -201,10 +229,25 @@ def versus_class(value: Any) -> str | None:
     return f"v-{word}" if word in ("adds", "same", "less") else None
 
 
-def legend(*entries: tuple[str, str]) -> str:
-    """A line of colour swatches: (CSS class, what it means)."""
+# Every verdict colour and what it means, for the legends (the style sheet's v-* classes)
+VERDICTS = {
+    "v-detected": "detected (a statistical verdict: null p-value)",
+    "v-paper-rule": "detected by the paper's rule only, not a statistical verdict",
+    "v-partial": "some of the family's models (the paper's rule)",
+    "v-not-detected": "not detected (missed with power)",
+    "v-inconclusive": "inconclusive (undecidable at this scale)",
+    "v-localized": f"localized (AUROC \u2265 {PAPER_SUCCESS_AUROC:g} and above its chance band)",
+    "v-above-chance": f"above its chance band, under {PAPER_SUCCESS_AUROC:g}",
+    "v-within-chance": "within its chance band",
+    "v-below-chance": "below its chance band",
+}
+
+
+def legend(*entries: tuple[str, str] | str) -> str:
+    """A line of colour swatches: (CSS class, what it means), or a class of ``VERDICTS``."""
+    pairs = [(entry, VERDICTS[entry]) if isinstance(entry, str) else entry for entry in entries]
     return ('<p class="note legend">'
-            + "".join(f'<span class="{name}">{escape(text)}</span>' for name, text in entries)
+            + "".join(f'<span class="{name}">{escape(text)}</span>' for name, text in pairs)
             + "</p>")
 
 

@@ -9,12 +9,14 @@ import pandas as pd
 from sklearn.metrics import roc_curve
 
 from counteraudit.anomalies.image_sets import abnormal_set_name, normal_set_name
-from counteraudit.evaluate.reporting.html import auroc_class, fmt, html_table, legend, versus_class
+from counteraudit.evaluate.reporting.html import (auroc_class, call_class, fmt, html_table, legend,
+                                                  versus_class)
 from counteraudit.evaluate.reporting.summary import LOCALIZED_AUROC
 from counteraudit.evaluate.reporting.svg import ANOMALOUS_COLOR, MISSED_COLOR, StripRow, roc_plot, strip_plot
 from counteraudit.evaluate.scoring.model_blind import LOCALIZATION_CONSEQUENCE, blind_methods
-from counteraudit.evaluate.scoring.tables import chance_band_note, localization_power_note
-from counteraudit.evaluate.scoring.zoo import summary_caption
+from counteraudit.evaluate.scoring.localization import LOCALIZATION_CALLS, localization_call, table2_bands
+from counteraudit.evaluate.scoring.tables import (chance_band_note, localization_power_note,
+                                                  zoo_summary_caption)
 
 
 def localization_section(report) -> str:
@@ -22,29 +24,32 @@ def localization_section(report) -> str:
         return ""
     summary, per_model = report.table("localization"), report.table("localization-per-model")
     per_layer = report.table("localization-per-layer")
-    band = per_model[["chance_low", "chance_high"]].median()  # colours the table: one band for all
     detail = pd.DataFrame({
         "method": per_model["method"], "model": per_model["model"], "AUROC": per_model["auroc"],
+        "reading": [localization_call(a, low, high) or "n/a" for a, low, high in zip(
+            per_model["auroc"], per_model["chance_low"], per_model["chance_high"])],
         "95% CI": [f"[{fmt(a)}, {fmt(b)}]" for a, b in zip(per_model["ci_low"], per_model["ci_high"])],
         "chance band": [f"[{fmt(a)}, {fmt(b)}]" for a, b in zip(per_model["chance_low"], per_model["chance_high"])],
         "p": per_model["p_value"], "n abnormal": per_model["n_abnormal"], "n normal": per_model["n_normal"],
         "n flagged": per_model["n_flagged"], "flag": per_model["flag"]})
     parts = ['<section id="localization"><h2>Localization (Table 2)</h2>',
              html_table(summary, float_format="{:.2f}",
-                        cell_class=auroc_class(LOCALIZED_AUROC, float(band["chance_high"])),
+                        cell_class_at=auroc_class(LOCALIZED_AUROC, table2_bands(per_model, per_layer)),
                         class_columns=[c for c in summary.columns if c != "method"],
                         caption=f"Table 2: AUROC of the anomaly score, abnormal vs normal inputs "
-                                f"({report.distance_name})"),
-             legend(("v-localized", f"localized (AUROC \u2265 {LOCALIZED_AUROC:g})"),
-                    ("v-above-chance", "above chance only (the median band over the models)"),
-                    ("v-not-localized", "not localized")),
+                                f"({report.distance_name}); each cell read against its own "
+                                "model's chance band (the per-model table below)"),
+             legend("v-localized", "v-above-chance", "v-within-chance", "v-below-chance"),
              *(f'<p class="note">{escape(line)}.</p>' for line in blind_methods(
                  report.optional_table("localization-model-blind"),
                  LOCALIZATION_CONSEQUENCE).values()),
              f'<p class="note">{escape(chance_band_note(per_model))} '
              "CI: seeded bootstrap, abnormal and normal images resampled "
              f"separately. {escape(localization_power_note(report.suite) or '')}</p>",
-             html_table(detail, caption=f"Per-model localization ({report.distance_name})")]
+             html_table(detail, cell_class=lambda value: call_class(
+                 value if value in LOCALIZATION_CALLS else None), class_columns=["reading"],
+                        caption=f"Per-model localization ({report.distance_name}); reading: the "
+                                "AUROC against this model's own chance band")]
     replicated = report.optional_table("localization-replicates")
     if replicated is not None:
         parts.insert(2, html_table(replicated, float_format="{:.2f}", caption=(
@@ -60,7 +65,9 @@ def localization_section(report) -> str:
     summary = report.optional_table("zoo-summary")
     if summary is not None:
         parts.append(html_table(summary, float_format="{:.2f}",
-                                caption=summary_caption(report.distance_name)))
+                                caption=zoo_summary_caption(
+                                    report.suite, report.optional_table("detection-families"),
+                                    report.distance_name)))
     if not per_layer.empty:
         parts.append("<details><summary>Per-layer localization table</summary>"
                      + html_table(per_layer, caption=f"Localization per layer ({report.distance_name})")

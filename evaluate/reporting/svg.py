@@ -14,6 +14,7 @@ import numpy as np
 
 REFERENCE_COLOR = "#7f7f7f"
 ANOMALOUS_COLOR = "#d62728"   # detected / abnormal
+FLAGGED_COLOR = "#2ca02c"     # an anomalous model the detection rule flags (the verdicts' green)
 MISSED_COLOR = "#1f77b4"      # not detected / normal
 FONT_SIZE = 11
 FONT = f'font-family="sans-serif" font-size="{FONT_SIZE}"'

@@ -77,6 +77,14 @@ def detection_rule(abar: float, reference_abars: Sequence[float]) -> dict:
     }
 
 
+def paper_rule_caution(n_references: int) -> str:
+    """What a "detected" by the paper's rule is worth where no null population gives p-values: a
+    model exchangeable with the n references scores above all of them with probability 1/(n+1),
+    so a method that sees nothing flags that share of the models (the rank p-value's floor)."""
+    return ("the paper's rule, not a statistical verdict: a method that sees nothing flags "
+            f"1 model in {n_references + 1}")
+
+
 # Digits a margin prints with: two, or as many more as it takes (up to the last) for the printed
 # value to sit on the same side of 1 as the margin and agree with the verdict.
 MARGIN_DIGITS = (2, 8)

@@ -25,6 +25,14 @@ DEFAULT_LEVEL = 0.95
 # What Table 2 and the zoo summary say of a method localization does not apply to (a model-level
 # method: feature synthesis explains the model, not an input).
 NOT_APPLICABLE = "not applicable"
+# The AUROC Denain & Steinhardt (2023) count as a localization success (with their p = 40 images a
+# side, [0.4, 0.6] cannot be told from chance); it holds only where the chance band lies below it.
+PAPER_SUCCESS_AUROC = 0.7
+# What an AUROC says of one (method, model), read against that model's own chance band
+# (``localization_call``).
+LOCALIZED, ABOVE_CHANCE, WITHIN_CHANCE, BELOW_CHANCE = (
+    "localized", "above chance", "within chance", "below chance")
+LOCALIZATION_CALLS = (LOCALIZED, ABOVE_CHANCE, WITHIN_CHANCE, BELOW_CHANCE)
 
 
 def finite_scores(values, what: str) -> np.ndarray:
@@ -91,6 +99,30 @@ def chance_band(abnormal_scores, normal_scores, *, n_permutations: int = DEFAULT
     low, high = percentile_interval(permuted, level)
     p_value = (1 + int((permuted >= observed - 1e-12).sum())) / (n_permutations + 1)
     return low, high, p_value
+
+
+def localization_call(auroc_value: float, chance_low: float, chance_high: float, *,
+                      target: float = PAPER_SUCCESS_AUROC) -> str | None:
+    """What one AUROC says, against the chance band of its own model (``chance_band``: the
+    central 95% of its AUROCs under label permutation, for that model's set sizes and ties):
+    ``LOCALIZED`` when it reaches the paper's ``target`` AND lies above the band; ``ABOVE_CHANCE``
+    above the band but under ``target``; ``WITHIN_CHANCE`` inside the band (whatever ``target``
+    says: e.g. 0.74 with a band of [0.24, 0.75] cannot be told from chance); ``BELOW_CHANCE``
+    under it; None for a NaN (no AUROC).
+
+    The AUROC itself, not its bootstrap interval's low end, is compared with the band: the band
+    already is the null distribution of that very statistic, so "AUROC > chance_high" is the
+    one-sided permutation test at 2.5% (the table's ``p_value`` reads the same test). Asking the
+    interval's low end to clear the band would compare an interval with an interval: a test at a
+    far smaller level than 2.5%, which contradicts the permutation p-value (0.89 with an interval
+    of [0.72, 1.00] and a band ending at 0.76 has p = 0.002, yet would not count) and, at the
+    p = 10 images of small suites, leaves almost nothing localizable."""
+    values = np.array([auroc_value, chance_low, chance_high], dtype=np.float64)
+    if not np.all(np.isfinite(values)):
+        return None
+    if auroc_value > chance_high:
+        return LOCALIZED if auroc_value >= target else ABOVE_CHANCE
+    return WITHIN_CHANCE if auroc_value >= chance_low else BELOW_CHANCE
 
 
 def localization_table(scores: pd.DataFrame, *, abnormal_column: str = "abnormal",
@@ -163,13 +195,28 @@ def paper_layout(per_model: pd.DataFrame, per_layer: pd.DataFrame, *,
     return pd.concat(parts, ignore_index=True) if parts else per_model.assign(layer=NO_LAYER)
 
 
+def table2_rows(localizations: pd.DataFrame, by: Sequence[str] = ("method",)) -> pd.Series:
+    """Each row's name in Table 2: its ``by`` values and layer, joined by spaces."""
+    row_keys = [*by, *(["layer"] if "layer" in localizations.columns else [])]
+    return localizations[row_keys].astype(str).agg(lambda parts: " ".join(p for p in parts if p),
+                                                   axis=1)
+
+
+def table2_bands(per_model: pd.DataFrame, per_layer: pd.DataFrame, *,
+                 by: Sequence[str] = ("method",)) -> pd.DataFrame:
+    """Each cell of Table 2 (``table2(paper_layout(...))``) with its own chance band: method (the
+    row's name, ``table2_rows``), model, chance_low, chance_high."""
+    layout = paper_layout(per_model, per_layer, by=by)
+    return pd.DataFrame({"method": table2_rows(layout, by), "model": layout["model"],
+                         "chance_low": layout["chance_low"],
+                         "chance_high": layout["chance_high"]}).reset_index(drop=True)
+
+
 def table2(localizations: pd.DataFrame, *, by: Sequence[str] = ("method",), value: str = "auroc",
            with_interval: bool = False, digits: int = 2) -> pd.DataFrame:
     """Table 2: rows = method (method/layer), columns = model, values = AUROC (or "0.94 [0.88, 0.99]"
     strings with ``with_interval``)."""
-    row_keys = [*by, *(["layer"] if "layer" in localizations.columns else [])]
-    frame = localizations.assign(row=localizations[row_keys].astype(str).agg(
-        lambda parts: " ".join(p for p in parts if p), axis=1))
+    frame = localizations.assign(row=table2_rows(localizations, by))
     if with_interval:
         frame = frame.assign(cell=[f"{a:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]" if np.isfinite(a) else "n/a"
                                    for a, lo, hi in zip(frame[value], frame["ci_low"], frame["ci_high"])])

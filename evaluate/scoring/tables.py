@@ -2,6 +2,7 @@
 outputs-only comparisons, keyed by the file names ``write_tables`` gives them."""
 from __future__ import annotations
 
+from collections import Counter
 from typing import Mapping, Sequence
 
 import pandas as pd
@@ -12,13 +13,14 @@ from counteraudit.evaluate.scoring.baseline import (BASELINE, delta_table, detec
                                                     localization_versus_baseline, null_rate_table)
 from counteraudit.evaluate.scoring.detection import (NO_LAYER, NULL_FAMILY, ROLE_ANOMALOUS, detection_table,
                                                      null_rates, table1)
-from counteraudit.evaluate.scoring.localization import (NOT_APPLICABLE, localization_table, paper_layout,
+from counteraudit.evaluate.scoring.localization import (NOT_APPLICABLE, PAPER_SUCCESS_AUROC,
+                                                        localization_table, paper_layout,
                                                         replicate_localization_table, table2)
 from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME, explain_time_table
 from counteraudit.evaluate.scoring.model_blind import (detection_blind, localization_blind, mark_columns,
                                                        mark_rows, model_blind_table)
 from counteraudit.evaluate.scoring.provenance import PROVENANCE, provenance_table
-from counteraudit.evaluate.scoring.zoo import zoo_summary
+from counteraudit.evaluate.scoring.zoo import paper_rule_basis, summary_caption, zoo_summary
 from counteraudit.evaluate.scoring.stability import outlying_nulls, with_stability
 from counteraudit.evaluate.scoring.verdicts import calibration, method_power, null_plan, verdict_table
 from counteraudit.train.checkpoint import trained_metrics
@@ -32,6 +34,11 @@ from counteraudit.train.implant_checks import read_implant
 def configurations(suite: Suite) -> dict[str, str]:
     """Every anomalous model -> the configuration it is a replicate of (itself, if none)."""
     return {spec.name: spec.configuration_name for spec in suite.anomalies}
+
+
+def seeds_per_configuration(suite: Suite) -> int:
+    """The most replicates (seeds) any anomalous configuration has: 1 without replicates."""
+    return max(Counter(configurations(suite).values()).values(), default=1)
 
 
 def detection_tables(suite: Suite, scores: pd.DataFrame, distance_name: str, *,
@@ -179,11 +186,6 @@ def with_not_applicable(table: pd.DataFrame, methods: Sequence[str]) -> pd.DataF
                      ignore_index=True)
 
 
-# The AUROC Denain & Steinhardt (2023) count as a localization success (with their p = 40 images a
-# side, [0.4, 0.6] cannot be told from chance); it holds only where the chance band lies below it.
-PAPER_SUCCESS_AUROC = 0.7
-
-
 def chance_band_note(per_model: pd.DataFrame) -> str:
     """What the per-model chance bands (their median, over the models) say an AUROC must exceed:
     the paper's 0.7 only where the band lies below it (with p = 40 it is about [0.37, 0.63]; with
@@ -215,8 +217,10 @@ def zoo_summary_tables(tables: dict[str, pd.DataFrame], distance_name: str,
                        not_localized: Sequence[str] = ()) -> dict[str, pd.DataFrame]:
     """``zoo-summary-<distance>`` (``zoo.zoo_summary``: methods ranked by the defects they detect
     and localize beyond outputs-only) where ``tables`` holds both Table 1's per-model rows and the
-    localization comparison with outputs-only, else nothing. ``not_localized``: the model-level
-    methods, whose localization columns read "not applicable"."""
+    localization comparison with outputs-only, else nothing; ranked by the family verdicts where
+    ``tables`` holds them (a suite with null models), else by the paper's rule.
+    ``not_localized``: the model-level methods, whose localization columns read "not
+    applicable"."""
     per_model = tables.get(f"detection-per-model-{distance_name}")
     detection = tables.get(f"detection-vs-outputs-per-model-{distance_name}")
     localization = tables.get(f"localization-vs-outputs-per-model-{distance_name}")
@@ -224,9 +228,20 @@ def zoo_summary_tables(tables: dict[str, pd.DataFrame], distance_name: str,
         return {}
     summary = zoo_summary(per_model, localization, n_references, detection_versus=detection,
                           not_localized=not_localized,
-                          model_blind=list(detection_blind(tables, distance_name)))
+                          model_blind=list(detection_blind(tables, distance_name)),
+                          families=tables.get(f"detection-families-{distance_name}"))
     times = tables.get(EXPLAIN_TIME)
     if times is not None:  # each method's cost beside what it finds
         summary = summary.merge(times[["method", "cpu_seconds"]].rename(
             columns={"cpu_seconds": "explain_cpu_seconds"}), on="method", how="left")
     return {f"zoo-summary-{distance_name}": summary}
+
+
+def zoo_summary_caption(suite: Suite, families: pd.DataFrame | None, distance_name: str) -> str:
+    """The zoo summary's caption (``zoo.summary_caption``) for this suite: the verdicts' test
+    where ``families`` (the family verdicts) is given, else the paper's rule and what it rests
+    on (``zoo.paper_rule_basis``)."""
+    if families is not None and len(families):
+        return summary_caption(distance_name, test=str(families["test"].iloc[0]))
+    return summary_caption(distance_name, basis=paper_rule_basis(
+        len(suite.references), seeds_per_configuration(suite)))

@@ -236,7 +236,7 @@ def verdict_table(families: pd.DataFrame, row: str = "family") -> pd.DataFrame:
     changes the verdict (``stability.with_stability``; the long table names the model)."""
     fragile = families["fragile"] if "fragile" in families else [False] * len(families)
     cells = families.assign(cell=[
-        (f"{r:.2f} [{lo:.2f}, {hi:.2f}] {v} (paper {p:.2f})" + (", fragile" if weak else ""))
+        (f"{rate_text(r, lo, hi)} {v} (paper {p:.2f})" + (", fragile" if weak else ""))
         if n else "no model"
         for r, lo, hi, v, p, n, weak in zip(families["rate"], families["ci_low"],
                                             families["ci_high"], families["verdict"],
@@ -304,22 +304,34 @@ FINDING_WORDS = {DETECTED: "detected", NOT_DETECTED: "missed with power",
                  INCONCLUSIVE: "undecidable at this scale"}
 
 
-def findings(families: pd.DataFrame) -> list[str]:
+def rate_text(rate: float, low: float, high: float) -> str:
+    """A detection rate with its exact interval, as the verdict tables print it."""
+    return f"{rate:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def findings(families: pd.DataFrame, *, rates: bool = False,
+             methods: Sequence[str] | None = None) -> list[str]:
     """One sentence per family: which methods detect it, which miss it with power, and for which
-    the test cannot tell at this scale (rates and intervals in Table 1 with verdicts); a method
-    whose verdict one left-out model flips says "(fragile)"."""
+    the test cannot tell at this scale (rates and intervals in Table 1 with verdicts; ``rates``:
+    each method's rate and interval said beside it); a method whose verdict one left-out model
+    flips says "(fragile)". ``methods``: only these (default: every method of ``families``)."""
+    if methods is not None:
+        families = families[families["method"].isin(list(methods))]
     lines = []
     for family, group in families.groupby("family", sort=False):
         parts = []
         for verdict in VERDICTS:
             chosen = group[group["verdict"] == verdict]
             fragile = chosen["fragile"] if "fragile" in chosen else [False] * len(chosen)
-            methods = [method + (" (fragile)" if weak else "")
-                       for method, weak in zip(chosen["method"], fragile)]
-            if methods:
-                parts.append(f"{FINDING_WORDS[verdict]} by {', '.join(methods)}"
+            named = [method + (f" {rate_text(r, lo, hi)}" if rates else "")
+                     + (" (fragile)" if weak else "")
+                     for method, r, lo, hi, weak in zip(chosen["method"], chosen["rate"],
+                                                        chosen["ci_low"], chosen["ci_high"],
+                                                        fragile)]
+            if named:
+                parts.append(f"{FINDING_WORDS[verdict]} by {', '.join(named)}"
                              if verdict != INCONCLUSIVE else
-                             f"{FINDING_WORDS[verdict]} for {', '.join(methods)}")
+                             f"{FINDING_WORDS[verdict]} for {', '.join(named)}")
         models = int(group["n_models"].max())
         lines.append(f"{family} ({models} model{'s' if models != 1 else ''}): {'; '.join(parts)}.")
     return lines
