@@ -15,6 +15,7 @@ from torch import nn
 from counteraudit.anomalies.image_sets import localizable
 from counteraudit.evaluate.reporting.summary import summary_sentences
 from counteraudit.evaluate.scoring.distances.base import Distance, Features
+from counteraudit.evaluate.scoring.detection import paper_rule_caution
 from counteraudit.evaluate.scoring.model_blind import MODEL_BLIND, detection_blind, model_blind_table
 from counteraudit.evaluate.scoring.scores import anomaly_scores
 from counteraudit.evaluate.scoring.tables import detection_tables, localization_tables, zoo_summary_tables
@@ -135,20 +136,21 @@ def test_the_reports_summary_says_it_first_and_never_missed_by():
               **localization_tables(localization_scores(), "l2", DEMO)}
     topics = summary_sentences(tables["detection-l2"], tables["localization-per-model-l2"],
                                tables["localization-vs-outputs-per-model-l2"],
-                               sanity_families=["backdoor"],
+                               sanity_families=["backdoor"], n_references=len(REFERENCES),
                                model_blind=detection_blind(tables, "l2"))
     assert list(topics)[0] == "Model-blind methods (not ranked)"
     assert topics["Model-blind methods (not ranked)"] == [detection_blind(tables, "l2")[BLIND] + "."]
     others = [line for topic, lines in topics.items() if topic != list(topics)[0] for line in lines]
     assert others and not [line for line in others if BLIND in line]
     # a seeing method that misses is still named; the blind one never is
-    assert "backdoor (2 models): detected by gradcam (2/2) only; missed by saliency; the " \
+    assert "backdoor (2 models): detected by gradcam (2/2) only (" \
+        f"{paper_rule_caution(len(REFERENCES))}); missed by saliency; the " \
         "outputs-only control detects 1/2." in others
     assert "backdoor: missed by saliency, which therefore do not depend on the model enough to " \
         "tell it from one that learnt nothing." in others
     # without the blind table's sentences, Table 1's cells still keep it out of the counts
-    plain = summary_sentences(tables["detection-l2"])
-    assert list(plain) == ["Detection (Table 1)", "Beyond the outputs"]
+    plain = summary_sentences(tables["detection-l2"], n_references=len(REFERENCES))
+    assert list(plain) == ["Detection (Table 1, the paper's rule)", "Beyond the outputs"]
     assert not [line for lines in plain.values() for line in lines if BLIND in line]
 
 

@@ -5,8 +5,9 @@ import pandas as pd
 from counteraudit.anomalies.base import FAMILIES
 import pytest
 
-from counteraudit.evaluate.scoring.tables import zoo_summary_tables
-from counteraudit.evaluate.scoring.zoo import zoo_summary
+from counteraudit.evaluate.scoring.tables import (seeds_per_configuration, zoo_summary_caption,
+                                                  zoo_summary_tables)
+from counteraudit.evaluate.scoring.zoo import paper_rule_basis, zoo_summary
 from counteraudit.explain.base import METHODS
 from counteraudit.train.core.suite import load_suite
 
@@ -104,3 +105,65 @@ def test_summary_is_written_only_when_detection_and_the_comparison_are_both_ther
                                "localization-vs-outputs-per-model-l2": VERSUS}, "l2", 4) == {}
     with pytest.raises(ValueError, match="outputs_only"):
         zoo_summary(without_control, VERSUS, 4)
+
+
+# The family verdicts of a suite with null models: gradcam's verdicts detect two families, lime's
+# one, though lime detects more models by the paper's rule (DETECTIONS); the control detects x.
+FAMILIES_TABLE = pd.DataFrame([{"family": f, "method": m, "verdict": v, "test": "huber"}
+                               for f, m, v in [
+    ("x", "outputs_only", "detected"), ("y", "outputs_only", "inconclusive"),
+    ("z", "outputs_only", "not detected"),
+    ("x", "gradcam", "detected"), ("y", "gradcam", "detected"), ("z", "gradcam", "inconclusive"),
+    ("x", "lime", "inconclusive"), ("y", "lime", "detected"), ("z", "lime", "not detected"),
+    ("x", "saliency", "not detected"), ("y", "saliency", "not detected"),
+    ("z", "saliency", "detected"),
+    ("x", "random_map", "not detected"), ("y", "random_map", "not detected"),
+    ("z", "random_map", "not detected")]])
+
+
+def test_with_null_models_the_summary_reads_the_family_verdicts_and_ranks_by_them():
+    table = zoo_summary(DETECTIONS, VERSUS, 4, families=FAMILIES_TABLE).set_index("method")
+    assert list(table.columns[:5]) == ["rank", "families_beyond_outputs", "families_detected",
+                                       "families_not_detected", "families_inconclusive"]
+    counts = table[["families_beyond_outputs", "families_detected", "families_not_detected",
+                    "families_inconclusive"]]
+    # each count is the verdicts' own: (beyond the control's detected x, detected, missed, undecided)
+    for method, rows in FAMILIES_TABLE.groupby("method"):
+        said = rows.set_index("family")["verdict"]
+        assert counts.loc[method].tolist() == [
+            int(((said == "detected") & (said.index != "x")).sum()), int((said == "detected").sum()),
+            int((said == "not detected").sum()), int((said == "inconclusive").sum())], method
+    # ranked by families beyond the control, then detected, then localized_adds: lime and
+    # saliency tie on the verdicts (1, 1); lime localizes 1 model beyond the control, saliency 1
+    assert list(table.index[:3]) == ["gradcam", "lime", "saliency"]
+    assert table.loc["gradcam", "rank"] == 1 and table.loc["lime", "rank"] == 2
+    assert table.loc["saliency", "rank"] == 2  # the same keys as lime: a shared rank
+    # the paper's rule alone ranks lime level with gradcam (beyond_outputs 3 each)
+    plain = zoo_summary(DETECTIONS, VERSUS, 4).set_index("method")
+    assert plain.loc["lime", "rank"] == plain.loc["gradcam", "rank"] == 1
+    assert "families_detected" not in plain.columns  # no nulls: the old table, unchanged
+    # the controls stay last and unranked
+    assert list(table.index[-2:]) == ["outputs_only", "random_map"]
+    assert table.loc[["outputs_only", "random_map"], "rank"].isna().all()
+    # zoo_summary_tables reads the verdicts wherever the tables hold them
+    written = zoo_summary_tables({"detection-per-model-l2": DETECTIONS,
+                                  "localization-vs-outputs-per-model-l2": VERSUS,
+                                  "detection-families-l2": FAMILIES_TABLE}, "l2", 4)
+    assert written["zoo-summary-l2"]["families_detected"].tolist() == \
+        table.reset_index()["families_detected"].tolist()
+
+
+def test_the_caption_says_what_the_summary_rests_on():
+    """Without null models: the seeds per configuration and the references, counts by the
+    paper's rule; with them: the verdicts' test."""
+    quick, replicated = load_suite("quick"), load_suite("replicated")
+    assert seeds_per_configuration(quick) == 1 and seeds_per_configuration(replicated) > 1
+    caption = zoo_summary_caption(quick, None, "l2")
+    assert caption.startswith(f"One seed per configuration and {len(quick.references)} "
+                              "references: counts by the paper's rule, not statistical verdicts.")
+    assert "huber" not in caption
+    assert paper_rule_basis(5, seeds_per_configuration(replicated)).startswith(
+        f"{seeds_per_configuration(replicated)} seeds per configuration and 5 references")
+    with_verdicts = zoo_summary_caption(replicated, FAMILIES_TABLE, "l2")
+    assert "family verdicts of the huber test" in with_verdicts
+    assert "not statistical verdicts" not in with_verdicts
