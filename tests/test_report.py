@@ -54,6 +54,11 @@ def test_report_is_one_self_contained_file_with_every_section(report, finished_r
     assert header.index('<section id="summary">') < header.index('id="distance"')
     assert "What this run found" in header and "Detection (Table 1)" in header
     assert 'class="num v-' in html  # Table 1's and Table 2's cells carry verdict colours
+    # no null models: the first screen says its detections are the paper's rule, with the suite's
+    # n, and never prints one in the failures' red
+    assert ("Basis:</b> one seed per configuration and 3 references: counts by the paper&#x27;s "
+            "rule, not statistical verdicts." in header)
+    assert "flags 1 model in 4" in html and 'class="fail">detected' not in html
     assert "<svg" in html and "AUROC" in html and "implant took" in html
     assert "uses 3 references and p = 4 images per set" in html
     # self-contained: nothing fetched from anywhere

@@ -300,3 +300,4 @@ def test_with_null_models_the_detection_sentences_follow_the_verdicts_and_name_t
     html = marked(spurious, VERDICT_MARKS)
     assert '<span class="v-detected">detected by</span> gradcam' in html
     assert '<span class="v-inconclusive">undecidable at this scale for</span>' in html
+    assert 'control: <span class="v-detected">detected</span> 1.00' in html

@@ -23,7 +23,7 @@ import pandas as pd
 
 from counteraudit.anomalies.base import FAMILIES
 from counteraudit.evaluate.scoring.baseline import ADDS, BASELINE, LESS
-from counteraudit.evaluate.reporting.html import legend
+from counteraudit.evaluate.reporting.html import VERDICTS, legend
 from counteraudit.evaluate.scoring.detection import NULL_FAMILY, check_columns, paper_rule_caution
 from counteraudit.evaluate.scoring.localization import (LOCALIZED, PAPER_SUCCESS_AUROC, WITHIN_CHANCE,
                                                         localization_call)
@@ -318,9 +318,11 @@ def summary_basis(suite, families: pd.DataFrame | None, power: pd.DataFrame | No
 
 # Where the summary's sentences say a verdict, the colour it has in the tables: (a regular
 # expression on the escaped sentence, its class)
-VERDICT_MARKS = [(re.escape(f"{FINDING_WORDS[DETECTED]} by"), "v-detected"),
-                 (re.escape(f"{FINDING_WORDS[NOT_DETECTED]} by"), "v-not-detected"),
-                 (re.escape(f"{FINDING_WORDS[INCONCLUSIVE]} for"), "v-inconclusive")]
+# (a method's verdict: "missed with power by ...", or the control's: "control: detected 1.00")
+VERDICT_MARKS = [(rf"{re.escape(FINDING_WORDS[verdict])} {'for' if verdict == INCONCLUSIVE else 'by'}"
+                  rf"|(?<=control: ){re.escape(FINDING_WORDS[verdict])}", name)
+                 for verdict, name in [(DETECTED, "v-detected"), (NOT_DETECTED, "v-not-detected"),
+                                       (INCONCLUSIVE, "v-inconclusive")]]
 LOCALIZATION_MARKS = [(r"localized by \d+ of \d+ methods?", "v-localized"),
                       (r"within its chance band \[[^\]]*\]", "v-within-chance")]
 
@@ -360,9 +362,7 @@ def summary_section(report) -> str:
                      + "".join(f"<li>{marked(line, marks)}</li>" for line in lines) + "</ul>"
                      for topic, lines in topics.items())
     basis = summary_basis(report.suite, families, report.optional_table("detection-power"))
-    shown = [*(["v-detected", "v-not-detected", "v-inconclusive"] if verdicts else []),
-             "v-paper-rule", *(["v-localized", "v-within-chance"] if localization is not None
-                               else [])]
+    shown = [name for name in VERDICTS if f'class="{name}"' in blocks]  # the legend of what shows
     detects = ("A method detects a family when its verdict says so: the rate of its models whose "
                "null p-value is significant, with an exact interval that starts above alpha "
                "(the Verdicts section)" if verdicts else
@@ -374,4 +374,4 @@ def summary_section(report) -> str:
             f"score higher than normal ones with AUROC at least {LOCALIZED_AUROC:g} and above "
             "that model's own chance band (Table 2). The outputs-only control scores the "
             "model's outputs alone: an explanation adds something only where it beats that "
-            "control.</p>" + blocks + legend(*shown) + "</section>")
+            "control.</p>" + blocks + (legend(*shown) if shown else "") + "</section>")
