@@ -27,7 +27,7 @@ def detection_section(report) -> str:
              legend(("v-paper-rule", "every model flagged by the paper's rule, not a statistical "
                                      "verdict"),
                     "v-partial", ("", "uncoloured: none flagged")),
-             f'<p class="note">Table 1 counts by the paper\'s rule: '
+             f'<p class="note">Table 1 counts by '
              f"{escape(paper_rule_caution(len(report.references)))}.</p>",
              '<p class="note">E detects f when Abar(f, E), the mean anomaly score over the detection '
              "images, exceeds every reference's own leave-one-out Abar. Margin = Abar(f) / max_i Abar(g_i) "
