@@ -15,6 +15,13 @@ from tests.conftest import write_suite
 def test_detect_prints_and_saves_table1(finished_run):
     suite, runs, out = finished_run
     assert "Table 1" in out and "distance: l2" in out
+    # no null models: right under Table 1, its detections are said to be the paper's rule, with
+    # the chance a method that sees nothing has against this suite's 3 references
+    caution = ("Every detection in Table 1 is the paper's rule, not a statistical verdict: a "
+               "method that sees nothing flags 1 model in 4")
+    assert caution in out
+    table1_at = out.index("Table 1 -- ")
+    assert table1_at < out.index(caution) < out.index("Per model: margin")
     tables = runs / "e2e" / "tables"
     for ext in ("md", "csv", "tex"):
         assert (tables / f"detection-l2.{ext}").is_file()

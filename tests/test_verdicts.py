@@ -284,6 +284,7 @@ def test_a_replicated_suite_with_nulls_gets_verdicts_end_to_end(finished_run, tm
     replicated = load_suite(derived)
     assert trained == {s.key for s in [*replicated.held_out, replicated.model("smoothing-r1")]}
     assert "Table 1 with verdicts" in out and "Calibration" in out
+    assert "Every detection in Table 1 is the paper's rule" not in out  # the verdicts say it
     tables = runs / "replicas" / "tables"
     # keep_default_na=False: the role "null" is a word here, not a missing value
     per_model = pd.read_csv(tables / "detection-verdicts-per-model-l2.csv", keep_default_na=False)
