@@ -13,9 +13,9 @@ from typing import Sequence
 import numpy as np
 
 REFERENCE_COLOR = "#7f7f7f"
-ANOMALOUS_COLOR = "#d62728"   # detected / abnormal
+ANOMALOUS_COLOR = "#d62728"   # an abnormal input, an anomalous model's figure
 FLAGGED_COLOR = "#2ca02c"     # an anomalous model the detection rule flags (the verdicts' green)
-MISSED_COLOR = "#1f77b4"      # not detected / normal
+MISSED_COLOR = "#1f77b4"      # not flagged / a normal input
 FONT_SIZE = 11
 FONT = f'font-family="sans-serif" font-size="{FONT_SIZE}"'
 # The widest a character of FONT is likely to be on average (DejaVu Sans, the widest common

@@ -192,7 +192,8 @@ def chance_band_note(per_model: pd.DataFrame) -> str:
     p = 10, [0.24, 0.76])."""
     low, high = per_model[["chance_low", "chance_high"]].median()
     said = (f"At these set sizes an AUROC inside [{low:.2f}, {high:.2f}] cannot be told from "
-            f"chance (95% of label permutations), so a method localizes only above {high:.2f}")
+            "chance (95% of label permutations; the median band over the models, each model's own "
+            f"in the per-model table), so a method localizes only above {high:.2f}")
     if high < PAPER_SUCCESS_AUROC:
         return f"{said}; the paper's mark of success, {PAPER_SUCCESS_AUROC}, lies above the band."
     return (f"{said}: the paper's mark of success, {PAPER_SUCCESS_AUROC}, lies inside the band "
