@@ -116,6 +116,7 @@ def image_scores(scores: pd.DataFrame, keys: Sequence[str] = ()) -> pd.DataFrame
 
 def scored_methods(scores: pd.DataFrame) -> list[str]:
     """The methods with at least one finite score, in their order in ``scores``."""
+    check_columns(scores, ["method", "score"], "scores")
     finite = np.isfinite(scores["score"].to_numpy(dtype=float))
     return list(dict.fromkeys(scores.loc[finite, "method"]))
 
