@@ -2,6 +2,7 @@
 (schema.py says why), from the score tables detect.py and localize.py stored."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -16,13 +17,15 @@ from counteraudit.evaluate.release.provenance import code_version
 from counteraudit.evaluate.scoring.explain_time import explain_time_table
 from counteraudit.evaluate.scoring.localization import replicate_localization_table
 from counteraudit.evaluate.scoring.model_blind import model_blind_table
+from counteraudit.evaluate.scoring.pairwise import family_rate_differences
 from counteraudit.evaluate.scoring.stage import (detection_score_tables, detection_scores,
                                                  localization_score_tables, localization_scores,
                                                  localized_methods, unscored_tables)
 from counteraudit.evaluate.scoring.tables import configurations, stored_detection_tables
 from counteraudit.evaluate.scoring.verdicts import null_plan
-from counteraudit.explain.settings import method_table
-from counteraudit.explain.methods import METHODS
+from counteraudit.evaluate.scoring.zoo import CONTROLS
+from counteraudit.explain.settings import MethodSpec
+from counteraudit.explain.base import METHODS
 from counteraudit.train.core import numerics
 from counteraudit.train.core.plugin_files import plugin_digest
 from counteraudit.train.core.suite import Suite
@@ -66,12 +69,13 @@ def hardware() -> Hardware:
     return Hardware(cpu=numerics.cpu_model(), cpu_flags=flags, gpu=gpu)
 
 
-def method_entry(suite: Suite, name: str) -> Method:
-    """The method as it ran: its merged [methods.<name>] table, that table's digest and the
-    plug-in file that defined it."""
-    parameters = _json_data(method_table(suite, name))
-    return Method(name=name, parameters=parameters, parameters_sha256=sha256_of(parameters),
-                  plugin_sha256=plugin_digest(METHODS.get(name)))
+def method_entry(spec: MethodSpec) -> Method:
+    """The method as it ran: its parameters (the suite's [methods.<name>] table with the method's
+    defaults filled in, as ``method_specs`` types them), their digest and the plug-in file that
+    defined it."""
+    parameters = _json_data(dataclasses.asdict(spec.params))
+    return Method(name=spec.name, parameters=parameters, parameters_sha256=sha256_of(parameters),
+                  plugin_sha256=plugin_digest(METHODS.get(spec.name)))
 
 
 def _json_data(value: Any) -> Any:
@@ -130,12 +134,30 @@ def cost(times: pd.DataFrame) -> Cost:
                 cpu_seconds=_number(row["cpu_seconds"]))
 
 
-def build_records(suite: Suite, distance, methods: Sequence[str], population_id: str, runs_root=None,
-                  options=None, comparisons: Mapping[str, list[Comparison]] | None = None
-                  ) -> list[Record]:
-    """One record per method of ``methods`` (``check_recordable`` first) on the run of ``suite``
-    in ``runs_root`` whose population id is ``population_id``. ``comparisons``: each method's
-    paired comparisons with the controls (none given: none recorded)."""
+def control_comparisons(name: str, own_verdicts: Mapping[str, pd.DataFrame],
+                        alpha: float) -> list[Comparison]:
+    """The method's paired differences of detection rates with each control of the run (outputs
+    only, random maps), per family (``pairwise.family_rate_differences``), each side's per-model
+    verdicts from its own table; Holm's adjustment and the simultaneous intervals run over this
+    record's rows alone."""
+    controls = [control for control in CONTROLS if control != name and control in own_verdicts]
+    if name not in own_verdicts or not controls:
+        return []
+    verdicts = pd.concat([own_verdicts[name], *(own_verdicts[c] for c in controls)],
+                         ignore_index=True)
+    table = family_rate_differences(verdicts, [(name, control) for control in controls],
+                                    alpha=alpha)
+    return [Comparison(against=str(row.against), family=str(row.family),
+                       rate_difference=float(row.difference), ci_low=float(row.low),
+                       ci_high=float(row.high), p_holm=float(row.p_holm))
+            for row in table.itertuples(index=False)]
+
+
+def build_records(suite: Suite, distance, methods: Mapping[str, MethodSpec], population_id: str,
+                  runs_root=None, options=None) -> list[Record]:
+    """One record per method of ``methods`` (name -> its spec, as ``method_specs`` gives them;
+    ``check_recordable`` first) on the run of ``suite`` in ``runs_root`` whose population id is
+    ``population_id``."""
     names = list(methods)
     distance_name = distance.name
     check_recordable(suite, distance_name, names, runs_root)
@@ -145,6 +167,14 @@ def build_records(suite: Suite, distance, methods: Sequence[str], population_id:
     located_scores = (localization_scores(suite, distance, located, runs_root, options)
                       if located else None)
     implants = {spec.name: read_implant(suite, spec, runs_root) for spec in suite.anomalies}
+    blind, families, own_verdicts = {}, {}, {}
+    for name in names:
+        own = scores[scores["method"] == name]
+        blind[name] = bool(model_blind_table(own)["model_blind"].all()) if len(own) else False
+        if not blind[name]:  # its verdicts from its own table: BH over its own models (schema.py)
+            tables = stored_detection_tables(suite, own, distance_name, [name], runs_root, implants)
+            families[name] = family_results(tables[f"detection-families-{distance_name}"])
+            own_verdicts[name] = tables[f"detection-verdicts-per-model-{distance_name}"]
     shared = dict(
         population=Population(suite=suite.name, population_id=population_id,
                               n_references=len(suite.references), n_null_fit=len(plan.fit),
@@ -155,19 +185,14 @@ def build_records(suite: Suite, distance, methods: Sequence[str], population_id:
         verdicts=Verdicts(test=plan.test, alpha=plan.alpha, power=plan.power))
     records = []
     for name in names:
-        own = scores[scores["method"] == name]
-        blind = bool(model_blind_table(own)["model_blind"].all()) if len(own) else False
-        families: list[FamilyResult] = []
-        if not blind:  # its verdicts from its own table: BH over its own models (schema.py)
-            tables = stored_detection_tables(suite, own, distance_name, [name], runs_root, implants)
-            families = family_results(tables[f"detection-families-{distance_name}"])
         reason = (NOT_APPLICABLE_REASON if name not in located else
-                  MODEL_BLIND_REASON if blind else None)
+                  MODEL_BLIND_REASON if blind[name] else None)
         own_located = (located_scores[located_scores["method"] == name]
                        if located_scores is not None and reason is None else None)
         records.append(RecordV1(
-            schema=SCHEMA_V1, method=method_entry(suite, name), model_blind=blind,
-            families=families, localization=localization_results(suite, own_located, reason),
-            comparisons=list((comparisons or {}).get(name, [])),
+            schema=SCHEMA_V1, method=method_entry(methods[name]), model_blind=blind[name],
+            families=families.get(name, []),
+            localization=localization_results(suite, own_located, reason),
+            comparisons=control_comparisons(name, own_verdicts, plan.alpha),
             cost=cost(explain_time_table(suite, [name], runs_root)), **shared))
     return records

@@ -70,7 +70,7 @@ def _ordered(low: float | None, value: float | None, high: float | None, what: s
 
 class Method(Strict):
     name: Name
-    parameters: dict[str, JsonValue]  # the merged [methods.<name>] table it ran with
+    parameters: dict[str, JsonValue]  # its [methods.<name>] table with the defaults filled in
     parameters_sha256: Digest         # sha256_of(parameters)
     plugin_sha256: Digest | None      # the plug-in file that defined it; None: a shipped method
 
