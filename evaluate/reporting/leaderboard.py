@@ -152,8 +152,7 @@ def board_notes(board: Board) -> list[str]:
             "with its exact 95% interval and verdict; AUROC cells: the mean over the "
             "configuration's replicates with its 95% interval and the band it falls in by chance.",
             f"Code: {'; '.join(codes)}. Numeric mode: {'; '.join(modes)}.",
-            f"Hardware (where each record was written): {'; '.join(machines)}.",
-            RANKING]
+            f"Hardware (where each record was written): {'; '.join(machines)}."]
 
 
 def markdown_text(text: str) -> str:
@@ -172,7 +171,7 @@ def leaderboard_markdown(records: Sequence[Record]) -> str:
     """The leaderboard as Markdown: per board a heading, the table and its notes."""
     if not records:
         return f"{NO_RECORDS}\n"
-    parts = []
+    parts = [f"{RANKING}\n"]
     for board in boards(records):
         parts += [f"#### Suite {markdown_text(board.suite)}, population "
                   f"{board.population_id[:12]}\n",
@@ -190,9 +189,11 @@ def cell_class(value) -> str | None:
     return verdict_class(value.removesuffix(", fragile") if isinstance(value, str) else value)
 
 
+# A cell keeps its interval on one line (the table scrolls sideways instead); a phone wraps cells
+# to a narrower table; a 64-digit population id breaks anywhere rather than widen the page.
 PAGE_STYLE = STYLE + """
-td { white-space: nowrap; }
-@media (max-width: 600px) { td { white-space: normal; min-width: 7em; } }
+td { white-space: nowrap; } .note, li, h2 { overflow-wrap: anywhere; }
+@media (max-width: 600px) { td { white-space: normal; } td:not(.num) { min-width: 6em; } }
 """
 
 
