@@ -28,6 +28,8 @@ STAGE_SCRIPTS = {
     "sensitivity": "counteraudit.evaluate.sensitivity",
     "reproducibility": "counteraudit.evaluate.reproducibility",
     "population": "counteraudit.evaluate.population",
+    "record": "counteraudit.evaluate.record",
+    "leaderboard": "counteraudit.evaluate.leaderboard",
 }
 
 

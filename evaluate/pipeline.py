@@ -137,13 +137,8 @@ def prepare(args: argparse.Namespace, detection_only: bool = False) -> Prepared:
     """Everything upstream of scoring that is missing: world, training, implant checks,
     image sets, visualizations (``detection_only``: on the detection sets alone, all Table 1
     scores). The distance is built first, so missing LPIPS weights fail before any work."""
-    suite = scoring_suite(args.suite, distance=args.distance, p_value=args.p_value,
-                          chunk_images=args.chunk_images)
-    options = run_options(args)
-    distance, source = scoring_distance(suite, options, requested=args.distance is not None)
-    names = run_methods(args.method, not args.no_control)
-    suite = with_method_parameters(suite, names, args.method_params)
-    methods = method_specs(suite, names)
+    run = scoring_run(args)
+    suite, methods, options = run.suite, run.methods, run.options
     started = time.perf_counter()
     _stage(f"1/3 training {len(suite.models)} models of suite {suite.name!r} (skips trained ones)")
     train_and_check(suite, suite.models, options)
@@ -154,8 +149,21 @@ def prepare(args: argparse.Namespace, detection_only: bool = False) -> Prepared:
     counts = explain_suite(suite, options, methods=methods, detection_only=detection_only)
     print(f"{counts['computed']} visualization set(s) computed, {counts['stored']} already stored, "
           f"in {time.perf_counter() - started:.0f}s; {explained_images_line(counts)}")
-    _stage(f"3/3 scoring with distance {distance.name} ({source})")
-    return Prepared(suite, methods, distance, source, options)
+    _stage(f"3/3 scoring with distance {run.distance.name} ({run.source})")
+    return run
+
+
+def scoring_run(args: argparse.Namespace) -> Prepared:
+    """What ``prepare`` scores, read from the command line (``pipeline_parser``'s options: the
+    suite with its overrides, --method and its parameters, the distance built), with no upstream
+    work run: for a script that reads a finished run and runs nothing missing."""
+    suite = scoring_suite(args.suite, distance=args.distance, p_value=args.p_value,
+                          chunk_images=args.chunk_images)
+    options = run_options(args)
+    distance, source = scoring_distance(suite, options, requested=args.distance is not None)
+    names = run_methods(args.method, not args.no_control)
+    suite = with_method_parameters(suite, names, args.method_params)
+    return Prepared(suite, method_specs(suite, names), distance, source, options)
 
 
 def check_scorable(suite: Suite) -> None:

@@ -118,8 +118,12 @@ def _world(suite: Suite, runs_root: Path) -> WorldEntry:
     return WorldEntry(definition=json.loads(json.dumps(suite.world)), data=data)
 
 
-def population_files(suite: Suite, runs_root: Path) -> tuple[Manifest, dict[str, bytes]]:
-    """The manifest and every other file of the suite's release, by release path."""
+def population_files(suite: Suite, runs_root: Path,
+                     code: dict[str, str] | None = None) -> tuple[Manifest, dict[str, bytes]]:
+    """The manifest and every other file of the suite's release, by release path. ``code``: the
+    code version the manifest and its model card name (default: this checkout's,
+    ``code_version``); a release exported by another commit is rebuilt byte for byte with its
+    own."""
     problems = _missing(suite, runs_root)
     if problems:
         raise ExportError(f"suite {suite.name!r} ({suite.path}) cannot be exported from "
@@ -144,7 +148,7 @@ def population_files(suite: Suite, runs_root: Path) -> tuple[Manifest, dict[str,
             files[f"image_sets/{linked.id}/{path}"] = content
         image_sets.append(ImageSetEntry(name=name, id=linked.id))
     manifest = Manifest(format=FORMAT, format_version=FORMAT_VERSION, suite=suite.name,
-                        suite_file=suite_file, counteraudit=code_version(),
+                        suite_file=suite_file, counteraudit=code or code_version(),
                         numerics=numerics.key_tag(), world=_world(suite, runs_root), models=models,
                         image_sets=image_sets, files={})
     files["README.md"] = model_card(manifest, suite).encode()
@@ -155,6 +159,15 @@ def population_files(suite: Suite, runs_root: Path) -> tuple[Manifest, dict[str,
 
 def manifest_bytes(manifest: Manifest) -> bytes:
     return (json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True) + "\n").encode()
+
+
+def population_id(suite: Suite, runs_root=None, code: dict[str, str] | None = None) -> str:
+    """The id ``export_population`` would give the suite's trained population in ``runs_root``
+    (the SHA-256 of its manifest.json), computed without writing anything. The manifest names
+    the code that exported it (``code``, default this checkout's): a release's id is reproduced
+    from a run by giving the code version the release was exported with."""
+    manifest, _ = population_files(suite, runs_dir(runs_root), code)
+    return sha256_bytes(manifest_bytes(manifest))
 
 
 def _write_folder(folder: Path, files: dict[str, bytes]) -> None:

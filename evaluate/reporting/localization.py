@@ -54,7 +54,9 @@ def localization_section(report) -> str:
     if replicated is not None:
         parts.insert(2, html_table(replicated, float_format="{:.2f}", caption=(
             f"Table 2 over replicates: each configuration's mean AUROC over its seeds, 95% "
-            f"interval resampling models, then each drawn model's images ({report.distance_name})")))
+            f"interval resampling models, then each drawn model's images, and the band that mean "
+            f"falls in by chance (chance_low, chance_high: each model's labels permuted; above "
+            f"it, localized beyond chance) ({report.distance_name})")))
     versus = report.optional_table("localization-vs-outputs")
     if versus is not None:
         parts.append(html_table(versus, cell_class=versus_class, caption=(

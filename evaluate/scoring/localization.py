@@ -265,8 +265,9 @@ def replicate_localization_table(scores: pd.DataFrame, configurations: dict[str,
                                  abnormal_column: str = "abnormal", by: Sequence[str] = ("method",),
                                  n_resamples: int = DEFAULT_RESAMPLES, level: float = DEFAULT_LEVEL,
                                  seed: int = 0) -> pd.DataFrame:
-    """Per (by..., configuration): n_models, mean_auroc over its replicates and the two-stage
-    bootstrap interval (``replicate_auroc_interval``; layered methods' scores averaged over
+    """Per (by..., configuration): n_models, mean_auroc over its replicates, the two-stage
+    bootstrap interval (``replicate_auroc_interval``) and the band of that mean under chance
+    (``replicate_chance_band``: chance_low, chance_high; layered methods' scores averaged over
     layers per image first, flagged images skipped). ``configurations``: model -> its
     configuration (a model missing from it is its own)."""
     by = list(by)
@@ -286,11 +287,32 @@ def replicate_localization_table(scores: pd.DataFrame, configurations: dict[str,
                 pairs.append((values[is_abnormal], values[~is_abnormal]))
         row = dict(zip([*by, "configuration"], key), n_models=len(pairs))
         if not pairs:
-            rows.append({**row, "mean_auroc": np.nan, "ci_low": np.nan, "ci_high": np.nan})
+            rows.append({**row, "mean_auroc": np.nan, "ci_low": np.nan, "ci_high": np.nan,
+                         "chance_low": np.nan, "chance_high": np.nan})
             continue
         mean, low, high = replicate_auroc_interval(
             pairs, n_resamples=n_resamples, level=level,
             seed=derive_seed(seed, "replicates", *map(str, key)))
-        rows.append({**row, "mean_auroc": mean, "ci_low": low, "ci_high": high})
+        chance_low, chance_high = replicate_chance_band(
+            pairs, n_permutations=n_resamples, level=level,
+            seed=derive_seed(seed, "replicates-chance", *map(str, key)))
+        rows.append({**row, "mean_auroc": mean, "ci_low": low, "ci_high": high,
+                     "chance_low": chance_low, "chance_high": chance_high})
     return pd.DataFrame(rows, columns=[*by, "configuration", "n_models", "mean_auroc", "ci_low",
-                                       "ci_high"])
+                                       "ci_high", "chance_low", "chance_high"])
+
+
+def replicate_chance_band(per_model_scores: Sequence[tuple[np.ndarray, np.ndarray]], *,
+                          n_permutations: int = DEFAULT_RESAMPLES, level: float = DEFAULT_LEVEL,
+                          seed: int = 0) -> tuple[float, float]:
+    """The ``level`` band of the mean AUROC over replicates when no model's scores tell abnormal
+    from normal: each model's labels permuted apart (``permutation_aurocs``, set sizes kept), the
+    permuted AUROCs averaged over the models, permutation by permutation. A mean of several
+    models' AUROCs has a narrower band than any one of them; above its upper end, the
+    configuration is localized beyond chance."""
+    if not per_model_scores:
+        raise ValueError("a replicated chance band needs at least one model's scores")
+    permuted = np.stack([permutation_aurocs(a, n, n_permutations=n_permutations,
+                                            seed=derive_seed(seed, "replicate-chance", position))
+                         for position, (a, n) in enumerate(per_model_scores)])
+    return percentile_interval(permuted.mean(axis=0), level)

@@ -217,10 +217,8 @@ def detection_scores(suite: Suite, distance, methods: list[str],
                      runs_root=None, options: RunOptions | None = None) -> pd.DataFrame:
     """Every model's scores on the detection set, per method (missing tables: ``score_tables``);
     a model-level method's on the ``classes`` set, one score per class (``detection_set_for``)."""
-    models = [s.name for s in suite.models]
-    return pd.concat(score_tables(suite, distance,
-                                  [(method, detection_set_for(method), models)
-                                   for method in methods], runs_root, options), ignore_index=True)
+    return pd.concat(score_tables(suite, distance, detection_score_tables(suite, methods),
+                                  runs_root, options), ignore_index=True)
 
 
 def model_level_methods(methods: list[str]) -> list[str]:
@@ -232,6 +230,43 @@ def localized_methods(methods: list[str]) -> list[str]:
     """The methods localization applies to: all but the model-level ones (feature synthesis
     explains the model, not an input; Table 2 marks it "not applicable")."""
     return [method for method in methods if not is_model_level(method)]
+
+
+def detection_score_tables(suite: Suite, methods: list[str]) -> list[tuple[str, str, list[str]]]:
+    """The score tables (method, image set, models) of Table 1: every model on each method's
+    detection set (``detection_set_for``)."""
+    models = [s.name for s in suite.models]
+    return [(method, detection_set_for(method), models) for method in methods]
+
+
+def localization_score_tables(suite: Suite, methods: list[str]) -> list[tuple[str, str, list[str]]]:
+    """The score tables (method, image set, models) of Table 2 for the localizable ``methods``:
+    every model on the detection set, each localizable anomaly on its abnormal set and on its own
+    normal folder where it has one."""
+    models = [s.name for s in suite.models]
+    wanted = [(method, DETECTION, models) for method in methods]
+    wanted += [(method, abnormal_set_name(spec), [spec.name])
+               for method in methods for spec in localizable(suite)]
+    wanted += [(method, normal_set_name(suite, spec), [spec.name]) for method in methods
+               for spec in localizable(suite) if normal_set_name(suite, spec) != DETECTION]
+    return wanted
+
+
+def unscored_tables(suite: Suite, distance_name: str, tables: list[tuple[str, str, list[str]]],
+                    runs_root=None) -> list[str]:
+    """"method/image set" of each of ``tables`` the store does not hold scored (its
+    visualizations missing, or the table not computed from the ones stored), checked without
+    computing anything."""
+    missing = []
+    for method, image_set, models in tables:
+        try:
+            stored = _is_scored(*score_table_key(suite, distance_name, method, image_set, models,
+                                                 runs_root))
+        except FileNotFoundError:
+            stored = False
+        if not stored:
+            missing.append(f"{method}/{image_set}")
+    return list(dict.fromkeys(missing))
 
 
 def localization_scores(suite: Suite, distance, methods: list[str],
@@ -246,12 +281,7 @@ def localization_scores(suite: Suite, distance, methods: list[str],
                                      "abnormal"])
     world = build_world(suite.world, runs_root=runs_root)
     image_sets = load_image_sets(suite, runs_root, world)
-    models = [s.name for s in suite.models]
-    wanted = [(method, DETECTION, models) for method in methods]
-    wanted += [(method, abnormal_set_name(spec), [spec.name])
-               for method in methods for spec in localizable(suite)]
-    wanted += [(method, normal_set_name(suite, spec), [spec.name]) for method in methods
-               for spec in localizable(suite) if normal_set_name(suite, spec) != DETECTION]
+    wanted = localization_score_tables(suite, methods)
     scored = {(method, image_set): table for (method, image_set, _), table
               in zip(wanted, score_tables(suite, distance, wanted, runs_root, options))}
     frames = []
