@@ -8,7 +8,8 @@ parameters, the population's id (that of its release), the distance, numeric mod
 hardware, each family's detection rate with its exact interval and verdict, each localizable
 configuration's mean AUROC with its interval and chance band, the paired differences with the
 controls and the explanations' cost. The run must be finished (counteraudit detect and counteraudit
-localize, with the same --method and --distance) and its suite must ask for verdicts ([references]
+localize, with the same --method and --distance; with --detection-only, detect alone, and the
+record says Table 2 was not run) and its suite must ask for verdicts ([references]
 held_out and [evaluate] p_value); nothing is trained, explained or written otherwise. Its
 population must be a known one (evaluate/records/populations.toml). `counteraudit leaderboard`
 builds the leaderboard from a folder of records.
@@ -44,6 +45,10 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="the known populations: suite name -> population_id and "
                              f"exported_with (default: {KNOWN_POPULATIONS.name} of "
                              "evaluate/records)")
+    parser.add_argument("--detection-only", action="store_true",
+                        help="record from detect's tables alone: each localizable configuration "
+                             "says Table 2 was not run (for a population where localizing every "
+                             "method costs too much)")
     return parser
 
 
@@ -51,13 +56,14 @@ def main(args: argparse.Namespace) -> list[Path]:
     run = scoring_run(args)  # the suite, its methods and parameters, the distance: no work run
     suite, options = run.suite, run.options
     root = runs_dir(options.runs_dir)
-    check_recordable(suite, run.distance.name, run.method_names, options.runs_dir)
+    check_recordable(suite, run.distance.name, run.method_names, options.runs_dir,
+                     args.detection_only)
     known = known_populations(args.populations)
     population = run_population_id(suite, root, known)
     check_population(suite.name, population, known, f"the run of suite {suite.name!r} in {root}",
                      args.populations)
     records = build_records(suite, run.distance, run.methods, population, options.runs_dir,
-                            options)
+                            options, detection_only=args.detection_only)
     paths = [write_record(record, args.out) for record in records]
     for record, path in zip(records, paths):
         print(f"{record.method.name}: {path}")

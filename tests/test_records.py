@@ -158,6 +158,28 @@ def refusal(suite: Path, folder: Path) -> str:
     return result.stderr
 
 
+def test_a_detection_only_record_says_table_2_was_not_run_and_keeps_the_verdicts(recorded_run,
+                                                                                  tmp_path):
+    """--detection-only reads detect's tables alone: the same families, verdicts and control
+    comparisons as the full record, and each localizable configuration says it was not run
+    instead of holding an AUROC."""
+    from counteraudit.evaluate.records.build import NOT_RUN_REASON  # noqa: PLC0415 (after conftest's numerics)
+    suite, runs, known, out = recorded_run
+    detection_only = tmp_path / "detection-only"
+    run_script("evaluate/record.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
+               "--populations", known, "--out", detection_only, "--detection-only", "--no-progress")
+    full = {r.method.name: r for r in read_records(out, known_path=known)}
+    partial = {r.method.name: r for r in read_records(detection_only, known_path=known)}
+    assert set(partial) == set(full)
+    for name, record in partial.items():
+        assert record.families == full[name].families
+        assert record.comparisons == full[name].comparisons
+        assert [c.configuration for c in record.localization] == ["backdoor"]
+        assert all(c.reason == NOT_RUN_REASON and c.mean_auroc is None
+                   for c in record.localization)
+        assert record_id(record) != record_id(full[name])
+
+
 def test_record_refuses_a_suite_without_null_models_before_any_work(tmp_path):
     said = refusal(write_suite(tmp_path / "plain.toml",
                                body="[explain]\nmethods = [\"outputs_only\"]\n"), tmp_path)

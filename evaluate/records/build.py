@@ -34,31 +34,35 @@ from counteraudit.train.implant_checks import read_implant
 NOT_APPLICABLE_REASON = "not applicable: a model-level method explains the model, not an input"
 MODEL_BLIND_REASON = "model-blind: its maps are the same for every model, so it has no AUROC"
 NO_SCORES_REASON = "no scores: every anomaly score of its images is flagged"
+NOT_RUN_REASON = ("not run: the record was made from the detection images alone "
+                  "(counteraudit record --detection-only); run counteraudit localize for Table 2")
 
 
 class UnfinishedRunError(ValueError):
     """A run a record cannot be made from yet; the message says what is missing and the fix."""
 
 
-def check_recordable(suite: Suite, distance_name: str, methods: Sequence[str], runs_root=None) -> None:
+def check_recordable(suite: Suite, distance_name: str, methods: Sequence[str], runs_root=None,
+                     detection_only: bool = False) -> None:
     """One ``UnfinishedRunError`` before any work unless the suite asks for verdicts (null models
     and ``[evaluate] p_value``) and the run stored every score table the records read (detect.py's
-    and localize.py's)."""
+    and, unless ``detection_only``, localize.py's)."""
     if null_plan(suite) is None:
         raise UnfinishedRunError(
             f"suite file {suite.path}: a record holds each family's verdict, which needs null "
             "p-values: set [references] held_out (2 or more clean models) and [evaluate] p_value "
             "(or give --p-value), then run counteraudit detect. Nothing was written.")
-    wanted = (detection_score_tables(suite, list(methods))
-              + localization_score_tables(suite, localized_methods(list(methods))))
+    wanted = detection_score_tables(suite, list(methods)) + (
+        [] if detection_only else localization_score_tables(suite, localized_methods(list(methods))))
     missing = unscored_tables(suite, distance_name, wanted, runs_root)
     if missing:
         where = f"--suite {suite.name}" + (f" --runs-dir {runs_root}" if runs_root else "")
         raise UnfinishedRunError(
             f"the run of suite {suite.name!r} is not finished: {len(missing)} score table(s) of "
             f"distance {distance_name} are not stored ({', '.join(missing[:4])}"
-            f"{', ...' if len(missing) > 4 else ''}); run counteraudit detect {where} and "
-            f"counteraudit localize {where} with the same --method and --distance first. "
+            f"{', ...' if len(missing) > 4 else ''}); run counteraudit detect {where}"
+            + ("" if detection_only else f" and counteraudit localize {where} (or record with "
+               "--detection-only)") + " with the same --method and --distance first. "
             "Nothing was written.")
 
 
@@ -154,18 +158,19 @@ def control_comparisons(name: str, own_verdicts: Mapping[str, pd.DataFrame],
 
 
 def build_records(suite: Suite, distance, methods: Mapping[str, MethodSpec], population_id: str,
-                  runs_root=None, options=None) -> list[Record]:
+                  runs_root=None, options=None, detection_only: bool = False) -> list[Record]:
     """One record per method of ``methods`` (name -> its spec, as ``method_specs`` gives them;
     ``check_recordable`` first) on the run of ``suite`` in ``runs_root`` whose population id is
-    ``population_id``."""
+    ``population_id``; ``detection_only``: no Table 2, each localizable configuration's entry
+    says so (``NOT_RUN_REASON``)."""
     names = list(methods)
     distance_name = distance.name
-    check_recordable(suite, distance_name, names, runs_root)
+    check_recordable(suite, distance_name, names, runs_root, detection_only)
     plan = null_plan(suite)
     scores = detection_scores(suite, distance, names, runs_root, options)
     located = localized_methods(names)
     located_scores = (localization_scores(suite, distance, located, runs_root, options)
-                      if located else None)
+                      if located and not detection_only else None)
     implants = {spec.name: read_implant(suite, spec, runs_root) for spec in suite.anomalies}
     blind, families, own_verdicts = {}, {}, {}
     for name in names:
@@ -186,7 +191,8 @@ def build_records(suite: Suite, distance, methods: Mapping[str, MethodSpec], pop
     records = []
     for name in names:
         reason = (NOT_APPLICABLE_REASON if name not in located else
-                  MODEL_BLIND_REASON if blind[name] else None)
+                  MODEL_BLIND_REASON if blind[name] else
+                  NOT_RUN_REASON if detection_only else None)
         own_located = (located_scores[located_scores["method"] == name]
                        if located_scores is not None and reason is None else None)
         records.append(RecordV1(
