@@ -41,7 +41,12 @@ from counteraudit.train.core.stage import run_cli
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    return add_against_arg(pipeline_parser("counteraudit compare", add_help))
+    parser = add_against_arg(pipeline_parser("counteraudit compare", add_help))
+    parser.add_argument("--detection-only", action="store_true",
+                        help="explain and score the detection images alone (what detect.py "
+                             "needs), not the localizable models' abnormal sets: no paired "
+                             "dAUROC, and the output says so")
+    return parser
 
 
 def main(args: argparse.Namespace) -> Comparison | None:
@@ -49,7 +54,7 @@ def main(args: argparse.Namespace) -> Comparison | None:
     if pairs is None:
         raise ValueError("--against names no method: give one or more registered method names, "
                          "comma-separated (default: outputs_only)")
-    run = prepare(args)
+    run = prepare(args, detection_only=args.detection_only)
     suite, methods, distance, options = run.suite, run.method_names, run.distance, run.options
     distance_name, runs_root = distance.name, options.runs_dir
     if options.dry_run:
@@ -57,9 +62,11 @@ def main(args: argparse.Namespace) -> Comparison | None:
     detection = detection_scores(suite, distance, methods, runs_root, options)
     tables = stored_detection_tables(suite, detection, distance_name, methods, runs_root)
     localization = (localization_scores(suite, distance, methods, runs_root, options)
-                    if localizable(suite) else None)
+                    if localizable(suite) and not args.detection_only else None)
     comparison = comparison_tables(suite, tables, detection, localization, pairs, distance_name,
                                    localizable=bool(localizable(suite)), plan=null_plan(suite))
+    if args.detection_only and localizable(suite):
+        comparison.notes[part.LOCALIZATION] = part.DETECTION_ONLY
     write_tables(suite, comparison.tables, runs_root, only_methods=args.method,
                  parameters=args.method_params)
     print_comparison(comparison, suite, describe_distance(distance_name))

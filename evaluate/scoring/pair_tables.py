@@ -40,6 +40,9 @@ NO_LOCALIZABLE = ("This suite has no localizable model (no backdoor, spurious, m
 NO_LOCALIZATION_SCORES = ("This run has no localization scores for these methods (model-level "
                           "methods only, or none scored on the abnormal sets): no paired dAUROC; "
                           "`counteraudit localize` with the same options scores them.")
+DETECTION_ONLY = ("--detection-only: the localizable models' abnormal sets were not explained, "
+                  "so no paired dAUROC; run without it (or `counteraudit localize` with the same "
+                  "options) to add it.")
 
 MCNEMAR_CAPTION = (
     "Detection over models, per pair: the anomalous models only the method detects "
