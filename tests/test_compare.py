@@ -23,6 +23,7 @@ from counteraudit.evaluate.scoring.verdicts import DETECTED, IMPLANT_FAILED, INC
 from counteraudit.train.core.artifacts import derive_seed
 from tests.conftest import run_script
 from tests.test_baseline import REFERENCES, per_image_scores, scores_frame
+from tests.test_verdicts import replicas_with_nulls
 
 
 # ---------------------------------------------------------------- constructed data
@@ -239,14 +240,7 @@ def test_compare_gives_each_familys_rate_difference_on_a_suite_with_nulls(finish
     """The finished run with replicates and 4 held-out references (2 fit, 2 check): compare
     gives per family the rate difference, its interval at 1 - alpha/m and Holm's p, and the
     rates are the shares of detect.py's per-model verdicts over the same models."""
-    suite, runs, _ = finished_run
-    runs = Path(shutil.copytree(runs, tmp_path / "runs", symlinks=True))
-    derived = tmp_path / "replicas.toml"
-    derived.write_text(f'extends = "{suite}"\nname = "replicas"\n'
-                       "[references]\nheld_out = 4\nheld_out_check = 2\n"
-                       '[evaluate]\np_value = "student_t"\n'
-                       '[[anomalies]]\nname = "smoothing"\nfamily = "randomized_smoothing"\n'
-                       "replicates = 2\nparams = { sigma = 0.5 }\n")
+    derived, runs = replicas_with_nulls(finished_run, tmp_path)
     options = ["--suite", derived, "--runs-dir", runs, "--distance", "l2", "--no-progress",
                "--method", "guided_backprop"]
     out = run_script("evaluate/compare.py", *options, "--against", "outputs_only")
