@@ -89,9 +89,12 @@ class Comparison:
         self.tables[comparison_key(self.label, table, self.distance_name)] = frame
 
 
-def pair_labelled(frame: pd.DataFrame) -> pd.DataFrame:
-    """The pair as one "method vs against" label in the method column (a wide table's rows)."""
-    return frame.assign(method=[f"{m} vs {a}" for m, a in zip(frame["method"], frame["against"])])
+def pair_wide(versus: pd.DataFrame, **cells) -> pd.DataFrame:
+    """``delta_table`` of a pair table: a row per pair ("method vs against"), a column per model,
+    ``cells`` saying which value and interval fill them."""
+    labelled = versus.assign(method=[f"{m} vs {a}" for m, a in zip(versus["method"],
+                                                                     versus["against"])])
+    return delta_table(labelled, **cells).rename(columns={"method": "pair"})
 
 
 def verdict_counts(versus: pd.DataFrame, pairs: Sequence[Pair]) -> pd.DataFrame:
@@ -132,8 +135,8 @@ def comparison_tables(suite, tables: Mapping[str, pd.DataFrame], detection: pd.D
         comparison.put(MCNEMAR, detection_mcnemar(per_model, kept))
         comparison.put(DETECTION_COUNTS, verdict_counts(anomalous, kept))
         comparison.put(DETECTION_PER_MODEL, versus)
-        comparison.put(DETECTION, delta_table(pair_labelled(anomalous), value="margin_ratio",
-                                              low="ratio_low", high="ratio_high", signed=False))
+        comparison.put(DETECTION, pair_wide(anomalous, value="margin_ratio", low="ratio_low",
+                                            high="ratio_high", signed=False))
     if not localizable:
         notes[LOCALIZATION] = NO_LOCALIZABLE
     elif localization is None or localization.empty:
@@ -146,7 +149,7 @@ def comparison_tables(suite, tables: Mapping[str, pd.DataFrame], detection: pd.D
         if kept_here:
             versus = localization_pairs(localization, kept_here, seed=seed)
             comparison.put(LOCALIZATION_PER_MODEL, versus)
-            comparison.put(LOCALIZATION, delta_table(pair_labelled(versus)))
+            comparison.put(LOCALIZATION, pair_wide(versus))
         else:
             notes.setdefault(LOCALIZATION, NO_LOCALIZATION_SCORES)
     verdicts = tables.get(f"detection-verdicts-per-model-{distance_name}")
