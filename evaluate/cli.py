@@ -21,6 +21,7 @@ STAGE_SCRIPTS = {
     "explain": "counteraudit.explain.run",
     "detect": "counteraudit.evaluate.detect",
     "localize": "counteraudit.evaluate.localize",
+    "compare": "counteraudit.evaluate.compare",
     "report": "counteraudit.evaluate.report",
     "reference-count": "counteraudit.evaluate.reference_count",
     "dose": "counteraudit.evaluate.dose",

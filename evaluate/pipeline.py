@@ -11,11 +11,14 @@ from pathlib import Path
 from counteraudit.evaluate.scoring.distances import DISTANCES, Distance, MissingBackboneWeightsError, build_distance
 from counteraudit.evaluate.discovery.stage import auditor_problems
 from counteraudit.evaluate.scoring.null_tests.base import describe_tests, null_test_problems
-from counteraudit.explain.method_choice import METHOD_HELP, run_methods, with_method_parameters
+from counteraudit.evaluate.scoring.pairwise import Pair, pairs_for
+from counteraudit.explain.base import METHODS
+from counteraudit.explain.method_choice import CONTROL_METHOD, METHOD_HELP, run_methods, with_method_parameters
 from counteraudit.explain.run import add_chunk_images_arg, add_method_args
 from counteraudit.explain.settings import MethodSpec, method_problems, method_specs
 from counteraudit.explain.stage import explain_suite, explained_images_line
 from counteraudit.slurm.executor import add_executor_args
+from counteraudit.train.core.registry import UnknownNameError
 from counteraudit.train.core.stage import RunOptions, ScriptHelpFormatter, add_common_args, run_options
 from counteraudit.train.core.suite import Suite, load_suite
 from counteraudit.train.core.suite_checks import named_problems
@@ -63,6 +66,38 @@ def add_distance_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                         help="folder holding torchvision's ImageNet backbone weights for LPIPS "
                              "(e.g. alexnet-owt-7be5be79.pth); also searched: $TORCH_HOME/hub/checkpoints")
     return parser
+
+
+def add_against_arg(parser: argparse.ArgumentParser,
+                    default: str | None = CONTROL_METHOD) -> argparse.ArgumentParser:
+    """--against: the methods each --method is compared with, paired (``scoring/pairwise.py``)."""
+    said = f"default: {default}, the outputs-only control" if default else "default: none"
+    parser.add_argument("--against", default=default, metavar="NAME[,NAME...]",
+                        help="compare each --method with each of these methods (comma-separated "
+                             "registered names), paired on the same images and models: McNemar "
+                             "over models, the margin ratio and dAUROC per model, the per-family "
+                             f"rate differences on a suite with null models; {said}")
+    return parser
+
+
+def comparison_request(args: argparse.Namespace) -> list[Pair] | None:
+    """The pairs of --method against --against, or None without --against; the run's
+    --method then names both sides, so both are explained and scored. Names are checked against
+    the method registry before any work."""
+    if not args.against:
+        return None
+    against = [name.strip() for name in args.against.split(",") if name.strip()]
+    if not args.method:
+        raise ValueError(f"--against {args.against} compares the --method methods with these: "
+                         "name the method to compare with --method NAME (repeatable)")
+    for name in against:
+        try:
+            METHODS.get(name)
+        except UnknownNameError as error:  # the registry's sentence lists the valid names
+            raise UnknownNameError(f"--against {args.against}: {error}") from None
+    pairs = pairs_for(args.method, against)
+    args.method = list(dict.fromkeys([*args.method, *against]))
+    return pairs
 
 
 @dataclass(frozen=True)

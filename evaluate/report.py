@@ -43,7 +43,7 @@ from counteraudit.evaluate.discovery.search_study import search_study
 from counteraudit.evaluate.discovery.reference_evaluations import scored_findings
 from counteraudit.evaluate.discovery.stage import FINDINGS, discover_score, discover_seed
 from counteraudit.evaluate.discovery.tables import discovery_tables
-from counteraudit.evaluate.pipeline import pipeline_parser, prepare
+from counteraudit.evaluate.pipeline import add_against_arg, comparison_request, pipeline_parser, prepare
 from counteraudit.evaluate.reporting.page import DEFAULT_EXAMPLES, DEFAULT_IMAGE_SIDE, Report
 from counteraudit.evaluate.reporting.sensitivity import stored_sensitivity
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
@@ -52,6 +52,8 @@ from counteraudit.evaluate.scoring.stage import (detection_scores, localization_
 from counteraudit.evaluate.scoring.tables import (localization_tables, stored_detection_tables,
                                                   zoo_summary_caption, zoo_summary_tables)
 from counteraudit.evaluate.scoring.model_blind import detection_blind
+from counteraudit.evaluate.scoring.pair_tables import comparison_tables
+from counteraudit.evaluate.scoring.verdicts import null_plan
 from counteraudit.evaluate.studies.dose_response import suite_dose
 from counteraudit.explain.stage import load_image_sets
 from counteraudit.train.core.artifacts import atomic_write_text, inside_runs, store_dir
@@ -70,7 +72,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="normal and abnormal example inputs per localizable model")
     parser.add_argument("--image-side", type=int, default=DEFAULT_IMAGE_SIDE,
                         help="embedded images larger than this (pixels a side) are downscaled")
-    return parser
+    return add_against_arg(parser, default=None)
 
 
 def report_path(suite, args: argparse.Namespace) -> Path:
@@ -87,6 +89,7 @@ def report_path(suite, args: argparse.Namespace) -> Path:
 def main(args: argparse.Namespace) -> Path | None:
     if args.examples < 1 or args.image_side < 8:
         raise ValueError(f"--examples {args.examples} must be >= 1 and --image-side {args.image_side} >= 8")
+    request = comparison_request(args)  # --against: its section "Method against method"
     run = prepare(args)
     suite, methods, distance, options = run.suite, run.method_names, run.distance, run.options
     distance_name, runs_root = distance.name, options.runs_dir
@@ -105,6 +108,10 @@ def main(args: argparse.Namespace) -> Path | None:
                                           not_applicable=model_level))
         tables.update(zoo_summary_tables(tables, distance_name, len(suite.references),
                                          not_localized=model_level))
+    comparison = None if request is None else comparison_tables(
+        suite, tables, detection, localization, request, distance_name,
+        localizable=bool(localizable(suite)), plan=null_plan(suite))
+    tables.update(comparison.tables if comparison else {})
     if suite.sweeps:  # dose-response: one panel per sweep
         dose, limits = suite_dose(suite, detection, localization, implants)
         tables.update({f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits})
@@ -123,7 +130,8 @@ def main(args: argparse.Namespace) -> Path | None:
                     image_sets=load_image_sets(suite, runs_root, classes=bool(model_level)),
                     runs_root=runs_root,
                     examples=args.examples, image_side=args.image_side, discovery=discovery,
-                    sensitivity=stored_sensitivity(suite, distance_name, runs_root))
+                    sensitivity=stored_sensitivity(suite, distance_name, runs_root),
+                    comparison=comparison)
     text = report.html()
     atomic_write_text(output, text, chosen_by_user=bool(args.output))
     print(f"\nreport ({len(text.encode()) / 1e6:.2f} MB, {report.image_count} images): {output}")

@@ -30,6 +30,7 @@ from counteraudit.evaluate.reporting.power import power_section
 from counteraudit.evaluate.scoring.stage import TABLES
 from counteraudit.evaluate.reporting.dose import dose_section
 from counteraudit.evaluate.reporting.discovery import discovery_section
+from counteraudit.evaluate.reporting.comparison import comparison_entries, comparison_section
 from counteraudit.train.core.suite_files import SUITES_DIR
 
 DEFAULT_EXAMPLES = 1     # normal and abnormal inputs shown per localizable model
@@ -41,7 +42,8 @@ class Report:
                  detection: pd.DataFrame, localization: pd.DataFrame | None,
                  tables: dict[str, pd.DataFrame], implants: dict[str, dict | None], image_sets: dict,
                  runs_root=None, examples: int = DEFAULT_EXAMPLES, image_side: int = DEFAULT_IMAGE_SIDE,
-                 discovery=None, sensitivity: dict[str, pd.DataFrame] | None = None):
+                 discovery=None, sensitivity: dict[str, pd.DataFrame] | None = None,
+                 comparison=None):
         self.suite, self.methods, self.distance_name, self.source = suite, methods, distance_name, source
         self.detection = with_layer_column(detection)
         self.localization = with_layer_column(localization) if localization is not None else None
@@ -54,6 +56,7 @@ class Report:
                             else [])
         self.discovery = discovery  # (findings, tables, world) or None
         self.sensitivity = sensitivity  # evaluate/sensitivity.py's tables, or None
+        self.comparison = comparison  # scoring.pair_tables.Comparison (--against), or None
         self._explanations: dict[tuple[str, str, str], Any] = {}
         self.image_count = 0
 
@@ -123,6 +126,7 @@ class Report:
     def html(self) -> str:
         sections = [self.header(),
                     verdict_sections.verdict_section(self),
+                    comparison_section(self.comparison),
                     detection_sections.detection_section(self),
                     localization_sections.localization_section(self),
                     implant_sections.implant_section(self),
@@ -164,6 +168,7 @@ class Report:
         entries = [(summary_sections.SECTION_ID, "What this run found"),
                    *([(verdict_sections.SECTION_ID, verdict_sections.TITLE)]
                      if self.optional_table("detection-verdicts") is not None else []),
+                   *comparison_entries(self.comparison),
                    ("detection", "Detection (Table 1)"), ("localization", "Localization (Table 2)"),
                    ("implants", "Implant verification"), ("detection-examples", "Detection examples"),
                    ("localization-examples", "Localization examples"),

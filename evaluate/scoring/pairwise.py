@@ -361,10 +361,11 @@ FAMILY_DIFFERENCE_COLUMNS = ["family", "method", "against", "n_models", "rate", 
 
 def family_difference_caption(alpha: float, m: int) -> str:
     """How ``family_rate_differences`` controls multiplicity, in words for a table's caption."""
+    rows = f"{m} row{'s' if m != 1 else ''}"
     return (f"Per family, the difference of the two methods' rates of 'detected' verdicts over the "
             f"same models (implants that took), with Newcombe's paired score interval at the "
-            f"simultaneous level 1 - {alpha}/{m} (Bonferroni over the {m} rows shown), and "
-            f"McNemar's exact p over the family's models, Holm-adjusted over the same {m} rows; "
+            f"simultaneous level 1 - {alpha}/{m} (Bonferroni over the {rows} shown), and "
+            f"McNemar's exact p over the family's models, Holm-adjusted over the same {rows}; "
             f"significant: p_holm <= {alpha}")
 
 
