@@ -239,18 +239,24 @@ def test_compare_end_to_end_on_a_finished_run_and_in_the_report(finished_run, tm
 def test_compare_gives_each_familys_rate_difference_on_a_suite_with_nulls(finished_run, tmp_path):
     """The finished run with replicates and 4 held-out references (2 fit, 2 check): compare
     gives per family the rate difference, its interval at 1 - alpha/m and Holm's p, and the
-    rates are the shares of detect.py's per-model verdicts over the same models."""
+    rates are the shares of detect.py's per-model verdicts of each method run alone."""
     derived, runs = replicas_with_nulls(finished_run, tmp_path)
     options = ["--suite", derived, "--runs-dir", runs, "--distance", "l2", "--no-progress",
                "--method", "guided_backprop"]
     out = run_script("evaluate/compare.py", *options, "--against", "outputs_only")
     assert "Which differences are significant after Holm" in out
     assert "guided_backprop vs outputs_only: " in out
-    # the verdicts, in the same --method folder (compare's --method names both sides)
-    run_script("evaluate/detect.py", *options, "--method", "outputs_only")
     folder = runs / "replicas" / "tables" / "method-guided_backprop+outputs_only"
     differences = pd.read_csv(folder / "compare-guided_backprop-vs-outputs_only-family-differences-l2.csv")
-    verdicts = pd.read_csv(folder / "detection-verdicts-per-model-l2.csv", keep_default_na=False)
+    # each side's verdicts as detect.py gives them for that method run alone: a comparison's
+    # verdicts do not depend on the methods run beside it (verdicts.own_verdicts)
+    alone = {}
+    for method in ("guided_backprop", "outputs_only"):
+        run_script("evaluate/detect.py", "--suite", derived, "--runs-dir", runs, "--distance", "l2",
+                   "--no-progress", "--method", method, "--no-control")
+        alone[method] = pd.read_csv(runs / "replicas" / "tables" / f"method-{method}"
+                                    / "detection-verdicts-per-model-l2.csv", keep_default_na=False)
+    verdicts = pd.concat(alone.values(), ignore_index=True)
     assert set(differences["family"]) == {"randomized_smoothing"}
     m = len(differences)
     for row in differences.itertuples():

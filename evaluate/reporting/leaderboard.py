@@ -105,13 +105,31 @@ def _labels(records: Sequence[Record]) -> list[str]:
             for name, record in zip(names, records)]
 
 
+def measured_configurations(records: Sequence[Record]) -> list[str]:
+    """The localizable configurations some record of the table has an AUROC for: a column each
+    (one where no record has one would repeat the same reason on every row; the notes say it)."""
+    return list(dict.fromkeys(c.configuration for r in records for c in r.localization
+                              if c.mean_auroc is not None))
+
+
+def unmeasured_note(records: Sequence[Record]) -> str | None:
+    """What the notes say of the configurations no record has an AUROC for, and why."""
+    measured = set(measured_configurations(records))
+    missing = {c.configuration: c.reason for r in records for c in r.localization
+               if c.configuration not in measured}
+    if not missing:
+        return None
+    reasons = sorted(set(missing.values()))
+    return (f"No AUROC for {', '.join(missing)}: " + "; ".join(reasons) + ".")
+
+
 def board_table(board: Board) -> pd.DataFrame:
     """The board's rows: rank (or "control", "model-blind"), method, the three ranking counts, a
     cell per family ("0.80 [0.44, 0.97] detected") and per localizable configuration ("AUROC
     0.74 [0.61, 0.86] above chance (band 0.38-0.62)"), and the explanations' CPU seconds."""
     records = list(board.records)
     families = list(dict.fromkeys(f.family for r in records for f in r.families))
-    located = list(dict.fromkeys(c.configuration for r in records for c in r.localization))
+    located = measured_configurations(records)
     keys = {id(r): ranking_key(r) for r in records}
     ranked = sorted((r for r in records if is_ranked(r)),
                     key=lambda r: (_order(keys[id(r)]), r.method.name))
@@ -151,6 +169,7 @@ def board_notes(board: Board) -> list[str]:
             f"distance {board.distance}. Each cell: the detection rate over the family's models "
             "with its exact 95% interval and verdict; AUROC cells: the mean over the "
             "configuration's replicates with its 95% interval and the band it falls in by chance.",
+            *([note] if (note := unmeasured_note(records)) else []),
             f"Code: {'; '.join(codes)}. Numeric mode: {'; '.join(modes)}.",
             f"Hardware (where each record was written): {'; '.join(machines)}."]
 

@@ -18,6 +18,7 @@ from counteraudit.evaluate.scoring.baseline import delta_table
 from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS
 from counteraudit.evaluate.scoring.model_blind import (LOCALIZATION_CONSEQUENCE, blind_methods, detection_blind,
                                                        model_blind_table)
+from counteraudit.evaluate.scoring.verdicts import own_verdicts
 from counteraudit.evaluate.scoring.pairwise import (ADDS, LESS, NEITHER, SAME, Pair, detection_mcnemar,
                                                     detection_pairs, family_difference_caption,
                                                     family_rate_differences, localization_pairs)
@@ -155,8 +156,13 @@ def comparison_tables(suite, tables: Mapping[str, pd.DataFrame], detection: pd.D
     verdicts = tables.get(f"detection-verdicts-per-model-{distance_name}")
     if plan is None or verdicts is None:
         notes[FAMILIES] = NO_NULLS
-    else:
-        differences = family_rate_differences(verdicts, kept, alpha=plan.alpha)
+    else:  # each method's verdicts from its own table, as its record has them
+        own = own_verdicts(per_model, plan,
+                           configurations=dict(zip(verdicts["model"], verdicts["configuration"])),
+                           implants_passed={model: None if pd.isna(passed) else bool(passed)
+                                            for model, passed in zip(verdicts["model"],
+                                                                     verdicts["implant_passed"])})
+        differences = family_rate_differences(own, kept, alpha=plan.alpha)
         comparison.put(FAMILIES, differences)
         comparison.family_caption = family_difference_caption(plan.alpha, len(differences))
         if not any(spec.replicate is not None for spec in suite.anomalies):

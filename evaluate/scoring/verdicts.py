@@ -176,6 +176,19 @@ def model_verdicts(per_model: pd.DataFrame, plan: NullPlan, *,
     return scored[[c for c in columns if c in scored.columns]].reset_index(drop=True)
 
 
+def own_verdicts(per_model: pd.DataFrame, plan: NullPlan, *,
+                 configurations: Mapping[str, str] | None = None,
+                 implants_passed: Mapping[str, bool | None] | None = None) -> pd.DataFrame:
+    """``model_verdicts`` of each method on its own table: the Benjamini-Hochberg adjustment runs
+    over that method's anomalous models alone, so a method's verdicts do not depend on which
+    methods were run beside it (what a record and a method-against-method comparison need; Table 1
+    with verdicts adjusts over the whole table, models x methods)."""
+    return pd.concat([model_verdicts(per_model[per_model["method"] == method], plan,
+                                     configurations=configurations,
+                                     implants_passed=implants_passed)
+                      for method in dict.fromkeys(per_model["method"])], ignore_index=True)
+
+
 def exact_interval(successes: int, trials: int, level: float = DEFAULT_LEVEL) -> tuple[float, float]:
     """The exact (Clopper-Pearson) interval of a rate successes / trials (NaN for no trials)."""
     if trials == 0:
