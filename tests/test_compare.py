@@ -14,6 +14,7 @@ from counteraudit.evaluate.scoring.baseline import (BASELINE, detection_versus_b
                                                     localization_versus_baseline)
 from counteraudit.evaluate.scoring.detection import detection_table
 from counteraudit.evaluate.scoring.distances import build_distance
+from counteraudit.evaluate.scoring.pair_tables import significant_lines
 from counteraudit.evaluate.scoring.pairwise import (ADDS, LESS, NEITHER, SAME, detection_mcnemar, detection_pairs,
                                                     family_rate_differences, holm, localization_pairs,
                                                     mcnemar_exact_p, paired_difference_interval,
@@ -270,3 +271,22 @@ def test_compare_gives_each_familys_rate_difference_on_a_suite_with_nulls(finish
         assert row.low <= row.difference <= row.high
     assert differences["p_holm"].tolist() == pytest.approx(
         multipletests(differences["p"], method="holm")[1])
+
+
+def test_an_interval_that_excludes_0_without_the_exact_test_is_said_not_significant():
+    """The exact test decides: a family whose approximate interval excludes 0 while its Holm p
+    does not reach alpha (7 of 7 discordant models one way among 14 rows) is named as not
+    significant, and a significant one is listed as such."""
+
+    differences = pd.DataFrame([
+        {"family": "spurious", "method": "a", "against": "b", "difference": -0.7, "low": -0.89,
+         "high": -0.06, "p_holm": 0.219, "significant": False},
+        {"family": "backdoor", "method": "a", "against": "b", "difference": 0.0, "low": -0.4,
+         "high": 0.4, "p_holm": 1.0, "significant": False},
+        {"family": "spurious", "method": "a", "against": "c", "difference": 0.9, "low": 0.5,
+         "high": 0.99, "p_holm": 0.01, "significant": True}])
+    first, second = significant_lines(differences)
+    assert first.startswith("a vs b: no family's difference is significant after Holm")
+    assert "spurious's interval [-0.89, -0.06] excludes 0 but its exact p_holm is 0.219: not significant" in first
+    assert "backdoor" not in first
+    assert second == "a vs c: significant in spurious (+0.90 [+0.50, +0.99])"

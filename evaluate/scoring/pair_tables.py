@@ -177,8 +177,13 @@ def significant_lines(differences: pd.DataFrame) -> list[str]:
         chosen = rows[rows["significant"].astype(bool)]
         said = ", ".join(f"{row.family} ({row.difference:+.2f} [{row.low:+.2f}, {row.high:+.2f}])"
                          for row in chosen.itertuples(index=False))
+        # the approximate interval excludes 0 where the exact test, which decides, does not
+        disagree = rows[~rows["significant"].astype(bool) & ((rows["low"] > 0) | (rows["high"] < 0))]
         lines.append(f"{method} vs {against}: "
                      + (f"significant in {said}" if len(chosen) else
                         f"no family's difference is significant after Holm "
-                        f"(smallest p_holm {np.nanmin(rows['p_holm']):.3g})"))
+                        f"(smallest p_holm {np.nanmin(rows['p_holm']):.3g})")
+                     + "".join(f"; {row.family}'s interval [{row.low:+.2f}, {row.high:+.2f}] "
+                               f"excludes 0 but its exact p_holm is {row.p_holm:.3g}: not "
+                               "significant" for row in disagree.itertuples(index=False)))
     return lines

@@ -366,7 +366,10 @@ def family_difference_caption(alpha: float, m: int) -> str:
             f"same models (implants that took), with Newcombe's paired score interval at the "
             f"simultaneous level 1 - {alpha}/{m} (Bonferroni over the {rows} shown), and "
             f"McNemar's exact p over the family's models, Holm-adjusted over the same {rows}; "
-            f"significant: p_holm <= {alpha}")
+            f"significant: p_holm <= {alpha}. The exact test decides; the interval is an "
+            "approximate score interval that describes the difference's size and at a few "
+            "models can exclude 0 where the exact test does not: such a difference is not "
+            "significant")
 
 
 def family_rate_differences(verdicts: pd.DataFrame, pairs: Sequence[Pair], *,
