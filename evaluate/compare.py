@@ -67,7 +67,7 @@ def main(args: argparse.Namespace) -> Comparison | None:
                                    localizable=bool(localizable(suite)), plan=null_plan(suite))
     if args.detection_only and localizable(suite):
         comparison.notes[part.LOCALIZATION] = part.DETECTION_ONLY
-    write_tables(suite, comparison.tables, runs_root, only_methods=args.method,
+    write_tables(suite, comparison.frames, runs_root, only_methods=args.method,
                  parameters=args.method_params)
     print_comparison(comparison, suite, describe_distance(distance_name))
     print(f"\ntables: {tables_dir(suite, runs_root, args.method, args.method_params)}/"

@@ -111,7 +111,7 @@ def main(args: argparse.Namespace) -> Path | None:
     comparison = None if request is None else comparison_tables(
         suite, tables, detection, localization, request, distance_name,
         localizable=bool(localizable(suite)), plan=null_plan(suite))
-    tables.update(comparison.tables if comparison else {})
+    tables.update(comparison.frames if comparison else {})
     if suite.sweeps:  # dose-response: one panel per sweep
         dose, limits = suite_dose(suite, detection, localization, implants)
         tables.update({f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits})

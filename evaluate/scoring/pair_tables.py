@@ -79,15 +79,15 @@ class Comparison:
     label: str
     pairs: list[Pair]
     distance_name: str
-    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    frames: dict[str, pd.DataFrame] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
     family_caption: str = ""
 
     def get(self, table: str) -> pd.DataFrame | None:
-        return self.tables.get(comparison_key(self.label, table, self.distance_name))
+        return self.frames.get(comparison_key(self.label, table, self.distance_name))
 
     def put(self, table: str, frame: pd.DataFrame) -> None:
-        self.tables[comparison_key(self.label, table, self.distance_name)] = frame
+        self.frames[comparison_key(self.label, table, self.distance_name)] = frame
 
 
 def pair_wide(versus: pd.DataFrame, **cells) -> pd.DataFrame:
