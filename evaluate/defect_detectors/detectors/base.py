@@ -179,8 +179,9 @@ class Detector(ABC):
             training_scores = np.asarray(training_scores, dtype=np.float64).ravel()
             if evidence.training is None or len(training_scores) != len(evidence.training.labels):
                 raise ValueError(f"{where}: training scores need one value per training image")
-        return Inspection(statistic=statistic, score=float(inspection.score),
-                          flagged=None if inspection.flagged is None else bool(inspection.flagged), per_input=per_input, mask=mask,
+        flagged = None if inspection.flagged is None else bool(inspection.flagged)
+        return Inspection(statistic=statistic, score=float(inspection.score), flagged=flagged,
+                          per_input=per_input, mask=mask,
                           training_scores=training_scores, notes=dict(inspection.notes))
 
 
