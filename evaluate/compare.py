@@ -34,7 +34,7 @@ from counteraudit.evaluate.pipeline import (add_against_arg, comparison_request,
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.evaluate.scoring import pair_tables as part
 from counteraudit.evaluate.scoring.pair_tables import Comparison, comparison_tables, significant_lines
-from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores, tables_dir
+from counteraudit.evaluate.scoring.stage import tables_dir
 from counteraudit.evaluate.scoring.tables import stored_detection_tables
 from counteraudit.evaluate.scoring.verdicts import null_plan
 from counteraudit.train.core.stage import run_cli
@@ -59,18 +59,18 @@ def main(args: argparse.Namespace) -> Comparison | None:
     distance_name, runs_root = distance.name, options.runs_dir
     if options.dry_run:
         return None
-    detection = detection_scores(suite, distance, methods, runs_root, options)
+    detection = run.detection_scores()
     tables = stored_detection_tables(suite, detection, distance_name, methods, runs_root)
-    localization = (localization_scores(suite, distance, methods, runs_root, options)
+    localization = (run.localization_scores()
                     if localizable(suite) and not args.detection_only else None)
     comparison = comparison_tables(suite, tables, detection, localization, pairs, distance_name,
                                    localizable=bool(localizable(suite)), plan=null_plan(suite))
     if args.detection_only and localizable(suite):
         comparison.notes[part.LOCALIZATION] = part.DETECTION_ONLY
-    write_tables(suite, comparison.frames, runs_root, only_methods=args.method,
-                 parameters=args.method_params)
+    label = run.tables_label(args.method)
+    write_tables(suite, comparison.frames, runs_root, only_methods=label, parameters=args.method_params)
     print_comparison(comparison, suite, describe_distance(distance_name))
-    print(f"\ntables: {tables_dir(suite, runs_root, args.method, args.method_params)}/"
+    print(f"\ntables: {tables_dir(suite, runs_root, label, args.method_params)}/"
           f"{part.comparison_key(comparison.label, '*', distance_name)}")
     return comparison
 

@@ -27,12 +27,13 @@ import time
 
 from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, prepare
 from counteraudit.anomalies.image_sets import DETECTION, set_sources
+from counteraudit.evaluate.defect_detectors.tables import CAPTIONS as DETECTOR_CAPTIONS
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.evaluate.scoring.baseline import DETECTION_VERSUS_CAPTION
 from counteraudit.evaluate.scoring.detection import margin_wide, paper_rule_caution
 from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME, EXPLAIN_TIME_CAPTION
 from counteraudit.evaluate.scoring.model_blind import detection_blind
-from counteraudit.evaluate.scoring.stage import detection_scores, tables_dir
+from counteraudit.evaluate.scoring.stage import tables_dir
 from counteraudit.evaluate.scoring.provenance import PROVENANCE
 from counteraudit.evaluate.scoring.stability import OUTLYING_DISTANCE
 from counteraudit.evaluate.scoring.tables import stored_detection_tables
@@ -51,13 +52,14 @@ def main(args: argparse.Namespace) -> dict:
     if options.dry_run:
         return {}
     started = time.perf_counter()
-    scores = detection_scores(suite, distance, methods, options.runs_dir, options)
+    scores = run.detection_scores()
     print(f"scored in {time.perf_counter() - started:.0f}s")
     references = [s.name for s in suite.references]
     tables = stored_detection_tables(suite, scores, distance_name, methods, options.runs_dir)
     summary, per_model = tables[f"detection-{distance_name}"], tables[f"detection-per-model-{distance_name}"]
-    write_tables(suite, tables, options.runs_dir, only_methods=args.method,
-                 parameters=args.method_params)
+    tables.update(run.detector_tables())
+    label = run.tables_label(args.method)
+    write_tables(suite, tables, options.runs_dir, only_methods=label, parameters=args.method_params)
     anomalous = per_model[per_model["role"] == "anomalous"]
     print(f"\nTable 1 -- fraction of each family's models detected by the paper's rule (Abar above every "
           f"reference's; {describe_distance(distance_name)};"
@@ -94,8 +96,18 @@ def main(args: argparse.Namespace) -> dict:
     print(to_markdown(tables[EXPLAIN_TIME], float_format="{:.3g}"))
     print("\nWhere these numbers were computed (numeric mode and CPU of scoring and training)\n")
     print(to_markdown(tables[PROVENANCE]))
-    print(f"\ntables: {tables_dir(suite, options.runs_dir, args.method, args.method_params)}/")
+    print_detector_tables(tables)
+    print(f"\ntables: {tables_dir(suite, options.runs_dir, label, args.method_params)}/")
     return tables
+
+
+def print_detector_tables(tables: dict) -> None:
+    """The tables only a run with --detector has, each with its caption."""
+    for name, caption in DETECTOR_CAPTIONS.items():
+        table = tables.get(name)
+        if table is not None and len(table):
+            print(f"\n{caption}\n")
+            print(to_markdown(table, float_format="{:.3g}"))
 
 
 def print_verdicts(tables: dict, distance_name: str) -> None:

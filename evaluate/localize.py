@@ -27,7 +27,7 @@ from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, p
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
 from counteraudit.anomalies.image_sets import set_sources
 from counteraudit.evaluate.scoring.model_blind import localization_blind
-from counteraudit.evaluate.scoring.stage import localization_scores, model_level_methods, tables_dir
+from counteraudit.evaluate.scoring.stage import model_level_methods, tables_dir
 from counteraudit.evaluate.scoring.tables import (chance_band_note, localization_power_note,
                                                   localization_tables)
 from counteraudit.train.core.stage import run_cli
@@ -44,14 +44,14 @@ def main(args: argparse.Namespace) -> dict:
     if options.dry_run:
         return {}
     started = time.perf_counter()
-    scores = localization_scores(suite, distance, methods, options.runs_dir, options)
+    scores = run.localization_scores()
     print(f"scored in {time.perf_counter() - started:.0f}s")
-    model_level = model_level_methods(methods)
+    model_level = model_level_methods(methods) + run.model_level_detectors
     tables = localization_tables(scores, distance_name, suite, not_applicable=model_level)
     summary = tables[f"localization-{distance_name}"]
     per_model = tables[f"localization-per-model-{distance_name}"]
-    write_tables(suite, tables, options.runs_dir, only_methods=args.method,
-                 parameters=args.method_params)
+    label = run.tables_label(args.method)
+    write_tables(suite, tables, options.runs_dir, only_methods=label, parameters=args.method_params)
     print(f"\nTable 2 -- localization AUROC, abnormal vs normal inputs "
           f"({describe_distance(distance_name)}; {suite.name} suite; images: {set_sources(suite)})\n")
     print(to_markdown(summary, float_format="{:.2f}"))
@@ -76,7 +76,7 @@ def main(args: argparse.Namespace) -> dict:
     power = localization_power_note(suite)
     if power:
         print(power)
-    print(f"tables: {tables_dir(suite, options.runs_dir, args.method, args.method_params)}/")
+    print(f"tables: {tables_dir(suite, options.runs_dir, label, args.method_params)}/")
     return tables
 
 

@@ -4,14 +4,23 @@ image sets, explanations), so each script runs whatever is missing."""
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
+from counteraudit.evaluate.defect_detectors.scores import (detector_detection_scores, detector_localization_scores,
+                                                           localizing_detectors)
+from counteraudit.evaluate.defect_detectors.detectors import DETECTORS
+from counteraudit.evaluate.defect_detectors.stage import check_detectors, inspect_suite, load_inspections
+from counteraudit.evaluate.defect_detectors.tables import detector_tables
 from counteraudit.evaluate.scoring.distances import DISTANCES, Distance, MissingBackboneWeightsError, build_distance
 from counteraudit.evaluate.discovery.stage import auditor_problems
 from counteraudit.evaluate.scoring.null_tests.base import describe_tests, null_test_problems
 from counteraudit.evaluate.scoring.pairwise import Pair, pairs_for
+from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores
 from counteraudit.explain.base import METHODS
 from counteraudit.explain.method_choice import CONTROL_METHOD, METHOD_HELP, run_methods, with_method_parameters
 from counteraudit.explain.run import add_chunk_images_arg, add_method_args
@@ -43,6 +52,11 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     add_method_args(parser, f"{METHOD_HELP}. The tables of a run with --method go to "
                             "runs/<suite>/tables/method-<names>/ (method-<names>-<hash> with "
                             "parameters), beside the suite's, never over them")
+    parser.add_argument("--detector", action="append", default=None, metavar="NAME",
+                        help="a model-level defect detector (neural_cleanse, strip, ...: "
+                             "evaluate/README.md, 'Defect detectors') to run beside the methods "
+                             "and score as they are, in Tables 1 and 2 (repeatable). Its tables "
+                             "go beside the suite's, in tables/method-<methods and detectors>/")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     parser.add_argument("--p-value", default=None, metavar="TEST",
                         help="test each model's Abar against the null population of held-out "
@@ -90,13 +104,19 @@ def comparison_request(args: argparse.Namespace) -> list[Pair] | None:
     if not args.method:
         raise ValueError(f"--against {args.against} compares the --method methods with these: "
                          "name the method to compare with --method NAME (repeatable)")
+    detectors = [name for name in [*args.method, *against] if name in DETECTORS]
     for name in against:
+        if name in detectors:
+            continue
         try:
             METHODS.get(name)
         except UnknownNameError as error:  # the registry's sentence lists the valid names
-            raise UnknownNameError(f"--against {args.against}: {error}") from None
+            raise UnknownNameError(f"--against {args.against}: {error}; or a detector: "
+                                   f"{', '.join(DETECTORS.names())}") from None
     pairs = pairs_for(args.method, against)
-    args.method = list(dict.fromkeys([*args.method, *against]))
+    # a detector on either side is inspected and scored as --detector runs it
+    args.method = [n for n in dict.fromkeys([*args.method, *against]) if n not in detectors] or None
+    args.detector = list(dict.fromkeys([*(getattr(args, "detector", None) or []), *detectors]))
     return pairs
 
 
@@ -110,10 +130,57 @@ class Prepared:
     distance: Distance
     source: str
     options: RunOptions
+    detectors: tuple[str, ...] = ()  # --detector: checked against the suite's models
 
     @property
     def method_names(self) -> list[str]:
         return list(self.methods)
+
+    @property
+    def model_level_detectors(self) -> list[str]:
+        """The run's detectors Table 2 does not apply to (they score no input)."""
+        return [name for name in self.detectors if name not in localizing_detectors(self.detectors)]
+
+    def tables_label(self, only_methods: list[str] | None) -> list[str] | None:
+        """The names a run's tables folder is named by (``scoring.stage.tables_dir``): --method's,
+        and with --detector the run's methods and detectors, so that tables holding detectors
+        never replace the suite's own."""
+        if not self.detectors:
+            return only_methods
+        return [*(only_methods or self.method_names), *self.detectors]
+
+    def detection_scores(self) -> pd.DataFrame:
+        """Table 1's scores: every method's (``scoring.stage.detection_scores``), then every
+        detector's from its stored inspections (``defect_detectors.scores``)."""
+        runs_root = self.options.runs_dir
+        scores = detection_scores(self.suite, self.distance, self.method_names, runs_root, self.options)
+        if not self.detectors:
+            return scores
+        detectors = detector_detection_scores(self.suite, self.detectors, self.inspections,
+                                              self.distance.name)
+        return pd.concat([scores, detectors], ignore_index=True)
+
+    def localization_scores(self) -> pd.DataFrame:
+        """Table 2's scores: the methods', then those of the detectors that score inputs."""
+        runs_root = self.options.runs_dir
+        scores = localization_scores(self.suite, self.distance, self.method_names, runs_root,
+                                     self.options)
+        if not self.detectors:
+            return scores
+        detectors = detector_localization_scores(self.suite, self.detectors, self.inspections,
+                                                 self.distance.name, runs_root)
+        return pd.concat([frame for frame in (scores, detectors) if len(frame)], ignore_index=True)
+
+    @functools.cached_property
+    def inspections(self):
+        """(detector, model) -> its stored inspection, read once per run."""
+        return load_inspections(self.suite, self.detectors, self.options.runs_dir)
+
+    def detector_tables(self) -> dict[str, pd.DataFrame]:
+        """The tables only detectors have (``defect_detectors.tables``); none without them."""
+        if not self.detectors:
+            return {}
+        return detector_tables(self.suite, self.detectors, self.inspections, self.options.runs_dir)
 
 
 def plugin_problems(settings: SuiteTable) -> list[str]:
@@ -184,6 +251,12 @@ def prepare(args: argparse.Namespace, detection_only: bool = False) -> Prepared:
     counts = explain_suite(suite, options, methods=methods, detection_only=detection_only)
     print(f"{counts['computed']} visualization set(s) computed, {counts['stored']} already stored, "
           f"in {time.perf_counter() - started:.0f}s; {explained_images_line(counts)}")
+    if run.detectors:
+        _stage(f"inspecting with the detectors {', '.join(run.detectors)}")
+        started = time.perf_counter()
+        counts = inspect_suite(suite, options, run.detectors)
+        print(f"{counts['computed']} inspection(s) computed, {counts['stored']} already stored, "
+              f"in {time.perf_counter() - started:.0f}s")
     _stage(f"3/3 scoring with distance {run.distance.name} ({run.source})")
     return run
 
@@ -198,7 +271,8 @@ def scoring_run(args: argparse.Namespace) -> Prepared:
     distance, source = scoring_distance(suite, options, requested=args.distance is not None)
     names = run_methods(args.method, not args.no_control)
     suite = with_method_parameters(suite, names, args.method_params)
-    return Prepared(suite, method_specs(suite, names), distance, source, options)
+    detectors = tuple(d.name for d in check_detectors(suite, getattr(args, "detector", None) or []))
+    return Prepared(suite, method_specs(suite, names), distance, source, options, detectors)
 
 
 def check_scorable(suite: Suite) -> None:

@@ -47,7 +47,7 @@ from counteraudit.evaluate.pipeline import add_against_arg, comparison_request, 
 from counteraudit.evaluate.reporting.page import DEFAULT_EXAMPLES, DEFAULT_IMAGE_SIDE, Report
 from counteraudit.evaluate.reporting.sensitivity import stored_sensitivity
 from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
-from counteraudit.evaluate.scoring.stage import (detection_scores, localization_scores, model_level_methods,
+from counteraudit.evaluate.scoring.stage import (model_level_methods,
                                                 only_methods_label)
 from counteraudit.evaluate.scoring.tables import (localization_tables, stored_detection_tables,
                                                   zoo_summary_caption, zoo_summary_tables)
@@ -96,14 +96,14 @@ def main(args: argparse.Namespace) -> Path | None:
     if options.dry_run:
         return None
     output = report_path(suite, args)  # a link in its way fails before scoring and rendering
-    detection = detection_scores(suite, distance, methods, runs_root, options)
+    detection = run.detection_scores()
     implants = {s.name: read_implant(suite, s, runs_root) for s in suite.anomalies}
     tables = stored_detection_tables(suite, detection, distance_name, methods, runs_root,
                                      implants=implants)
-    model_level = model_level_methods(methods)
+    model_level = model_level_methods(methods) + run.model_level_detectors
     localization = None
     if localizable(suite):
-        localization = localization_scores(suite, distance, methods, runs_root, options)
+        localization = run.localization_scores()
         tables.update(localization_tables(localization, distance_name, suite,
                                           not_applicable=model_level))
         tables.update(zoo_summary_tables(tables, distance_name, len(suite.references),
@@ -115,7 +115,9 @@ def main(args: argparse.Namespace) -> Path | None:
     if suite.sweeps:  # dose-response: one panel per sweep
         dose, limits = suite_dose(suite, detection, localization, implants)
         tables.update({f"dose-{distance_name}": dose, f"dose-thresholds-{distance_name}": limits})
-    write_tables(suite, tables, runs_root, only_methods=args.method, parameters=args.method_params)
+    tables.update(run.detector_tables())
+    write_tables(suite, tables, runs_root, only_methods=run.tables_label(args.method),
+                 parameters=args.method_params)
     summary = tables.get(f"zoo-summary-{distance_name}")
     if summary is not None:
         caption = zoo_summary_caption(suite, tables.get(f"detection-families-{distance_name}"),

@@ -40,6 +40,19 @@ INSPECT_TIME = "inspect-time"
 # faces, a spurious cue drawn where the object is) has no trigger to compare a mask with.
 FOOTPRINT_SHARE = 0.9
 Inspections = Mapping[tuple[str, str], StoredInspection]
+CAPTIONS = {
+    OWN_RULE: ("Each detector's own published rule (not the benchmark's verdict): the share of each "
+               "family's models it flags, exact 95% interval; the null row is its false-positive "
+               "rate on clean held-out models, the references' row its rate on the references"),
+    TRIGGER_MASKS: ("Trigger reverse-engineering: each recovered mask against the planted trigger's "
+                    "footprint (pixel AUROC, footprint pixels positive; share of the mask's mass "
+                    "inside the footprint)"),
+    TRAINING_LOCALIZATION: ("Training-data detectors on the training images they read: AUROC of "
+                            "their suspicion of each image for the rows the anomaly family changed "
+                            "(poisoned) against the rest"),
+    INSPECT_TIME: ("What each detector cost, as recorded where each inspection was computed: wall "
+                   "and CPU seconds summed over the models, and CPU seconds per model"),
+}
 
 
 def _roles(suite: Suite) -> dict[str, tuple[str, str]]:

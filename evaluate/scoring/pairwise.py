@@ -108,7 +108,9 @@ def verdict(low: float, high: float) -> str:
 def image_scores(scores: pd.DataFrame, keys: Sequence[str] = ()) -> pd.DataFrame:
     """One score per (method, model, image, *keys): layered methods averaged over their layers,
     as Table 2 ranks them; flagged (NaN) images dropped."""
-    by = ["method", "model", "image", *keys]
+    # the image set is part of an image's name: a model-level method's or detector's rows (its
+    # classes, the model itself) are never paired with a detection image of the same position
+    by = ["method", "model", *(["image_set"] if "image_set" in scores.columns else []), "image", *keys]
     frame = with_layer_column(scores)
     frame = frame.groupby(by, sort=False).agg(score=("score", "mean")).reset_index()
     return frame[np.isfinite(frame["score"].to_numpy(dtype=float))]
@@ -237,8 +239,9 @@ def detection_pairs(scores: pd.DataFrame, per_model: pd.DataFrame, pairs: Sequen
     references = list(dict.fromkeys(per_model[per_model["role"] == ROLE_REFERENCE]["model"]))
     scored = per_model[per_model["role"].isin([ROLE_ANOMALOUS, ROLE_NULL])]
     detected = scored.set_index(["method", "model"])["detected"]
-    wide = frame.pivot_table(index=["method", "model"], columns="image", values="score",
-                             sort=False, dropna=False)
+    wide = frame.pivot_table(index=["method", "model"],
+                             columns=[c for c in ("image_set", "image") if c in frame.columns],
+                             values="score", sort=False, dropna=False)
     rows = []
     for method, against in pairs:
         mine = scored[scored["method"] == method]
