@@ -1,0 +1,114 @@
+"""Activation clustering (Chen et al., 2018, "Detecting backdoor attacks on deep neural networks
+by activation clustering"): the poisoned images of the target class reach it by another route (the
+trigger), so the class's last-hidden-layer activations split in two.
+
+Per class (by the label trained on) of the training sample: reduce the penultimate features to
+``dims`` dimensions with ICA (the paper's and ART's FastICA to 10; "pca" is a parameter: PCA is
+deterministic without iteration, ART's other option), split them with 2-means (sklearn, fixed
+``random_state``), and measure the smaller cluster's share of the class and the silhouette score of
+the split. The paper's and ART's "relative-size" analysis flags the smaller cluster as poisoned
+when it holds less than ``size_threshold`` (0.35) of the class. (ART's ``ActivationDefence``
+default analysis, "smaller", marks the smaller cluster of EVERY class, which makes no model-level
+decision; its "relative-size" analysis is the rule used here.)
+
+- ``statistic`` (class order): per class [smaller cluster's share, silhouette] (a class with too
+  few rows to cluster gives [0.5, 0]);
+- ``flagged``: any class whose smaller cluster is below ``size_threshold`` (the published rule);
+- ``score`` (ours: the paper gives none at the model level): the largest silhouette over the
+  flagged classes, 0 when none is flagged: how cleanly the flagged split separates (the paper's
+  silhouette criterion), so a higher score is a more convincing detection;
+- ``training_scores``: each row's distance, in the reduced space, to the centre of its class's
+  larger cluster (graded: the rows of a separated small cluster score highest).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from sklearn.cluster import KMeans
+from sklearn.decomposition import PCA, FastICA
+from sklearn.metrics import silhouette_score
+from torch import nn
+
+from counteraudit.evaluate.defect_detectors.detectors.base import (DETECTORS, Detector, Evidence,
+                                                                   Inspection)
+from counteraudit.evaluate.defect_detectors.detectors.class_features import (rows_by_class,
+                                                                             training_features)
+
+
+@dataclass(frozen=True)
+class ClassSplit:
+    """One class's 2-means split in the reduced space."""
+    clusters: np.ndarray      # (n,) 0 or 1
+    reduced: np.ndarray       # (n, dims)
+    smaller_share: float
+    silhouette: float
+
+    @property
+    def smaller(self) -> int:
+        return int(np.argmin(np.bincount(self.clusters, minlength=2)))
+
+    def distance_to_larger(self) -> np.ndarray:
+        centre = self.reduced[self.clusters != self.smaller].mean(axis=0)
+        return np.linalg.norm(self.reduced - centre, axis=1)
+
+
+def reduce(features: np.ndarray, method: str, dims: int, seed: int) -> np.ndarray:
+    """The features reduced to ``dims`` dimensions (ART's ``reduce_dimensionality`` settings)."""
+    if features.shape[1] <= dims:
+        return features
+    if method == "ica":
+        projector = FastICA(n_components=dims, max_iter=1000, tol=0.005, random_state=seed,
+                            whiten="unit-variance")
+    else:
+        projector = PCA(n_components=dims, svd_solver="full")
+    return projector.fit_transform(features)
+
+
+def split_class(features: np.ndarray, method: str, dims: int, seed: int) -> ClassSplit | None:
+    """The 2-means split of one class (None: too few rows for the reduction and a silhouette)."""
+    if len(features) <= dims + 1:
+        return None
+    reduced = reduce(features, method, dims, seed)
+    clusters = KMeans(n_clusters=2, n_init=10, random_state=seed).fit_predict(reduced)
+    sizes = np.bincount(clusters, minlength=2)
+    silhouette = float(silhouette_score(reduced, clusters)) if sizes.min() > 0 else 0.0
+    return ClassSplit(clusters, reduced, float(sizes.min() / len(clusters)), silhouette)
+
+
+@DETECTORS.register
+class ActivationClustering(Detector):
+    name = "activation_clustering"
+    needs_training_data = True
+    mechanism = "latent separability: 2-means per class"
+
+    @dataclass(frozen=True)
+    class Params:
+        """reduction: "ica" (the paper's, ART's default FastICA) or "pca"; dims: 10 (both);
+        size_threshold: the relative-size rule's 0.35 (ART's default); seed: ICA's and
+        k-means' random_state."""
+        reduction: Literal["ica", "pca"] = "ica"
+        dims: int = 10
+        size_threshold: float = 0.35
+        seed: int = 0
+
+    def inspect(self, model: nn.Module, evidence: Evidence) -> Inspection:
+        features, labels = training_features(model, evidence)
+        statistic, flagged_classes, silhouettes = [], [], []
+        training_scores = np.zeros(len(labels))
+        for label, positions in enumerate(rows_by_class(labels, evidence.num_classes)):
+            split = split_class(features[positions], self.params.reduction, self.params.dims,
+                                self.params.seed)
+            if split is None:
+                statistic += [0.5, 0.0]
+                continue
+            statistic += [split.smaller_share, split.silhouette]
+            training_scores[positions] = split.distance_to_larger()
+            if split.smaller_share < self.params.size_threshold:
+                flagged_classes.append(label)
+                silhouettes.append(split.silhouette)
+        return Inspection(statistic=np.asarray(statistic),
+                          score=max(silhouettes, default=0.0), flagged=bool(flagged_classes),
+                          training_scores=training_scores,
+                          notes={"flagged_classes": flagged_classes})

@@ -1,0 +1,107 @@
+"""Spectral signatures (Tran, Li & Madry, NeurIPS 2018): a poisoned class's penultimate features
+hold a second population, which shows as a large component along the top singular direction of the
+class's centred features.
+
+Per class (by the label trained on) of the training sample: centre the class's penultimate
+features R on their mean, take the top right singular vector v of the centred matrix, and give
+each row the outlier score tau = ((r - mean) . v)^2 (the paper's Algorithm 1). The paper then
+removes the top 1.5 * epsilon of each class's rows (epsilon the expected poisoned fraction) and
+retrains; here ``notes["removed"]`` counts them and nothing is retrained.
+
+- ``training_scores``: tau of every training row (the paper's ranking, raw: a class whose top
+  direction is a poisoned cluster gives its rows the largest scores of the sample);
+- ``statistic`` (one value per class, class order): the share of the class's variance along its top
+  singular direction, s1^2 / sum(s^2), which grows when a class holds a separated cluster (a
+  class with fewer than 3 rows gives 0);
+- ``score`` / ``flagged``: the paper has NO model-level rule (it filters a dataset it assumes
+  poisoned). Ours: the largest one-sided anomaly index over the classes of that variance share
+  (distance above the classes' median in 1.4826 * MAD, Neural Cleanse's outlier rule), flagged
+  above 2 as Neural Cleanse flags its anomaly index: one class whose top direction explains far
+  more of its variance than the other classes' do;
+- ``per_input``: each input of every image set scored by tau on its PREDICTED class's direction,
+  centred on that class's training mean, (N, 1): a triggered input predicted as the target class
+  lies on the poisoned cluster's side.
+
+ART's ``SpectralSignatureDefense`` scores |v . r| on the UNcentred features; on centred features
+its score is the square root of ours and its removed rows are ours
+(tests/test_strip_spectral_ac.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from torch import nn
+
+from counteraudit.evaluate.defect_detectors.detectors.base import (DETECTORS, Detector, Evidence,
+                                                                   Inspection, penultimate_features,
+                                                                   predict_probabilities)
+from counteraudit.evaluate.defect_detectors.detectors.class_features import (rows_by_class,
+                                                                             training_features,
+                                                                             upper_anomaly_index)
+
+ANOMALY_INDEX_THRESHOLD = 2.0  # Neural Cleanse's outlier rule, borrowed (module docstring)
+
+
+@dataclass(frozen=True)
+class ClassDirection:
+    """One class's centre, top singular direction and the share of variance along it."""
+    mean: np.ndarray
+    direction: np.ndarray
+    variance_share: float
+
+    def scores(self, features: np.ndarray) -> np.ndarray:
+        return ((features - self.mean) @ self.direction) ** 2
+
+
+def class_direction(features: np.ndarray) -> ClassDirection:
+    mean = features.mean(axis=0)
+    if len(features) < 3:  # no second population to find: a zero direction scores nothing
+        return ClassDirection(mean, np.zeros(features.shape[1]), 0.0)
+    _, singular, right = np.linalg.svd(features - mean, full_matrices=False)
+    energy = float(np.sum(singular ** 2))
+    share = float(singular[0] ** 2 / energy) if energy > 0 else 0.0
+    direction = right[0] * (1.0 if right[0][np.argmax(np.abs(right[0]))] >= 0 else -1.0)
+    return ClassDirection(mean, direction, share)
+
+
+@DETECTORS.register
+class SpectralSignatures(Detector):
+    name = "spectral_signatures"
+    needs_training_data = True
+    scores_inputs = True
+    mechanism = "latent separability: top singular direction per class"
+
+    @dataclass(frozen=True)
+    class Params:
+        """expected_poison_fraction: epsilon, the share of a class the paper removes 1.5x of (its
+        experiments: 0.05 and 0.10; ART's default 0.33); it sets only ``notes["removed"]``."""
+        expected_poison_fraction: float = 0.1
+        removal_multiplier: float = 1.5
+
+    def inspect(self, model: nn.Module, evidence: Evidence) -> Inspection:
+        features, labels = training_features(model, evidence)
+        rows = rows_by_class(labels, evidence.num_classes)
+        directions = [class_direction(features[positions]) for positions in rows]
+        training_scores = np.zeros(len(labels))
+        removed = 0
+        share = min(1.0, self.params.removal_multiplier * self.params.expected_poison_fraction)
+        for positions, direction in zip(rows, directions):
+            if len(positions):
+                scores = direction.scores(features[positions])
+                training_scores[positions] = scores
+                removed += int(np.sum(scores >= np.quantile(scores, 1.0 - share)))
+        shares = np.array([direction.variance_share for direction in directions])
+        index = upper_anomaly_index(shares)
+        per_input = {}
+        for name, images in evidence.image_sets.items():
+            input_features = penultimate_features(model, images).numpy()
+            predicted = predict_probabilities(model, images).argmax(1).numpy()
+            per_input[name] = np.array([directions[c].scores(f[None])[0]
+                                        for f, c in zip(input_features, predicted)])[:, None]
+        score = float(index.max())
+        return Inspection(statistic=shares, score=score,
+                          flagged=score > ANOMALY_INDEX_THRESHOLD, per_input=per_input,
+                          training_scores=training_scores,
+                          notes={"suspect_class": int(np.argmax(index)), "removed": removed})
+
