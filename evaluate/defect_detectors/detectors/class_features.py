@@ -18,10 +18,3 @@ def rows_by_class(labels: np.ndarray, num_classes: int) -> list[np.ndarray]:
     """Row positions of each class in class order (an empty array for a class with none)."""
     return [np.flatnonzero(labels == label) for label in range(num_classes)]
 
-
-def upper_anomaly_index(values: np.ndarray) -> np.ndarray:
-    """Each value's distance above the median in consistency-scaled median absolute deviations
-    (Neural Cleanse's anomaly index, one-sided: only a class that stands out upward is suspect)."""
-    median = np.median(values)
-    spread = 1.4826 * np.median(np.abs(values - median))
-    return (values - median) / max(spread, 1e-12)
