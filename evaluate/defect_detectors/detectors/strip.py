@@ -70,7 +70,7 @@ class Strip(Detector):
         false_rejection_rate: the clean entropy quantile below which an input is rejected (the
         paper: 1 %). alpha: the model-level binomial test's level (module docstring). seed: the
         blend partners'."""
-        blends: int = 16
+        blends: int = 10
         false_rejection_rate: float = 0.01
         alpha: float = 0.01
         seed: int = 0
