@@ -209,8 +209,7 @@ def test_spectral_signatures_agree_with_art(planted):
     """ART's score on centred features is the square root of ours, and the rows its cutoff
     removes (``SpectralSignatureDefense.detect_poison``: score >= the 1 - 1.5 eps quantile) are
     the rows ours removes."""
-    pytest.importorskip("art")
-    from art.defences.detector.poison import SpectralSignatureDefense
+    SpectralSignatureDefense = pytest.importorskip("art.defences.detector.poison").SpectralSignatureDefense
     inspection = planted.inspection("spectral_signatures", "backdoor")
     model, evidence = planted.model("backdoor")
     _, labels = training_features(model, evidence)
@@ -229,8 +228,8 @@ def test_activation_clustering_agrees_with_art(planted):
     """ART's ``cluster_activations`` with the same reduction (PCA to 10) splits the poisoned
     class into the same clusters (up to their names), but for a few rows on the boundary: ART's
     k-means keeps one k-means++ start, ours the best of 10."""
-    pytest.importorskip("art")
-    from art.defences.detector.poison.activation_defence import cluster_activations
+    cluster_activations = pytest.importorskip(
+        "art.defences.detector.poison.activation_defence").cluster_activations
     features = class_features(planted, "backdoor")
     np.random.seed(0)  # ART's KMeans takes no random_state: it draws from NumPy's global RNG
     art_clusters, _ = cluster_activations(features, nb_clusters=2, nb_dims=10, reduce="PCA")
@@ -243,10 +242,10 @@ def test_activation_clustering_agrees_with_art(planted):
 
 def test_strip_blends_as_art_does():
     """ART's ``combine_images`` (alpha 0.5) is our blend."""
-    pytest.importorskip("art")
-    from art.estimators.poison_mitigation.strip.strip import combine_images
+    combine_images = pytest.importorskip("art.estimators.poison_mitigation.strip.strip").combine_images
     generator = torch.Generator().manual_seed(0)
-    images, partners = torch.rand(2, 3, 8, 8, generator=generator), torch.rand(2, 4, 3, 8, 8, generator=generator)
+    images = torch.rand(2, 3, 8, 8, generator=generator)
+    partners = torch.rand(2, 4, 3, 8, 8, generator=generator)
     expected = np.stack([combine_images(images[i].numpy(), partners[i, j].numpy())
                          for i in range(2) for j in range(4)])
     np.testing.assert_allclose(blend(images, partners).numpy(), expected, rtol=1e-6)
