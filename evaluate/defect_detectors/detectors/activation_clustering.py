@@ -27,8 +27,9 @@ training rows; nu 0.05 and 0.08 backdoors and three references):
   replicated reference's class split off 3.5 % of its rows with silhouette 0.70) is no poisoned
   population, and the papers' poisoned fractions are 10 % of the target class and more. Measured
   on the replicated suite: the nu 0.05 backdoor flagged classes 0 (its target) and 6, the nu 0.08
-  one class 4 (its target), references 00-02 none (their largest index 1.85, 1.41, and 1.98 for
-  reference-02's class 0). The classes the relative-size rule would flag are in
+  one class 4 (its target), references 00-02 none, but only just: their largest indices 1.85,
+  1.41 and 2.00 (reference-02's class 0, a hair under the bound). Expect false flags on a larger
+  population of references. The classes the relative-size rule would flag are in
   ``notes["size_rule_classes"]``. (ART's default analysis, "smaller", marks the smaller cluster
   of every class and makes no decision.)
 
