@@ -39,6 +39,10 @@ training rows; nu 0.05 and 0.08 backdoors and three references):
   at least ``min_cluster_share`` (0 when there is none); flagged above 2;
 - ``training_scores``: each row's distance, in the reduced space, to the centre of its class's
   larger cluster (graded: the rows of a separated small cluster score highest).
+
+Cost: 2.3-2.4 CPU-s per 64-px replicated model (2048 training rows, one thread for torch and BLAS,
+AMD EPYC); the training AUROC of ``training_scores`` against the poisoned rows was 0.999 (nu 0.05)
+and 1.000 (nu 0.08).
 """
 from __future__ import annotations
 

@@ -28,6 +28,10 @@ retrains; here ``notes["removed"]`` counts them and nothing is retrained.
   centred on that class's training mean, (N, 1): a triggered input predicted as the target class
   lies on the poisoned cluster's side.
 
+Cost: 2.2 CPU-s for a replicated backdoor model, 3.6 for a reference (its 31 image sets), 64 px,
+one thread for torch and BLAS, AMD EPYC; the training AUROC of ``training_scores`` against the
+poisoned rows was 0.993 (nu 0.05) and 0.946 (nu 0.08).
+
 ART's ``SpectralSignatureDefense`` scores |v . r| on the UNcentred features; on centred features
 its score is the square root of ours and its removed rows are ours
 (tests/test_strip_spectral_ac.py).

@@ -23,7 +23,7 @@ blends an image with the same partners; a clean image is never blended with itse
 
 Defaults: 10 blends (ART's default is 20, the paper's N = 100: a parameter here). Cost grows with
 the inputs x blends: measured on the replicated suite (64 px, one torch thread, a shared 2-core AMD
-EPYC), 10 blends cost 1.8-2.0 CPU-s for a backdoor model (190 inputs) and 12 for a reference (31
+EPYC), 10 blends cost 1.8-2.0 CPU-s for a backdoor model (190 inputs) and 12.6 for a reference (31
 image sets, 1390 inputs); 20 blends cost 3.6 and 23-26. On that suite the nu 0.08 backdoor's
 triggered inputs averaged 0.67 bits against 1.58 for clean ones (20 % below the 1 % threshold);
 the nu 0.05 backdoor's checker trigger, halved in contrast by the blend, barely lowers them (1.63
