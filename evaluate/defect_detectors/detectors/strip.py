@@ -45,7 +45,7 @@ from counteraudit.evaluate.defect_detectors.detectors.base import (DETECTION_SET
                                                                    predict_probabilities)
 from counteraudit.train.core.artifacts import derive_seed
 
-CLEAN_SET = "clean"  # the generator name of the clean images' own blends
+CLEAN_SET = "clean"  # the partner generator's name for the clean images' own blends
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
@@ -80,10 +80,10 @@ class Strip(Detector):
         batch_size: int = 256
 
     def entropies(self, model: nn.Module, images: torch.Tensor, clean: torch.Tensor,
-                  set_name: str) -> np.ndarray:
-        """The STRIP entropy of every image of one set."""
+                  set_name: str, own: bool = False) -> np.ndarray:
+        """The STRIP entropy of every image of one set (``own``: the set is ``clean`` itself, and
+        no image is blended with itself)."""
         generator = torch.Generator().manual_seed(derive_seed(self.params.seed, "strip", set_name))
-        own = set_name == CLEAN_SET
         values = []
         chunk = max(1, self.params.batch_size // self.params.blends)
         for start in range(0, len(images), chunk):
@@ -100,7 +100,7 @@ class Strip(Detector):
 
     def inspect(self, model: nn.Module, evidence: Evidence) -> Inspection:
         clean = evidence.clean_images
-        clean_entropy = self.entropies(model, clean, clean, CLEAN_SET)
+        clean_entropy = self.entropies(model, clean, clean, CLEAN_SET, own=True)
         mean, std = norm.fit(clean_entropy)
         threshold = float(norm.ppf(self.params.false_rejection_rate, loc=mean, scale=std))
         per_input = {name: self.entropies(model, images, clean, name)[:, None]
