@@ -13,6 +13,9 @@ margin is an outlier above the others'.
   tested as the maximum of K draws, ``p = 1 - F(max) ** K`` (K classes; the authors' code raises
   F to the number of classes).
 - ``flagged``: the published rule, ``p < alpha`` (0.05); the target is the largest margin's class.
+  The rule is anti-conservative with few classes: the fit excludes the largest value, so on 10
+  margins drawn from one gamma it flags 25-40% (200 draws each of shapes 2, 4, 10) where alpha
+  says 5%; the benchmark's own verdicts compare the statistic with the references' instead.
 
 The authors' code runs 300 steps of SGD (lr 0.01, momentum 0.2) from 30 uniform random images per
 class on 32-px images, clipping the input. The defaults here are a shorter schedule (``steps`` of
@@ -66,8 +69,8 @@ def max_of_k_p_value(values: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class MMBDParams:
-    steps: int = 40       # ascent steps (every class and start at once)
-    restarts: int = 6     # random starting images per class
+    steps: int = 80       # ascent steps (every class and start at once)
+    restarts: int = 5     # random starting images per class
     lr: float = 0.05      # Adam's step size on the pixels
     alpha: float = 0.05   # flagged when the p-value is below it
 

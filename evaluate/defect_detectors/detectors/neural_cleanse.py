@@ -48,8 +48,8 @@ def anomaly_index(norms: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class NeuralCleanseParams:
     steps: int = 60             # optimisation steps (every class at once)
-    images: int = 24            # clean images the trigger must flip (a subset of the evidence's)
-    lr: float = 0.1             # Adam's step size on the mask's and pattern's logits
+    images: int = 12            # clean images the trigger must flip (a subset of the evidence's)
+    lr: float = 0.2             # Adam's step size on the mask's and pattern's logits
     cost: float = 1e-3          # the L1 weight once a class is first reached
     cost_up: float = 1.5        # the cost's factor up (its 1.5th power down)
     patience: int = 5           # steps between cost changes
