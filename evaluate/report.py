@@ -75,13 +75,13 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     return add_against_arg(parser, default=None)
 
 
-def report_path(suite, args: argparse.Namespace) -> Path:
+def report_path(suite, args: argparse.Namespace, names: list[str] | None) -> Path:
     """Where the report goes: --output as given, else in the suite's report/ folder, checked to
-    lie in the runs folder. A --method run's report goes beside the suite's
-    (report-method-<names>.html), as its tables do."""
+    lie in the runs folder. A --method (or --detector) run's report goes beside the suite's
+    (report-method-<names>.html, ``names`` its methods and detectors), as its tables do."""
     if args.output:
         return Path(args.output)
-    label = only_methods_label(args.method, args.method_params)
+    label = only_methods_label(names, args.method_params)
     return inside_runs(suite.root(args.runs_dir) / "report" /
                        (f"report-{label}.html" if label else "report.html"))
 
@@ -95,7 +95,8 @@ def main(args: argparse.Namespace) -> Path | None:
     distance_name, runs_root = distance.name, options.runs_dir
     if options.dry_run:
         return None
-    output = report_path(suite, args)  # a link in its way fails before scoring and rendering
+    # a link in its way fails before scoring and rendering
+    output = report_path(suite, args, run.tables_label(args.method))
     detection = run.detection_scores()
     implants = {s.name: read_implant(suite, s, runs_root) for s in suite.anomalies}
     tables = stored_detection_tables(suite, detection, distance_name, methods, runs_root,
