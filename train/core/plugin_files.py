@@ -120,6 +120,17 @@ def plugin_digest(entry: Any) -> str | None:
     return loaded.sha256 if loaded is not None else None
 
 
+def plugin_description(kind: str, entry: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """What a plug-in's stored results are keyed by: ``{kind: its name, "version", "params"}``
+    (``params`` as ``recorded_params`` gives them), and for a plug-in from a file of the user's
+    that file's SHA-256 (``<kind>_file_sha256``): editing the file computes anew."""
+    description = {kind: entry.name, "version": entry.version, "params": params}
+    digest = plugin_digest(entry)
+    if digest is not None:
+        description[f"{kind}_file_sha256"] = digest
+    return description
+
+
 def checked_plugin_file(plugin: PluginFile) -> PluginFile:
     """``plugin`` loaded in this process (a worker's, a Slurm job's), after checking that the
     file still has the digest the run was planned with."""

@@ -45,7 +45,7 @@ from torch import nn
 
 from counteraudit.explain.base import seeded_rng
 from counteraudit.train.core.params import NoParams, parse_params, recorded_params
-from counteraudit.train.core.plugin_files import plugin_digest
+from counteraudit.train.core.plugin_files import plugin_description
 from counteraudit.train.core.registry import Registry
 
 # Defect detectors: one module each in this folder, imported on the first lookup.
@@ -125,12 +125,7 @@ class Detector(ABC):
 
     def describe(self) -> dict[str, Any]:
         """What determines a result besides the model and the evidence: part of its key."""
-        description = {"detector": self.name, "version": self.version,
-                       "params": recorded_params(self.params)}
-        digest = plugin_digest(type(self))
-        if digest is not None:  # a detector from a file of the user's: editing it inspects anew
-            description["detector_file_sha256"] = digest
-        return description
+        return plugin_description("detector", type(self), recorded_params(self.params))
 
     @abstractmethod
     def inspect(self, model: nn.Module, evidence: Evidence) -> Inspection:

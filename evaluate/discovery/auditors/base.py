@@ -28,7 +28,7 @@ import torch
 from scipy.stats import binom
 
 from counteraudit.train.core.params import NoParams, parse_params, recorded_params
-from counteraudit.train.core.plugin_files import plugin_digest
+from counteraudit.train.core.plugin_files import plugin_description
 from counteraudit.train.core.registry import Registry
 
 # Failure-discovery auditors: one module each in evaluate/discovery/auditors/, imported on the first lookup.
@@ -167,12 +167,7 @@ class Auditor(ABC):
         """Raise ValueError for invalid parameter values (say the valid range)."""
 
     def describe(self) -> dict[str, Any]:
-        description = {"auditor": self.name, "version": self.version,
-                       "params": recorded_params(self.params)}
-        digest = plugin_digest(type(self))
-        if digest is not None:  # an auditor from a file of the user's: editing it searches anew
-            description["auditor_file_sha256"] = digest
-        return description
+        return plugin_description("auditor", type(self), recorded_params(self.params))
 
     def searchable_factors(self, world) -> list[str]:
         """The factors this auditor's subgroups can fix (default: every factor of the world)."""
