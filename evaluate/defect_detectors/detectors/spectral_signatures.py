@@ -64,7 +64,8 @@ class ClassDirection:
 
 
 def class_direction(features: np.ndarray) -> ClassDirection:
-    mean = features.mean(axis=0)
+    """A class the model never trained on (a missing class) has no rows: a zero centre."""
+    mean = features.mean(axis=0) if len(features) else np.zeros(features.shape[1])
     if len(features) < 4:  # no second population to find: a zero direction scores nothing
         return ClassDirection(mean, np.zeros(features.shape[1]), 0.0, 0.0)
     _, singular, right = np.linalg.svd(features - mean, full_matrices=False)
