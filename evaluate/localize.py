@@ -58,8 +58,9 @@ def main(args: argparse.Namespace) -> dict:
     for line in localization_blind(tables, distance_name).values():
         print(f"\n{line}")
     if model_level:
-        print(f"\n{', '.join(model_level)}: not applicable (a model-level "
-              "method explains the model, one image per class, not an input; detection only)")
+        print(f"\n{', '.join(model_level)}: not applicable (a model-level method explains "
+              "the model, one image per class, and a model-level detector inspects the whole "
+              "model: neither says anything of an input; detection only)")
     if not per_model.empty:
         print(f"\n{chance_band_note(per_model)}")
     replicated = tables.get(f"localization-replicates-{distance_name}")
