@@ -109,15 +109,6 @@ def planted(tmp_path_factory) -> Planted:
     return Planted(*trained_suite(base / "planted.toml", base / "runs"))
 
 
-def test_the_measured_figures(planted):
-    """Not an assertion: what each detector gives on every model here (pytest -s shows it)."""
-    for name in ("backdoor", *REFERENCES):
-        for detector in DETECTORS_HERE:
-            inspection = planted.inspection(detector, name)
-            print(name, detector, f"score={inspection.score:.3f}", f"flagged={inspection.flagged}",
-                  {key: value for key, value in inspection.notes.items() if key != "rejected"})
-
-
 # ------------------------------------------------------------------ STRIP
 def strip_gap(planted, name: str) -> tuple[float, float]:
     """(mean STRIP entropy of the clean images' triggered copies, of the clean images) on a model
