@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import resource
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -27,7 +27,7 @@ import numpy as np
 
 from counteraudit.evaluate.defect_detectors.detectors import DETECTORS, Detector, Inspection, build_detector
 from counteraudit.evaluate.defect_detectors.evidence import (CLEAN_IMAGES, TRAINING_IMAGES, evidence_for,
-                                                             training_data_problem)
+                                                             training_data_problem, training_sample)
 from counteraudit.explain.stage import load_image_sets, method_run_context, sets_for
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.artifacts import (atomic_write_json, find_or_make, lock_beside, read_json,
@@ -172,10 +172,14 @@ def inspect_one(item: InspectItem) -> dict[str, int]:
                 if model is None:  # once per item, and only if something is missing
                     model = load_trained_model(model_dir(runs_root, spec), spec, world, device)
                 with_training = detector.needs_training_data
-                if with_training not in evidence:
-                    evidence[with_training] = evidence_for(suite, spec, world, model, image_sets,
-                                                           with_training=with_training,
-                                                           seed=DETECTOR_SEED)
+                # the clean images and image sets once per item; the training sample added to
+                # them once, for the detectors that read it
+                if False not in evidence:
+                    evidence[False] = evidence_for(suite, spec, world, model, image_sets,
+                                                   with_training=False, seed=DETECTOR_SEED)
+                if with_training and True not in evidence:
+                    evidence[True] = replace(evidence[False],
+                                             training=training_sample(spec, world, model))
                 wall, cpu = time.perf_counter(), _cpu_seconds()
                 inspection = detector.run(model, evidence[with_training], seed=DETECTOR_SEED)
                 training = evidence[with_training].training
