@@ -5,17 +5,24 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import counteraudit.train  # noqa: F401, I001  (first: the numeric mode, before torch and NumPy load)
 import pytest
 import torch
+from filelock import FileLock
 
 from counteraudit.slurm.cluster import REQUIRE_SLURM_ENV, why_slurm_unavailable
 from counteraudit.train.core.plugin_files import command_line_plugin, load_plugin_file
 
-# Two cores: keep each test process on its threads without oversubscribing.
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Each test process on its share of the cores (pytest-xdist runs one per worker), at most two
+# threads: the small models gain little from more, and the workers would oversubscribe.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, len(os.sched_getaffinity(0)) // WORKERS)))
+# At most this many pytest-xdist workers for `-n auto`: each loads torch and trains in its own
+# processes (about 1.5 GB each), and the test files share a few expensive fixtures.
+MAX_WORKERS = 4
 
 TINY_WORLD = {"name": "synthetic", "seed": 3, "image_size": 32, "num_train": 640, "num_val": 160}
 
@@ -116,13 +123,34 @@ def trained_suite(suite_path: Path, runs: Path) -> tuple[Path, Path]:
     return suite_path, runs
 
 
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], str]) -> tuple[Path, str]:
+    """(folder, text): ``build(folder)``'s folder and what it returned, made once for the whole
+    test run. Under pytest-xdist every worker asks: the first builds it under a lock in the
+    run's shared temporary folder, the others wait and take it, so a session fixture costs what
+    it costs in one process."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        folder = tmp_path_factory.mktemp(name)
+        return folder, build(folder)
+    folder = tmp_path_factory.getbasetemp().parent / name
+    folder.mkdir(exist_ok=True)
+    built = folder / ".built"
+    with FileLock(folder / ".lock"):
+        if not built.exists():
+            text = build(folder)
+            built.write_text(text)
+    return folder, built.read_text()
+
+
 @pytest.fixture(scope="session")
 def trained_pair(tmp_path_factory) -> tuple[Path, Path]:
     """``trained_suite`` of PAIR_BODY's two references. Shared: copy the runs root before
     changing it."""
-    base = tmp_path_factory.mktemp("pair")
-    return trained_suite(write_suite(base / "pair.toml", body=PAIR_BODY, references=2, epochs=1),
-                         base / "runs")
+    def build(base: Path) -> str:
+        trained_suite(write_suite(base / "pair.toml", body=PAIR_BODY, references=2, epochs=1),
+                      base / "runs")
+        return ""
+    base, _ = built_once(tmp_path_factory, "pair", build)
+    return base / "pair.toml", base / "runs"
 
 
 def run_script(script, *args, timeout: float = 600):
@@ -138,15 +166,16 @@ def finished_run(tmp_path_factory):
     """(suite file, runs dir, detect.py's stdout) of a finished end-to-end run of E2E_BODY:
     trained, implant-checked, explained, scored (detect.py, then localize.py). Made once per
     session, shared by the tests of the pipeline and of the report."""
-    base = tmp_path_factory.mktemp("e2e")
-    suite = write_suite(base / "e2e.toml", body=E2E_BODY, references=3, epochs=2)
-    runs = base / "runs"
-    out = run_script("evaluate/detect.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
-                     "--no-progress")
-    # detect.py explains the detection sets; localize.py the abnormal ones: the run is finished
-    run_script("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
-               "--no-progress")
-    return suite, runs, out
+    def build(base: Path) -> str:
+        suite = write_suite(base / "e2e.toml", body=E2E_BODY, references=3, epochs=2)
+        out = run_script("evaluate/detect.py", "--suite", suite, "--runs-dir", base / "runs",
+                         "--distance", "l2", "--no-progress")
+        # detect.py explains the detection sets; localize.py the abnormal ones: the run is finished
+        run_script("evaluate/localize.py", "--suite", suite, "--runs-dir", base / "runs",
+                   "--distance", "l2", "--no-progress")
+        return out
+    base, out = built_once(tmp_path_factory, "e2e", build)
+    return base / "e2e.toml", base / "runs", out
 
 
 def pytest_addoption(parser):
@@ -154,6 +183,11 @@ def pytest_addoption(parser):
                      help="a plug-in file of your own (explain/README.md), loaded before the tests "
                           "are collected: the tests that run every registered method (family, "
                           "auditor, ...) run on its plug-ins too (repeatable)")
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: one worker per core this process may use, at most MAX_WORKERS."""
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
 
 
 def pytest_configure(config):
