@@ -90,7 +90,7 @@ def test_readme_example_adds_a_method_with_one_file_that_passes_every_methods_ch
                     self.by_test[report.nodeid.split("::")[-1]] = report.outcome
 
         outcomes = Outcomes()
-        status = pytest.main([{str(METHOD_CHECKS)!r}, "-q", "-p", "no:cacheprovider",
+        status = pytest.main([{str(METHOD_CHECKS)!r}, "-q", "-p", "no:cacheprovider", "-n", "0",
                               "-k", f"[{{name}}]"], plugins=[outcomes])
         print("RESULT " + json.dumps({{"name": name, "status": int(status),
                                       "batch_invariant": explain.METHODS.get(name).batch_invariant,

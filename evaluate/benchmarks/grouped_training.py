@@ -33,6 +33,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state
+from torch.profiler import profile
 
 from counteraudit.anomalies.families.adversarial import pgd
 from counteraudit.evaluate.benchmarks import benchmark_parser
@@ -229,7 +230,6 @@ def measure(k: int, threads: int, batch: int, size: int, kind: str, repeats: int
 
 
 def _profile(batch: int, size: int) -> None:
-    from torch.profiler import profile  # only for --profile
     torch.set_num_threads(1)
     step = _step_functions(1, batch, size, "plain", ["alone"])["alone"]
     step()
