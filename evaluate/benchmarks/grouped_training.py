@@ -92,10 +92,12 @@ def grouped_network(models: list[nn.Module]) -> nn.Module:
         if isinstance(module, nn.Conv2d):
             new = nn.Conv2d(len(models) * module.in_channels, len(models) * module.out_channels,
                             module.kernel_size, module.stride, module.padding,
-                            bias=module.bias is not None, groups=len(models) * module.groups)
+                            bias=module.bias is not None, groups=len(models) * module.groups,
+                            dtype=module.weight.dtype)
             new.weight.data.copy_(torch.cat([part.weight.detach() for part in parts]))
         elif isinstance(module, nn.BatchNorm2d):
-            new = nn.BatchNorm2d(len(models) * module.num_features, module.eps, module.momentum)
+            new = nn.BatchNorm2d(len(models) * module.num_features, module.eps, module.momentum,
+                                 dtype=module.weight.dtype)
             for field in ("weight", "bias", "running_mean", "running_var"):
                 getattr(new, field).data.copy_(torch.cat([getattr(p, field).detach() for p in parts]))
         elif isinstance(module, nn.Linear):
