@@ -12,7 +12,8 @@ import torch
 
 from counteraudit.evaluate.cli import STAGE_SCRIPTS, _build_parsers, main
 from counteraudit.evaluate.discovery.auditors import AUDITORS
-from counteraudit.evaluate.pipeline import pipeline_parser, prepare
+from counteraudit.evaluate.pipeline_options import pipeline_parser
+from counteraudit.evaluate.pipeline import prepare
 from counteraudit.evaluate.scoring.detection import margin_text
 from counteraudit.evaluate.scoring.distances import MissingBackboneWeightsError
 from counteraudit.evaluate.scoring.tables import chance_band_note
