@@ -19,25 +19,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from counteraudit.evaluate.stage_scripts import STAGE_SCRIPTS
 from counteraudit.train.core.command_line import ScriptHelpFormatter, run_cli
-
-# subcommand -> the module of its stage script (get_args_parser + main)
-STAGE_SCRIPTS = {
-    "train": "counteraudit.train.train",
-    "explain": "counteraudit.explain.run",
-    "detect": "counteraudit.evaluate.detect",
-    "localize": "counteraudit.evaluate.localize",
-    "compare": "counteraudit.evaluate.compare",
-    "report": "counteraudit.evaluate.report",
-    "reference-count": "counteraudit.evaluate.reference_count",
-    "dose": "counteraudit.evaluate.dose",
-    "discover": "counteraudit.evaluate.discover",
-    "sensitivity": "counteraudit.evaluate.sensitivity",
-    "reproducibility": "counteraudit.evaluate.reproducibility",
-    "population": "counteraudit.evaluate.population",
-    "record": "counteraudit.evaluate.record",
-    "leaderboard": "counteraudit.evaluate.leaderboard",
-}
 
 
 def script_path(module_name: str) -> Path:
