@@ -5,47 +5,51 @@
     counteraudit report --help
 
 Each subcommand takes its options from its script's own ``get_args_parser(add_help=False)``, so
-the two forms never drift apart.
+the two forms never drift apart. Only the script the command line names is imported: the list of
+commands reads each script's docstring from its source, so ``counteraudit --help`` loads no
+stage (and no torch).
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.machinery
+import importlib.util
 import sys
+from pathlib import Path
 
-from counteraudit.train.core.stage import ScriptHelpFormatter, run_cli
-
-# subcommand -> the module of its stage script (get_args_parser + main)
-STAGE_SCRIPTS = {
-    "train": "counteraudit.train.train",
-    "explain": "counteraudit.explain.run",
-    "detect": "counteraudit.evaluate.detect",
-    "localize": "counteraudit.evaluate.localize",
-    "compare": "counteraudit.evaluate.compare",
-    "report": "counteraudit.evaluate.report",
-    "reference-count": "counteraudit.evaluate.reference_count",
-    "dose": "counteraudit.evaluate.dose",
-    "discover": "counteraudit.evaluate.discover",
-    "sensitivity": "counteraudit.evaluate.sensitivity",
-    "reproducibility": "counteraudit.evaluate.reproducibility",
-    "population": "counteraudit.evaluate.population",
-    "record": "counteraudit.evaluate.record",
-    "leaderboard": "counteraudit.evaluate.leaderboard",
-}
+from counteraudit.evaluate.stage_scripts import STAGE_SCRIPTS
+from counteraudit.train.core.command_line import ScriptHelpFormatter, run_cli
 
 
-def _summary(module) -> str:
+def script_path(module_name: str) -> Path:
+    """The source file of a stage script's module, found without running it nor its package's
+    ``__init__`` (the explain package's imports torch): the package is located, not imported."""
+    package, _, leaf = module_name.rpartition(".")
+    locations = importlib.util.find_spec(package).submodule_search_locations
+    return Path(importlib.machinery.PathFinder.find_spec(leaf, locations).origin)
+
+
+def script_docstring(module_name: str) -> str:
+    """A stage script's docstring, read from its source."""
+    return ast.get_docstring(ast.parse(script_path(module_name).read_text(encoding="utf-8")),
+                             clean=False) or ""
+
+
+def _summary(docstring: str) -> str:
     """The first sentence of the script's docstring: its one line in ``counteraudit --help``."""
-    return (module.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+    return docstring.strip().split("\n\n")[0].replace("\n", " ")
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     return _build_parsers(add_help)[0]
 
 
-def _build_parsers(add_help: bool = True):
+def _build_parsers(add_help: bool = True, only: str | None = None):
     """The command's parser, and each subcommand's parser by name (whose prog, "counteraudit
-    detect", its errors name)."""
+    detect", its errors name). With ``only``, that subcommand alone gets its options (its script
+    imported); the others are listed by name and summary."""
     parser = argparse.ArgumentParser(
         "counteraudit", add_help=add_help,
         description="Counter-audit model auditing methods: train reference and anomalous models, "
@@ -55,16 +59,27 @@ def _build_parsers(add_help: bool = True):
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     by_name = {}
     for name, module_name in STAGE_SCRIPTS.items():
-        module = importlib.import_module(module_name)
-        own = module.get_args_parser(add_help=False)
+        docstring = script_docstring(module_name)
+        if only is not None and name != only:
+            by_name[name] = commands.add_parser(name, help=_summary(docstring), add_help=False)
+            continue
+        own = importlib.import_module(module_name).get_args_parser(add_help=False)
         by_name[name] = commands.add_parser(
-            name, parents=[own], help=_summary(module), description=module.__doc__,
+            name, parents=[own], help=_summary(docstring), description=docstring,
             epilog=own.epilog, formatter_class=ScriptHelpFormatter)
     return parser, by_name
 
 
+def named_command(argv: list[str]) -> str | None:
+    """The subcommand a command line names: its first word that is no option (the command itself
+    takes none but --help)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser, by_name = _build_parsers()
+    argv = sys.argv[1:] if argv is None else argv
+    command = named_command(argv)
+    parser, by_name = _build_parsers(only=command if command in STAGE_SCRIPTS else "")
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # argparse would blame the top-level command; the subcommand's usage helps more
         by_name[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")

@@ -27,17 +27,13 @@ if __package__ in (None, ""):
 import counteraudit.train  # noqa: E402, F401, I001
 
 import argparse
+from typing import TYPE_CHECKING
 
-from counteraudit.anomalies.image_sets import localizable
-from counteraudit.evaluate.pipeline import (add_against_arg, comparison_request, describe_distance, pipeline_parser,
-                                            prepare)
-from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
-from counteraudit.evaluate.scoring import pair_tables as part
-from counteraudit.evaluate.scoring.pair_tables import Comparison, comparison_tables, significant_lines
-from counteraudit.evaluate.scoring.stage import tables_dir
-from counteraudit.evaluate.scoring.tables import stored_detection_tables
-from counteraudit.evaluate.scoring.verdicts import null_plan
-from counteraudit.train.core.stage import run_cli
+from counteraudit.evaluate.pipeline_options import add_against_arg, pipeline_parser
+from counteraudit.train.core.command_line import run_cli
+
+if TYPE_CHECKING:
+    from counteraudit.evaluate.scoring.pair_tables import Comparison
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -50,6 +46,16 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> Comparison | None:
+    # The stage loads here, not at the top: --help needs the parser alone (evaluate/cli.py).
+    from counteraudit.anomalies.image_sets import localizable
+    from counteraudit.evaluate.pipeline import comparison_request, describe_distance, prepare
+    from counteraudit.evaluate.reporting.tables import write_tables
+    from counteraudit.evaluate.scoring import pair_tables as part
+    from counteraudit.evaluate.scoring.pair_tables import comparison_tables
+    from counteraudit.evaluate.scoring.stage import tables_dir
+    from counteraudit.evaluate.scoring.tables import stored_detection_tables
+    from counteraudit.evaluate.scoring.verdicts import null_plan
+
     pairs = comparison_request(args)  # a bad name or no pair fails before any work
     if pairs is None:
         raise ValueError("--against names no method: give one or more registered method names, "
@@ -76,6 +82,10 @@ def main(args: argparse.Namespace) -> Comparison | None:
 
 
 def print_comparison(comparison: Comparison, suite, distance: str) -> None:
+    from counteraudit.evaluate.reporting.tables import to_markdown
+    from counteraudit.evaluate.scoring import pair_tables as part
+    from counteraudit.evaluate.scoring.pair_tables import significant_lines
+
     print(f"\nMethod against method on the {suite.name} suite ({distance}): "
           + "; ".join(f"{m} vs {a}" for m, a in comparison.pairs))
     for table, caption in [(part.MCNEMAR, part.MCNEMAR_CAPTION),

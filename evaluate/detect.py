@@ -25,20 +25,8 @@ import counteraudit.train  # noqa: E402, F401, I001
 import argparse
 import time
 
-from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, prepare
-from counteraudit.anomalies.image_sets import DETECTION, set_sources
-from counteraudit.evaluate.defect_detectors.tables import CAPTIONS as DETECTOR_CAPTIONS
-from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
-from counteraudit.evaluate.scoring.baseline import DETECTION_VERSUS_CAPTION
-from counteraudit.evaluate.scoring.detection import margin_wide, paper_rule_caution
-from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME, EXPLAIN_TIME_CAPTION
-from counteraudit.evaluate.scoring.model_blind import detection_blind
-from counteraudit.evaluate.scoring.stage import tables_dir
-from counteraudit.evaluate.scoring.provenance import PROVENANCE
-from counteraudit.evaluate.scoring.stability import OUTLYING_DISTANCE
-from counteraudit.evaluate.scoring.tables import stored_detection_tables
-from counteraudit.evaluate.scoring.verdicts import findings
-from counteraudit.train.core.stage import run_cli
+from counteraudit.evaluate.pipeline_options import pipeline_parser
+from counteraudit.train.core.command_line import run_cli
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -46,6 +34,18 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict:
+    # The stage loads here, not at the top: --help needs the parser alone (evaluate/cli.py).
+    from counteraudit.anomalies.image_sets import DETECTION, set_sources
+    from counteraudit.evaluate.pipeline import describe_distance, prepare
+    from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
+    from counteraudit.evaluate.scoring.baseline import DETECTION_VERSUS_CAPTION
+    from counteraudit.evaluate.scoring.detection import margin_wide, paper_rule_caution
+    from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME, EXPLAIN_TIME_CAPTION
+    from counteraudit.evaluate.scoring.model_blind import detection_blind
+    from counteraudit.evaluate.scoring.provenance import PROVENANCE
+    from counteraudit.evaluate.scoring.stage import tables_dir
+    from counteraudit.evaluate.scoring.tables import stored_detection_tables
+
     run = prepare(args, detection_only=True)  # localize.py explains the abnormal sets
     suite, methods, distance, options = run.suite, run.method_names, run.distance, run.options
     distance_name = distance.name
@@ -103,6 +103,9 @@ def main(args: argparse.Namespace) -> dict:
 
 def print_detector_tables(tables: dict) -> None:
     """The tables only a run with --detector has, each with its caption."""
+    from counteraudit.evaluate.defect_detectors.tables import CAPTIONS as DETECTOR_CAPTIONS
+    from counteraudit.evaluate.reporting.tables import to_markdown
+
     for name, caption in DETECTOR_CAPTIONS.items():
         table = tables.get(name)
         if table is not None and len(table):
@@ -112,6 +115,10 @@ def print_detector_tables(tables: dict) -> None:
 
 def print_verdicts(tables: dict, distance_name: str) -> None:
     """The verdict tables, where the suite asked for null p-values."""
+    from counteraudit.evaluate.reporting.tables import to_markdown
+    from counteraudit.evaluate.scoring.stability import OUTLYING_DISTANCE
+    from counteraudit.evaluate.scoring.verdicts import findings
+
     verdicts = tables.get(f"detection-verdicts-{distance_name}")
     if verdicts is None:
         return

@@ -26,25 +26,16 @@ import counteraudit.train  # noqa: E402, F401, I001
 import argparse
 import time
 
-from counteraudit.evaluate.discovery.auditors import AUDITORS
-from counteraudit.evaluate.discovery.search_study import search_study
-from counteraudit.evaluate.discovery.equal_budgets import equal_budget_table, selections_over_models
-from counteraudit.evaluate.discovery.reference_evaluations import (adaptive_results, check_relative,
-                                                                   evaluate_references,
-                                                                   scored_findings)
-from counteraudit.evaluate.discovery.relative import SCORES
-from counteraudit.evaluate.discovery.stage import (discover_score, discover_seed, discover_suite,
-                                                   suite_auditors)
-from counteraudit.evaluate.discovery.tables import discovery_notes, discovery_tables
-from counteraudit.evaluate.pipeline import load_checked_suite
-from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
-from counteraudit.slurm.executor import add_executor_args
-from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli, run_options
-from counteraudit.train.train import train_and_check
-from counteraudit.train.worlds import build_world
+from counteraudit.slurm.executor_config import add_executor_args
+from counteraudit.train.core.command_line import ScriptHelpFormatter, add_common_args, run_cli
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    # The one stage whose --help loads plug-ins (torch): it lists every registered auditor with
+    # what it does, which only their modules say.
+    from counteraudit.evaluate.discovery.auditors import AUDITORS
+    from counteraudit.evaluate.discovery.relative import SCORES
+
     parser = argparse.ArgumentParser("counteraudit discover", add_help=add_help,
                                      formatter_class=ScriptHelpFormatter, epilog=auditors_epilog())
     add_common_args(parser)
@@ -65,6 +56,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 def auditors_epilog() -> str:
     """The registered auditors, one line each: the first line of its module's docstring."""
+    from counteraudit.evaluate.discovery.auditors import AUDITORS
+
     lines = []
     for name in AUDITORS.names():
         summary = (sys.modules[AUDITORS.get(name).__module__].__doc__ or "").strip().split("\n")[0]
@@ -74,6 +67,17 @@ def auditors_epilog() -> str:
 
 
 def main(args: argparse.Namespace) -> dict:
+    # The stage loads here, not at the top: --help needs the parser alone (evaluate/cli.py).
+    from counteraudit.evaluate.discovery.reference_evaluations import (adaptive_results, check_relative,
+                                                                       evaluate_references, scored_findings)
+    from counteraudit.evaluate.discovery.stage import discover_score, discover_suite, suite_auditors
+    from counteraudit.evaluate.discovery.tables import discovery_notes, discovery_tables
+    from counteraudit.evaluate.pipeline import load_checked_suite
+    from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
+    from counteraudit.train.checked_training import train_and_check
+    from counteraudit.train.core.stage import run_options
+    from counteraudit.train.worlds import build_world
+
     suite = load_checked_suite(args.suite).with_settings({"score": "--score"}, discover={"score": args.score})
     options = run_options(args)
     runs_root = options.runs_dir
@@ -137,6 +141,11 @@ def main(args: argparse.Namespace) -> dict:
 def search_tables(suite, results, world, runs_root, device) -> dict:
     """The search study's tables (selection functions, budget curves, images to rank the planted
     slice), written and printed; {} where the suite's world has no exhaustive references."""
+    from counteraudit.evaluate.discovery.equal_budgets import equal_budget_table, selections_over_models
+    from counteraudit.evaluate.discovery.search_study import search_study
+    from counteraudit.evaluate.discovery.stage import discover_seed
+    from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
+
     study = search_study(suite, results, world, runs_root, discover_seed(suite), device)
     if not study:
         return {}

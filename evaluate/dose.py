@@ -25,16 +25,13 @@ if __package__ in (None, ""):
 import counteraudit.train  # noqa: E402, F401, I001
 
 import argparse
+from typing import TYPE_CHECKING
 
-import pandas as pd
+from counteraudit.evaluate.pipeline_options import pipeline_parser
+from counteraudit.train.core.command_line import run_cli
 
-from counteraudit.anomalies.image_sets import localizable
-from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, prepare
-from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
-from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores, tables_dir
-from counteraudit.evaluate.studies.dose_response import suite_dose, sweep_table, threshold_text
-from counteraudit.train.core.stage import run_cli
-from counteraudit.train.implant_checks import read_implant
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -46,6 +43,11 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 def suite_dose_tables(suite, methods, distance, runs_root=None, options=None):
     """(dose table, thresholds) of a suite with [[sweeps]], from its detection and localization
     score tables (computed when missing) and its implant records."""
+    from counteraudit.anomalies.image_sets import localizable
+    from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores
+    from counteraudit.evaluate.studies.dose_response import suite_dose
+    from counteraudit.train.implant_checks import read_implant
+
     if not suite.sweeps:
         raise ValueError(f"suite {suite.name!r} declares no [[sweeps]]; run --suite dose, or add "
                          "[[sweeps]] entries (family, values, params) to your suite file")
@@ -57,6 +59,12 @@ def suite_dose_tables(suite, methods, distance, runs_root=None, options=None):
 
 
 def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
+    # The stage loads here, not at the top: --help needs the parser alone (evaluate/cli.py).
+    from counteraudit.evaluate.pipeline import describe_distance, prepare
+    from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
+    from counteraudit.evaluate.scoring.stage import tables_dir
+    from counteraudit.evaluate.studies.dose_response import sweep_table, threshold_text
+
     run = prepare(args)
     suite, methods, distance, options = run.suite, run.method_names, run.distance, run.options
     distance_name = distance.name

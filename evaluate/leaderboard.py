@@ -24,11 +24,8 @@ import counteraudit.train  # noqa: E402, F401, I001
 import argparse
 from pathlib import Path
 
-from counteraudit.evaluate.records.populations import KNOWN_POPULATIONS
-from counteraudit.evaluate.records.store import read_records
-from counteraudit.evaluate.reporting.leaderboard import leaderboard_html, leaderboard_markdown
-from counteraudit.train.core.artifacts import atomic_write_text
-from counteraudit.train.core.stage import ScriptHelpFormatter, run_cli
+from counteraudit.evaluate.records.populations_file import KNOWN_POPULATIONS
+from counteraudit.train.core.command_line import ScriptHelpFormatter, run_cli
 
 GUIDE_START, GUIDE_END = "<!-- leaderboard:start -->", "<!-- leaderboard:end -->"
 
@@ -67,6 +64,11 @@ def guide_block(text: str) -> str:
 
 
 def main(args: argparse.Namespace) -> str:
+    # The stage loads here, not at the top: --help needs the parser alone (evaluate/cli.py).
+    from counteraudit.evaluate.records.store import read_records
+    from counteraudit.evaluate.reporting.leaderboard import leaderboard_html, leaderboard_markdown
+    from counteraudit.train.core.artifacts import atomic_write_text
+
     records = read_records(args.records, known_path=args.populations)  # all checked first
     markdown = leaderboard_markdown(records)
     if args.guide:

@@ -23,14 +23,8 @@ import counteraudit.train  # noqa: E402, F401, I001
 import argparse
 import time
 
-from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, prepare
-from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
-from counteraudit.anomalies.image_sets import set_sources
-from counteraudit.evaluate.scoring.model_blind import localization_blind
-from counteraudit.evaluate.scoring.stage import model_level_methods, tables_dir
-from counteraudit.evaluate.scoring.tables import (chance_band_note, localization_power_note,
-                                                  localization_tables)
-from counteraudit.train.core.stage import run_cli
+from counteraudit.evaluate.pipeline_options import pipeline_parser
+from counteraudit.train.core.command_line import run_cli
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -38,6 +32,14 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> dict:
+    # The stage loads here, not at the top: --help needs the parser alone (evaluate/cli.py).
+    from counteraudit.anomalies.image_sets import set_sources
+    from counteraudit.evaluate.pipeline import describe_distance, prepare
+    from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
+    from counteraudit.evaluate.scoring.model_blind import localization_blind
+    from counteraudit.evaluate.scoring.stage import model_level_methods, tables_dir
+    from counteraudit.evaluate.scoring.tables import chance_band_note, localization_power_note, localization_tables
+
     run = prepare(args)
     suite, methods, distance, options = run.suite, run.method_names, run.distance, run.options
     distance_name = distance.name

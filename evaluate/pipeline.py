@@ -1,6 +1,7 @@
-"""What the scoring scripts (detect.py, localize.py, report.py, dose.py, sensitivity.py) share: their
-command-line options, and the upstream stages run before scoring (training with implant checks,
-image sets, explanations), so each script runs whatever is missing."""
+"""What the scoring scripts (detect.py, localize.py, report.py, dose.py, sensitivity.py) share once
+their command line is parsed (its options: pipeline_options.py): the upstream stages run before
+scoring (training with implant checks, image sets, explanations), so each script runs whatever is
+missing."""
 from __future__ import annotations
 
 import argparse
@@ -18,82 +19,23 @@ from counteraudit.evaluate.defect_detectors.stage import check_detectors, inspec
 from counteraudit.evaluate.defect_detectors.tables import detector_tables
 from counteraudit.evaluate.scoring.distances import DISTANCES, Distance, MissingBackboneWeightsError, build_distance
 from counteraudit.evaluate.discovery.stage import auditor_problems
-from counteraudit.evaluate.scoring.null_tests.base import describe_tests, null_test_problems
+from counteraudit.evaluate.scoring.null_tests.base import null_test_problems
 from counteraudit.evaluate.scoring.pairwise import Pair, pairs_for
 from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores
 from counteraudit.explain.base import METHODS
-from counteraudit.explain.method_choice import CONTROL_METHOD, METHOD_HELP, run_methods, with_method_parameters
-from counteraudit.explain.run import add_chunk_images_arg, add_method_args
+from counteraudit.explain.method_choice import run_methods, with_method_parameters
 from counteraudit.explain.settings import MethodSpec, method_problems, method_specs
 from counteraudit.explain.stage import explain_suite, explained_images_line
-from counteraudit.slurm.executor import add_executor_args
 from counteraudit.train.core.registry import UnknownNameError
-from counteraudit.train.core.stage import RunOptions, ScriptHelpFormatter, add_common_args, run_options
+from counteraudit.train.core.stage import RunOptions, run_options
 from counteraudit.train.core.suite import Suite, load_suite
 from counteraudit.train.core.suite_checks import named_problems
 from counteraudit.train.core.suite_schema import MIN_SCORED_REFERENCES, SuiteFileError, SuiteTable, problem_lines
-from counteraudit.train.train import train_and_check
+from counteraudit.train.checked_training import train_and_check
 
 
 
 # ---------------------------------------------------------------- the end-to-end run
-def pipeline_parser(prog: str, add_help: bool = True) -> argparse.ArgumentParser:
-    """The options detect.py, localize.py and report.py share: suite, upstream stages, executor."""
-    parser = argparse.ArgumentParser(prog, add_help=add_help,
-                                     formatter_class=ScriptHelpFormatter)
-    add_common_args(parser)
-    add_pipeline_args(parser)
-    add_executor_args(parser)
-    return parser
-
-
-def add_pipeline_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    add_distance_args(parser)
-    add_method_args(parser, f"{METHOD_HELP}. The tables of a run with --method go to "
-                            "runs/<suite>/tables/method-<names>/ (method-<names>-<hash> with "
-                            "parameters), beside the suite's, never over them")
-    parser.add_argument("--detector", action="append", default=None, metavar="NAME",
-                        help="a model-level defect detector (neural_cleanse, strip, ...: "
-                             "evaluate/README.md, 'Defect detectors') to run beside the methods "
-                             "and score as they are, in Tables 1 and 2 (repeatable). Its tables "
-                             "go beside the suite's, in tables/method-<methods and detectors>/")
-    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
-    parser.add_argument("--p-value", default=None, metavar="TEST",
-                        help="test each model's Abar against the null population of held-out "
-                             "references ([references] held_out, 2 or more) and give each a "
-                             f"verdict: {describe_tests()}; default: the suite's [evaluate] "
-                             "p_value, else the paper's rule alone")
-    add_chunk_images_arg(parser)  # the explain stage's work items
-    return parser
-
-
-def add_distance_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--distance", default=None,
-                        help="the image distance of the anomaly score: l2 or ssim (weight-free), "
-                             "lpips-alex (the paper's), lpips-vgg, lpips-squeeze; default: the "
-                             "suite's [evaluate] distance (the demo's: l2; the paper's: lpips-alex)")
-    parser.add_argument("--download-weights", action="store_true",
-                        help="let an LPIPS distance download torchvision's backbone weights into "
-                             "$TORCH_HOME/hub/checkpoints when they are missing; without it nothing "
-                             "is downloaded, and a missing file stops the run with the fix")
-    parser.add_argument("--weights-dir", default=None,
-                        help="folder holding torchvision's ImageNet backbone weights for LPIPS "
-                             "(e.g. alexnet-owt-7be5be79.pth); also searched: $TORCH_HOME/hub/checkpoints")
-    return parser
-
-
-def add_against_arg(parser: argparse.ArgumentParser,
-                    default: str | None = CONTROL_METHOD) -> argparse.ArgumentParser:
-    """--against: the methods each --method is compared with, paired (``scoring/pairwise.py``)."""
-    said = f"default: {default}, the outputs-only control" if default else "default: none"
-    parser.add_argument("--against", default=default, metavar="NAME[,NAME...]",
-                        help="compare each --method with each of these methods (comma-separated "
-                             "registered names), paired on the same images and models: McNemar "
-                             "over models, the margin ratio and dAUROC per model, the per-family "
-                             f"rate differences on a suite with null models; {said}")
-    return parser
-
-
 def comparison_request(args: argparse.Namespace) -> list[Pair] | None:
     """The pairs of --method against --against, or None without --against; the run's
     --method then names both sides, so both are explained and scored. Names are checked against

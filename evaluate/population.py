@@ -26,14 +26,7 @@ import counteraudit.train  # noqa: E402, F401, I001
 import argparse
 import time
 
-from counteraudit.evaluate.pipeline import load_checked_suite
-from counteraudit.evaluate.release.export import export_population
-from counteraudit.evaluate.release.install import install_release, mode_mismatch
-from counteraudit.evaluate.release.sources import opened_release
-from counteraudit.evaluate.release.verify import verify_release
-from counteraudit.train.core.artifacts import runs_dir
-from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli
-from counteraudit.train.core.suite_files import available_suites
+from counteraudit.train.core.command_line import ScriptHelpFormatter, add_common_args, run_cli
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -58,6 +51,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def export(args: argparse.Namespace) -> None:
+    from counteraudit.evaluate.pipeline import load_checked_suite
+    from counteraudit.evaluate.release.export import export_population
+
     suite = load_checked_suite(args.suite)
     started = time.perf_counter()
     out, population_id, manifest = export_population(suite, args.path, args.runs_dir)
@@ -69,6 +65,12 @@ def export(args: argparse.Namespace) -> None:
 
 
 def import_(args: argparse.Namespace) -> None:
+    from counteraudit.evaluate.release.install import install_release, mode_mismatch
+    from counteraudit.evaluate.release.sources import opened_release
+    from counteraudit.evaluate.release.verify import verify_release
+    from counteraudit.train.core.artifacts import runs_dir
+    from counteraudit.train.core.suite_files import available_suites
+
     started = time.perf_counter()
     with opened_release(args.path, args.revision, args.hub_cache) as opened:
         release = verify_release(opened, args.sha256)

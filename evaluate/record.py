@@ -27,13 +27,9 @@ import counteraudit.train  # noqa: E402, F401, I001
 import argparse
 from pathlib import Path
 
-from counteraudit.evaluate.pipeline import pipeline_parser, scoring_run
-from counteraudit.evaluate.records.build import build_records, check_recordable
-from counteraudit.evaluate.records.populations import (KNOWN_POPULATIONS, check_population, known_populations,
-                                                       run_population_id)
-from counteraudit.evaluate.records.store import write_record
-from counteraudit.train.core.artifacts import runs_dir
-from counteraudit.train.core.stage import run_cli
+from counteraudit.evaluate.pipeline_options import pipeline_parser
+from counteraudit.evaluate.records.populations_file import KNOWN_POPULATIONS
+from counteraudit.train.core.command_line import run_cli
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -53,6 +49,13 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> list[Path]:
+    # The stage loads here, not at the top: --help needs the parser alone (evaluate/cli.py).
+    from counteraudit.evaluate.pipeline import scoring_run
+    from counteraudit.evaluate.records.build import build_records, check_recordable
+    from counteraudit.evaluate.records.populations import check_population, known_populations, run_population_id
+    from counteraudit.evaluate.records.store import write_record
+    from counteraudit.train.core.artifacts import runs_dir
+
     run = scoring_run(args)  # the suite, its methods and parameters, the distance: no work run
     suite, options = run.suite, run.options
     root = runs_dir(options.runs_dir)

@@ -32,23 +32,14 @@ if __package__ in (None, ""):
 import counteraudit.train  # noqa: E402, F401, I001
 
 import argparse
+from typing import TYPE_CHECKING
 
-import numpy as np
-import pandas as pd
+from counteraudit.evaluate.pipeline_options import add_distance_args
+from counteraudit.train.core.command_line import ScriptHelpFormatter, add_common_args, run_cli
 
-from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_images
-from counteraudit.evaluate.pipeline import add_distance_args, scoring_distance, scoring_suite
-from counteraudit.evaluate.reporting.power import PowerSettings, power_tables, print_power
-from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
-from counteraudit.evaluate.scoring.localization import auroc
-from counteraudit.evaluate.scoring.stage import tables_dir
-from counteraudit.evaluate.scoring.scores import (ZERO_SPREAD_TOLERANCE, mean_pair_distance,
-                                                  reference_distance_matrix, score_frame)
-from counteraudit.evaluate.studies.power import detection_by_reference_count
-from counteraudit.explain.settings import method_specs
-from counteraudit.explain.stage import load_image_sets, load_results
-from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli, run_options
-from counteraudit.train.worlds import build_world
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -75,6 +66,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 def distance_matrix(results: dict, names: list[str], distance) -> np.ndarray:
     """(N, k, k) distances between the renders of ``names`` (stored Explanations) on each image."""
+    from counteraudit.evaluate.scoring.scores import reference_distance_matrix
+
     features = {name: distance.features(results[name].images) for name in names}
     return reference_distance_matrix(features, names, distance)
 
@@ -87,6 +80,10 @@ def aurocs_by_reference_count(matrix: np.ndarray, abnormal: np.ndarray, subsets:
     renders and, last, the anomalous model's; ``abnormal``: bool per image. Scores are
     ``anomaly_scores``' (numerator / spread, flagged where the spread vanishes), and flagged images
     drop out as they do from Table 2."""
+    from counteraudit.evaluate.scoring.localization import auroc
+    from counteraudit.evaluate.scoring.scores import ZERO_SPREAD_TOLERANCE, mean_pair_distance, score_frame
+    import numpy as np
+
     n_all = matrix.shape[1] - 1
     out = {}
     for n in range(2, n_all + 1):
@@ -106,6 +103,20 @@ def aurocs_by_reference_count(matrix: np.ndarray, abnormal: np.ndarray, subsets:
 
 
 def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
+    # The stage loads here, not at the top: --help needs the parser alone (evaluate/cli.py).
+    from counteraudit.anomalies.image_sets import DETECTION, abnormal_set_name, localizable, normal_images
+    from counteraudit.evaluate.pipeline import scoring_distance, scoring_suite
+    from counteraudit.evaluate.reporting.power import PowerSettings, power_tables, print_power
+    from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
+    from counteraudit.evaluate.scoring.stage import tables_dir
+    from counteraudit.evaluate.studies.power import detection_by_reference_count
+    from counteraudit.explain.settings import method_specs
+    from counteraudit.explain.stage import load_image_sets, load_results
+    from counteraudit.train.core.stage import run_options
+    from counteraudit.train.worlds import build_world
+    import numpy as np
+    import pandas as pd
+
     if not 0 < args.level <= 1 or not 0 < args.auroc_target <= 1 or args.subsets < 1:
         raise ValueError(f"--level {args.level} and --auroc-target {args.auroc_target} must be in "
                          f"(0, 1] (0.8 each recommended), --subsets {args.subsets} >= 1")

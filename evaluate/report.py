@@ -38,29 +38,9 @@ import counteraudit.train  # noqa: E402, F401, I001
 
 import argparse
 
-from counteraudit.anomalies.image_sets import localizable
-from counteraudit.evaluate.discovery.search_study import search_study
-from counteraudit.evaluate.discovery.reference_evaluations import scored_findings
-from counteraudit.evaluate.discovery.stage import FINDINGS, discover_score, discover_seed
-from counteraudit.evaluate.discovery.tables import discovery_tables
-from counteraudit.evaluate.pipeline import add_against_arg, comparison_request, pipeline_parser, prepare
-from counteraudit.evaluate.reporting.page import DEFAULT_EXAMPLES, DEFAULT_IMAGE_SIDE, Report
-from counteraudit.evaluate.reporting.sensitivity import stored_sensitivity
-from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
-from counteraudit.evaluate.scoring.stage import (model_level_methods,
-                                                only_methods_label)
-from counteraudit.evaluate.scoring.tables import (localization_tables, stored_detection_tables,
-                                                  zoo_summary_caption, zoo_summary_tables)
-from counteraudit.evaluate.scoring.model_blind import detection_blind
-from counteraudit.evaluate.scoring.pair_tables import comparison_tables
-from counteraudit.evaluate.scoring.verdicts import null_plan
-from counteraudit.evaluate.studies.dose_response import suite_dose
-from counteraudit.explain.stage import load_image_sets
-from counteraudit.train.core.artifacts import atomic_write_text, inside_runs, store_dir
-from counteraudit.train.core.stage import run_cli
-from counteraudit.train.implant_checks import read_implant
-from counteraudit.train.worlds import build_world
-
+from counteraudit.evaluate.pipeline_options import add_against_arg, pipeline_parser
+from counteraudit.evaluate.reporting.page_defaults import DEFAULT_EXAMPLES, DEFAULT_IMAGE_SIDE
+from counteraudit.train.core.command_line import run_cli
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -79,6 +59,9 @@ def report_path(suite, args: argparse.Namespace, names: list[str] | None) -> Pat
     """Where the report goes: --output as given, else in the suite's report/ folder, checked to
     lie in the runs folder. A --method (or --detector) run's report goes beside the suite's
     (report-method-<names>.html, ``names`` its methods and detectors), as its tables do."""
+    from counteraudit.evaluate.scoring.stage import only_methods_label
+    from counteraudit.train.core.artifacts import inside_runs
+
     if args.output:
         return Path(args.output)
     label = only_methods_label(names, args.method_params)
@@ -87,6 +70,23 @@ def report_path(suite, args: argparse.Namespace, names: list[str] | None) -> Pat
 
 
 def main(args: argparse.Namespace) -> Path | None:
+    # The stage loads here, not at the top: --help needs the parser alone (evaluate/cli.py).
+    from counteraudit.anomalies.image_sets import localizable
+    from counteraudit.evaluate.pipeline import comparison_request, prepare
+    from counteraudit.evaluate.reporting.page import Report
+    from counteraudit.evaluate.reporting.sensitivity import stored_sensitivity
+    from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
+    from counteraudit.evaluate.scoring.model_blind import detection_blind
+    from counteraudit.evaluate.scoring.pair_tables import comparison_tables
+    from counteraudit.evaluate.scoring.stage import model_level_methods
+    from counteraudit.evaluate.scoring.tables import (localization_tables, stored_detection_tables,
+                                                      zoo_summary_caption, zoo_summary_tables)
+    from counteraudit.evaluate.scoring.verdicts import null_plan
+    from counteraudit.evaluate.studies.dose_response import suite_dose
+    from counteraudit.explain.stage import load_image_sets
+    from counteraudit.train.core.artifacts import atomic_write_text
+    from counteraudit.train.implant_checks import read_implant
+
     if args.examples < 1 or args.image_side < 8:
         raise ValueError(f"--examples {args.examples} must be >= 1 and --image-side {args.image_side} >= 8")
     request = comparison_request(args)  # --against: its section "Method against method"
@@ -144,6 +144,13 @@ def main(args: argparse.Namespace) -> Path | None:
 def stored_discovery(suite, runs_root=None):
     """(findings, tables, world) of the failure-discovery auditors when evaluate/discover.py has
     run for this suite, else None (the report then says how to add them)."""
+    from counteraudit.evaluate.discovery.reference_evaluations import scored_findings
+    from counteraudit.evaluate.discovery.search_study import search_study
+    from counteraudit.evaluate.discovery.stage import FINDINGS, discover_score, discover_seed
+    from counteraudit.evaluate.discovery.tables import discovery_tables
+    from counteraudit.train.core.artifacts import store_dir
+    from counteraudit.train.worlds import build_world
+
     if not any((store_dir(runs_root) / FINDINGS).glob("*/*")):
         return None  # never run: don't build covering arrays only to find nothing
     world = build_world(suite.world, runs_root=runs_root)

@@ -26,17 +26,13 @@ import counteraudit.train  # noqa: E402, F401, I001
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from counteraudit.train.core.command_line import ScriptHelpFormatter, add_common_args, run_cli
 
-from counteraudit.evaluate.scoring.stage import tables_dir
-from counteraudit.train.checkpoint import model_dir
-from counteraudit.train.core import numerics
-from counteraudit.train.core.artifacts import atomic_write_json, file_sha256, runs_dir
-from counteraudit.explain.base import METHODS
-from counteraudit.train.core.stage import ScriptHelpFormatter, add_common_args, run_cli
-from counteraudit.train.core.suite import Suite, load_suite
-from counteraudit.train.worlds import build_world
+if TYPE_CHECKING:
+    from counteraudit.train.core.suite import Suite
+
 
 DIGESTS_VERSION = 1
 PER_MODEL_TABLES = ("detection-per-model", "localization-per-model", "detection-verdicts-per-model")
@@ -46,6 +42,10 @@ def run_files(suite: Suite, runs_root: str | Path | None,
               only_methods: list[str] | None = None) -> dict[str, Path]:
     """The files a suite's digests cover, by the name the digest file gives them (the tables of
     a run of ``only_methods``: its --method, when it ran some of the suite's methods)."""
+    from counteraudit.evaluate.scoring.stage import tables_dir
+    from counteraudit.train.checkpoint import model_dir
+    from counteraudit.train.worlds import build_world
+
     files = {f"weights/{spec.name}": model_dir(runs_root, spec) / "weights.pth" for spec in suite.models}
     world_folder = getattr(build_world(suite.world, runs_root=runs_root), "cache_dir", None)
     if world_folder is not None:
@@ -62,6 +62,9 @@ def measure(suite: Suite, runs_root: str | Path | None,
             only_methods: list[str] | None = None) -> dict[str, Any]:
     """The digests of the run's files that exist; every model must be trained (a table that is
     not there yet is left out, and ``check`` names it if the digest file expects it)."""
+    from counteraudit.train.core import numerics
+    from counteraudit.train.core.artifacts import file_sha256, runs_dir
+
     files = run_files(suite, runs_root, only_methods)
     untrained = [name for name, path in files.items() if name.startswith("weights/") and not path.is_file()]
     if untrained:
@@ -118,6 +121,8 @@ def chosen_methods(given: list[str] | None, expected: dict[str, Any],
                    digests: Path) -> list[str] | None:
     """The methods whose tables the run's digests cover: --method, else the digest file's
     ``methods`` (a file from anyone: registered method names only, so none becomes a path)."""
+    from counteraudit.explain.base import METHODS
+
     methods = given or expected.get("methods")
     where = "--method" if given else f"the digest file {digests}, key 'methods'"
     if methods is None:
@@ -133,6 +138,10 @@ def chosen_methods(given: list[str] | None, expected: dict[str, Any],
 
 
 def main(args: argparse.Namespace) -> int:
+    # The stage loads here, not at the top: --help needs the parser alone (evaluate/cli.py).
+    from counteraudit.train.core.artifacts import atomic_write_json
+    from counteraudit.train.core.suite import load_suite
+
     suite = load_suite(args.suite)
     args.digests = args.digests or shipped_digests(suite)
     if args.action == "check" and not args.digests.is_file():

@@ -32,27 +32,38 @@ if __package__ in (None, ""):
 import counteraudit.train  # noqa: E402, F401, I001
 
 import argparse
+from typing import TYPE_CHECKING
 
-import pandas as pd
+from counteraudit.evaluate.pipeline_options import pipeline_parser
+from counteraudit.train.core.command_line import run_cli
 
-from counteraudit.evaluate.pipeline import describe_distance, pipeline_parser, prepare
-from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
-from counteraudit.evaluate.scoring.baseline import BASELINE
-from counteraudit.evaluate.studies.protocol_choices import PROTOCOL_CHOICES
-from counteraudit.evaluate.studies.sensitivity import (CHANGED, compare, plan_variants, scored_tables,
-                                                       side_by_side)
-from counteraudit.train.core.stage import run_cli
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser = pipeline_parser("counteraudit sensitivity", add_help)
+    # The choices are not listed here: their registry loads the methods (torch); evaluate/README.md
+    # lists them, and a name not registered is answered with the list before any work.
     parser.add_argument("--choice", action="append", default=None, metavar="NAME",
-                        help=f"only this protocol choice (repeatable; {', '.join(PROTOCOL_CHOICES)}); "
-                             "default: every choice that applies to the suite's methods. Each "
-                             "alternative re-explains only the methods it changes")
+                        help="only this protocol choice (repeatable; a registered one: "
+                             "evaluate/README.md, 'What each choice changes'); default: every "
+                             "choice that applies to the suite's methods. Each alternative "
+                             "re-explains only the methods it changes")
     return parser
 
 
 def main(args: argparse.Namespace) -> dict[str, pd.DataFrame]:
+    # The stage loads here, not at the top: --help needs the parser alone (evaluate/cli.py).
+    from counteraudit.evaluate.pipeline import describe_distance, prepare
+    from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
+    from counteraudit.evaluate.scoring.baseline import BASELINE
+    from counteraudit.evaluate.studies.sensitivity import CHANGED, compare, plan_variants, scored_tables, side_by_side
+    from counteraudit.evaluate.studies.protocol_choices import PROTOCOL_CHOICES
+    import pandas as pd
+
+    for name in args.choice or []:
+        PROTOCOL_CHOICES.get(name)  # an unknown name lists the registered ones, before any work
     run = prepare(args)
     suite, methods, distance, options = run.suite, run.method_names, run.distance, run.options
     distance_name = distance.name

@@ -4,45 +4,14 @@ control brought along, and the suite with those parameters merged in once
 (``with_method_parameters``)."""
 from __future__ import annotations
 
-import tomllib
 from typing import Any
 
 from counteraudit.explain.base import METHODS
 from counteraudit.explain.shared_settings import SHARED_SETTINGS, inheritance_line, inherited_table
+from counteraudit.train.core.explain_options import CONTROL_METHOD
 from counteraudit.train.core.params import params_problems
 from counteraudit.train.core.suite import Suite
 
-# The control every method is compared with (evaluate/scoring/baseline.py scores against it).
-CONTROL_METHOD = "outputs_only"
-TOML_OPENERS = ("[", "{", "\"", "'")
-METHOD_HELP = (
-    "only this method (repeatable); NAME:key=value,key=value sets its parameters as a "
-    "[methods.NAME] table would, over the suite's table (values in TOML: 8, 0.5, true, [1, 2], "
-    "{dpi = 16}; a bare word such as captum_figure or (4,0,3) is a string). A method the suite "
-    "gives no table takes the settings the suite's methods of its kind share (renderer, "
-    "gradient_space, aug_smooth_space; explain/README.md). The outputs-only control "
-    "(outputs_only) runs too unless --no-control is given or it is listed; default: the suite's "
-    "[explain] methods")
-
-
-def method_choice(text: str) -> tuple[str, dict[str, Any]]:
-    """``NAME`` or ``NAME:key=value,key=value`` -> (NAME, {key: value}); a ValueError saying what
-    is malformed."""
-    name, _, assignments = text.partition(":")
-    name = name.strip()
-    if not name:
-        raise ValueError(f"--method {text!r}: give a method name before ':'")
-    table: dict[str, Any] = {}
-    for assignment in _top_level_parts(assignments) if assignments.strip() else []:
-        key, equals, value = assignment.partition("=")
-        key, value = key.strip(), value.strip()
-        if not equals or not key or not value:
-            raise ValueError(f"--method {text!r}: {assignment.strip()!r} is not key=value "
-                             "(write NAME:key=value,key=value)")
-        if key in table:
-            raise ValueError(f"--method {text!r}: {key} is given twice")
-        table[key] = _toml_value(value, text)
-    return name, table
 
 
 def run_methods(chosen: list[str] | None, control: bool = True) -> list[str] | None:
@@ -104,32 +73,3 @@ def _with_given(suite: Suite, name: str, given: dict[str, Any]) -> dict[str, Any
             for field in belonging:
                 base.pop(field, None)
     return {**base, **given}
-
-
-def _top_level_parts(text: str) -> list[str]:
-    """``text`` split at the commas outside brackets, braces, parentheses (a layer "(4,0,3)") and
-    quotes."""
-    parts, depth, quote, start = [], 0, None, 0
-    for position, character in enumerate(text):
-        if quote:
-            quote = None if character == quote else quote
-        elif character in "\"'":
-            quote = character
-        elif character in "[{(":
-            depth += 1
-        elif character in "]})":
-            depth -= 1
-        elif character == "," and depth == 0:
-            parts.append(text[start:position])
-            start = position + 1
-    return [*parts, text[start:]]
-
-
-def _toml_value(value: str, text: str) -> Any:
-    try:
-        return tomllib.loads(f"value = {value}")["value"]
-    except tomllib.TOMLDecodeError:
-        if not value.startswith(TOML_OPENERS):  # a bare word: a string (a renderer, a layer)
-            return value
-        raise ValueError(f"--method {text!r}: {value!r} is not a TOML value (a number, "
-                         "true/false, a \"string\", [a, list] or {an = inline_table})") from None

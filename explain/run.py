@@ -32,16 +32,14 @@ import counteraudit.train  # noqa: E402, F401, I001
 
 import argparse
 import time
+from typing import TYPE_CHECKING
 
-from counteraudit.explain.method_choice import (CONTROL_METHOD, METHOD_HELP, method_choice, run_methods,
-                                                with_method_parameters)
-from counteraudit.explain.settings import method_problems, method_specs
-from counteraudit.explain.stage import explain_suite, explained_images_line
-from counteraudit.slurm.executor import add_executor_args
-from counteraudit.train.core.stage import (ScriptHelpFormatter, add_common_args, run_cli, run_options,
-                                           selected_models)
-from counteraudit.train.core.suite import Suite, load_suite
-from counteraudit.train.train import train_and_check
+from counteraudit.slurm.executor_config import add_executor_args
+from counteraudit.train.core.command_line import ScriptHelpFormatter, add_common_args, run_cli
+from counteraudit.train.core.explain_options import add_chunk_images_arg, add_method_args
+
+if TYPE_CHECKING:
+    from counteraudit.train.core.suite import Suite
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -61,6 +59,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 def explain_overrides(suite: Suite, args: argparse.Namespace) -> Suite:
     """The suite with the command line's overrides of its [explain] and [methods] tables merged
     in, once."""
+    from counteraudit.explain.method_choice import run_methods, with_method_parameters
+
     suite = suite.with_settings({"chunk_images": "--chunk-images"},
                                 explain={"chunk_images": args.chunk_images})
     return with_method_parameters(suite, run_methods(args.method, not args.no_control),
@@ -68,6 +68,14 @@ def explain_overrides(suite: Suite, args: argparse.Namespace) -> Suite:
 
 
 def main(args: argparse.Namespace) -> None:
+    # The stage loads here, not at the top: --help needs the parser alone (evaluate/cli.py).
+    from counteraudit.explain.method_choice import run_methods
+    from counteraudit.explain.settings import method_problems, method_specs
+    from counteraudit.explain.stage import explain_suite, explained_images_line
+    from counteraudit.train.checked_training import train_and_check
+    from counteraudit.train.core.stage import run_options, selected_models
+    from counteraudit.train.core.suite import load_suite
+
     suite = explain_overrides(load_suite(args.suite, method_problems), args)
     options = run_options(args)
     methods = method_specs(suite, run_methods(args.method, not args.no_control))
@@ -82,47 +90,6 @@ def main(args: argparse.Namespace) -> None:
           f"already stored, in {time.perf_counter() - started:.1f}s; {explained_images_line(done)}")
 
 
-class MethodOption(argparse.Action):
-    """``--method NAME[:key=value,...]``: appends NAME to ``method`` and (text, table) to
-    ``method_params``; the syntax is checked here, the parameters by the method's own ``Params``
-    once the suite is read (``with_method_parameters``)."""
-
-    def __call__(self, parser, namespace, text, option_string=None):
-        try:
-            name, table = method_choice(text)
-        except ValueError as error:
-            raise argparse.ArgumentError(self, str(error).removeprefix("--method ")) from None
-        names = list(getattr(namespace, self.dest) or [])
-        if name in names:
-            raise argparse.ArgumentError(self, f"{name!r} is given twice; give its parameters "
-                                               f"once, --method {name}:key=value,key=value")
-        setattr(namespace, self.dest, [*names, name])
-        if table:
-            namespace.method_params = {**namespace.method_params, name: (text, table)}
-
-
-def add_method_args(parser: argparse.ArgumentParser, help_text: str = METHOD_HELP) -> argparse.ArgumentParser:
-    """--method and --no-control: the methods a run explains with, their parameters, and the
-    control (``explain/method_choice.py``)."""
-    parser.add_argument("--method", action=MethodOption, default=None,
-                        metavar="NAME[:KEY=VALUE,...]", help=help_text)
-    parser.add_argument("--no-control", action="store_true",
-                        help=f"with --method: do not add the outputs-only control ({CONTROL_METHOD})")
-    parser.set_defaults(method_params={})
-    return parser
-
-
-def add_chunk_images_arg(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument(
-        "--chunk-images", type=int, default=None, metavar="N",
-        help="split the explain stage into work items of one (model, method, image set, image "
-             "range) of N images each (rounded up to a multiple of the method's batch size, so "
-             "results are bit for bit those of an unchunked run), stored as parts and gathered "
-             "into the usual result; default: the suite's [explain] chunk_images, else no "
-             "chunking (one item per (model, method): one model load each, best locally); 0: no "
-             "chunking. On Slurm 16 is a good start (four batches of Caricatures, the slow "
-             "method; cheap methods, whose batches are larger, stay one item per image set)")
-    return parser
 
 
 if __name__ == "__main__":

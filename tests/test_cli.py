@@ -4,6 +4,8 @@ distance fixed by the suite: the same tables online and offline, nothing downloa
 import argparse
 import re
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
 
 import pandas as pd
@@ -12,7 +14,8 @@ import torch
 
 from counteraudit.evaluate.cli import STAGE_SCRIPTS, _build_parsers, main
 from counteraudit.evaluate.discovery.auditors import AUDITORS
-from counteraudit.evaluate.pipeline import pipeline_parser, prepare
+from counteraudit.evaluate.pipeline_options import pipeline_parser
+from counteraudit.evaluate.pipeline import prepare
 from counteraudit.evaluate.scoring.detection import margin_text
 from counteraudit.evaluate.scoring.distances import MissingBackboneWeightsError
 from counteraudit.evaluate.scoring.tables import chance_band_note
@@ -22,7 +25,7 @@ from counteraudit.train.core.stage import RunOptions
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.suite_schema import SuiteFileError
 from counteraudit.evaluate.pipeline import load_checked_suite
-from tests.conftest import write_suite
+from tests.conftest import REPO, write_suite
 
 
 def option_entries(help_text: str) -> list[str]:
@@ -81,6 +84,45 @@ def test_help_texts_say_what_the_commands_do_and_where_they_write():
     explain = " ".join(subcommands["explain"].format_help().split())
     assert "<runs-dir>/store/visualizations/<method>/<key hash>/" in explain
     assert "linked from <runs-dir>/<suite>/visualizations/" in explain
+
+
+# What a --help must not load: the libraries of the stages (a --help answers in a fraction of a
+# second without them; `import torch` alone takes 1-2 s on a 2-core CPU).
+HEAVY_LIBRARIES = {"torch", "torchvision", "captum", "scipy", "sklearn", "pandas"}
+# The helps that load torch, and why: discover lists every registered auditor with what it does,
+# which only their modules say; `counteraudit explain` imports explain/run.py as a module of the
+# explain package, whose __init__ exports the method classes (python explain/run.py does not).
+HELP_LOADS_PLUGINS = {("counteraudit", "discover"), ("counteraudit", "explain"), ("script", "discover")}
+
+
+def modules_imported(argv: list[str]) -> set[str]:
+    """The modules a run of ``python <argv>`` imports, from Python's import-time log; it must exit 0."""
+    run = subprocess.run([sys.executable, "-X", "importtime", *argv], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, (argv, run.stderr[-2000:])
+    return {line.split("|")[-1].strip() for line in run.stderr.splitlines()
+            if line.startswith("import time:")}
+
+
+def test_the_commands_help_loads_no_stage():
+    imported = modules_imported(["-m", "counteraudit.evaluate.cli", "--help"])
+    assert "counteraudit.train.core.command_line" in imported  # (the log is read)
+    assert not imported & HEAVY_LIBRARIES, imported & HEAVY_LIBRARIES
+    assert not imported & set(STAGE_SCRIPTS.values()), imported & set(STAGE_SCRIPTS.values())
+
+
+@pytest.mark.parametrize("form", ["counteraudit", "script"])
+@pytest.mark.parametrize("name", list(STAGE_SCRIPTS))
+def test_a_subcommands_help_loads_only_its_own_script(name, form):
+    """`counteraudit NAME --help` imports NAME's script and no other; neither it nor `python
+    <script> --help` loads torch & co (but where HELP_LOADS_PLUGINS says why)."""
+    script = STAGE_SCRIPTS[name].removeprefix("counteraudit.").replace(".", "/") + ".py"
+    argv = ["-m", "counteraudit.evaluate.cli", name, "--help"] if form == "counteraudit" else [script, "--help"]
+    imported = modules_imported(argv)
+    others = set(STAGE_SCRIPTS.values()) - {STAGE_SCRIPTS[name]}
+    assert not imported & others, imported & others
+    heavy = imported & HEAVY_LIBRARIES
+    assert bool(heavy) == ((form, name) in HELP_LOADS_PLUGINS), (form, name, heavy)
 
 
 def test_printed_margins_never_contradict_the_verdict():

@@ -30,7 +30,7 @@ from counteraudit.evaluate.discovery.stage import discover_suite
 from counteraudit.evaluate.discovery.tables import discovery_tables
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.implant_checks import read_implant
-from counteraudit.train.train import train_and_check
+from counteraudit.train.checked_training import train_and_check
 from counteraudit.train.worlds import build_world
 from counteraudit.train.core.stage import run_options
 

@@ -16,7 +16,7 @@ import torch
 import counteraudit.explain.stage as explain_pipeline
 import counteraudit.train.core.stage as stage_skeleton
 from counteraudit.anomalies.image_sets import detection_set
-from counteraudit.evaluate.pipeline import pipeline_parser
+from counteraudit.evaluate.pipeline_options import pipeline_parser
 from counteraudit.evaluate.scoring.distances import build_distance
 from counteraudit.evaluate.scoring.stage import SCORES, detection_scores
 from counteraudit.explain.base import build_method

@@ -18,10 +18,12 @@ from counteraudit.evaluate.report import get_args_parser as report_parser
 from counteraudit.evaluate.report import main as report_main
 from counteraudit.slurm.errors import ItemsFailedError
 from counteraudit.slurm.executor_config import ExecutorConfig
-from counteraudit.train.core.artifacts import RunsFolderError, artifact_lock, atomic_write_text, runs_folder_bound
+from counteraudit.train.core.artifacts import RunsFolderError, artifact_lock, atomic_write_text
+from counteraudit.train.core.runs_folder import runs_folder_bound
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.suite_schema import SuiteFileError
-from counteraudit.train.core.stage import StagePlan, run_cli, run_stage
+from counteraudit.train.core.command_line import run_cli
+from counteraudit.train.core.stage import StagePlan, run_stage
 from counteraudit.train.train import get_args_parser as train_parser
 from counteraudit.train.train import main as train_main
 from test_runs_folder_safety import _listing

@@ -19,7 +19,7 @@ from counteraudit.evaluate import detect
 from counteraudit.train import train
 from counteraudit.train.checkpoint import CHECKPOINT_NAME, METRICS_NAME, WEIGHTS_NAME
 from counteraudit.train.core import size_bounds as bounds
-from counteraudit.train.core.stage import run_cli
+from counteraudit.train.core.command_line import run_cli
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.suite_files import MAX_EXTENDS_DEPTH, MAX_NESTING_DEPTH
 from counteraudit.train.trainer import train_model

@@ -15,8 +15,8 @@ import pytest
 import submitit
 
 from counteraudit.slurm.errors import ExecutorConfigError
-from counteraudit.slurm.executor import (ExecutorConfig, add_executor_args, executor_config_from, executor_options,
-                                         submit_items)
+from counteraudit.slurm.executor_config import add_executor_args
+from counteraudit.slurm.executor import ExecutorConfig, executor_config_from, executor_options, submit_items
 from counteraudit.slurm.request_checks import sbatch_parameters
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.suite_schema import SuiteFileError

@@ -118,7 +118,7 @@ def test_a_command_whose_numpy_loaded_too_early_starts_again_once(tmp_path):
         import argparse
         import numpy  # noqa: F401  (loaded before counteraudit)
         from counteraudit.train.core import numerics
-        from counteraudit.train.core.stage import run_cli
+        from counteraudit.train.core.command_line import run_cli
         numerics.numpy_uses_avx512 = lambda: not capped_at_start  # as on an AVX-512 CPU
         run_cli(lambda args: print("ran, capped:", capped_at_start), argparse.ArgumentParser())
     """))

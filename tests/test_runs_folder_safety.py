@@ -12,7 +12,7 @@ import pytest
 from conftest import write_suite
 from counteraudit.train.core.artifacts import RunsFolderError, atomic_write_json, inside_runs
 from counteraudit.train.checkpoint import MODELS, SPEC_NAME, link_suite_models, model_dir
-from counteraudit.train.core.stage import add_common_args, run_cli
+from counteraudit.train.core.command_line import add_common_args, run_cli
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.train import get_args_parser as train_args_parser
 from counteraudit.train.train import main as train_main

@@ -12,8 +12,8 @@ import torch
 from counteraudit.slurm.checkpointing import ResumableCall, resumable
 from counteraudit.slurm.distributed import cleanup_distributed, init_distributed
 from counteraudit.slurm.errors import ExecutorConfigError, ItemsFailedError, NoGpuError, SlurmUnreachableError
-from counteraudit.slurm.executor import (ExecutorConfig, add_executor_args, executor_config_from, executor_options,
-                                         run_items)
+from counteraudit.slurm.executor_config import add_executor_args
+from counteraudit.slurm.executor import ExecutorConfig, executor_config_from, executor_options, run_items
 
 
 def parse(*command_line: str) -> dict:

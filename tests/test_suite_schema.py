@@ -11,7 +11,7 @@ import annotated_types
 import pytest
 
 from counteraudit.evaluate.detect import get_args_parser, main
-from counteraudit.train.core.stage import run_cli
+from counteraudit.train.core.command_line import run_cli
 from counteraudit.train.core.recipe import Recipe
 from counteraudit.evaluate.pipeline import load_checked_suite
 from counteraudit.train.core.suite import load_suite

@@ -32,7 +32,8 @@ SOURCES = sorted(path for package in PACKAGES for path in (REPO / package).rglob
 # The modules that declare command-line options and turn them into typed values: the entry
 # scripts (each has a get_args_parser and runs as a script) and the helpers that add options
 # shared by several scripts, each reading back only its own.
-OPTION_MODULES = {"train/core/stage.py", "slurm/executor_config.py", "evaluate/pipeline.py",
+OPTION_MODULES = {"train/core/stage.py", "train/core/command_line.py", "train/core/explain_options.py",
+                  "slurm/executor_config.py", "evaluate/pipeline.py", "evaluate/pipeline_options.py",
                   "evaluate/benchmarks/__init__.py"}
 
 

@@ -25,7 +25,7 @@ from counteraudit.train.checkpoint import (CHECKPOINT_NAME, WEIGHTS_NAME, load_t
                                            save_training_state)
 from counteraudit.train.convert_checkpoint import get_args_parser as convert_args_parser
 from counteraudit.train.convert_checkpoint import main as convert_main
-from counteraudit.train.core.stage import run_cli
+from counteraudit.train.core.command_line import run_cli
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.weights import check_external_checkpoint, load_backbone_weights
 from counteraudit.train.core.suite_schema import SuiteFileError

@@ -68,5 +68,5 @@ def main(args: argparse.Namespace) -> dict[str, torch.Tensor]:
 
 
 if __name__ == "__main__":
-    from counteraudit.train.core.stage import run_cli
+    from counteraudit.train.core.command_line import run_cli
     run_cli(main, get_args_parser())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from counteraudit.train.core.stage import ScriptHelpFormatter
+from counteraudit.train.core.command_line import ScriptHelpFormatter
 
 
 def benchmark_parser(title: str, docstring: str, add_help: bool = True) -> argparse.ArgumentParser:

@@ -28,7 +28,7 @@ from counteraudit.anomalies.common import accuracy, verification_indices
 from counteraudit.anomalies.families.adversarial import pgd
 from counteraudit.evaluate.benchmarks import benchmark_parser
 from counteraudit.train.checkpoint import model_dir
-from counteraudit.train.core.stage import add_common_args, run_cli
+from counteraudit.train.core.command_line import add_common_args, run_cli
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.numerics import cpu_model
 from counteraudit.train.trainer import load_trained_model, new_model

@@ -33,7 +33,7 @@ from counteraudit.evaluate.benchmarks import benchmark_parser
 from counteraudit.explain import build_method
 from counteraudit.explain.caricature_transforms import AUGMENTATIONS
 from counteraudit.train.architectures import build_model
-from counteraudit.train.core.stage import run_cli
+from counteraudit.train.core.command_line import run_cli
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.worlds.synthetic import SyntheticConfig, SyntheticWorld
 

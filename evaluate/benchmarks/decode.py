@@ -27,7 +27,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from counteraudit.evaluate.benchmarks import benchmark_parser
-from counteraudit.train.core.stage import run_cli
+from counteraudit.train.core.command_line import run_cli
 from counteraudit.train.core.numerics import cpu_model
 from counteraudit.train.worlds import decoding
 

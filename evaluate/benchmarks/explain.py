@@ -32,7 +32,7 @@ from counteraudit.evaluate.benchmarks import benchmark_parser
 from counteraudit.explain import METHODS, build_method
 from counteraudit.explain.base import seeded_rng
 from counteraudit.train.architectures import ARCHITECTURES, build_model, layer_name, resolve_layer
-from counteraudit.train.core.stage import run_cli
+from counteraudit.train.core.command_line import run_cli
 from counteraudit.train.worlds.synthetic import SyntheticConfig, SyntheticWorld
 
 with warnings.catch_warnings():  # lucent's render scripts a function with torch.jit: a notice

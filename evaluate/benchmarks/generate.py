@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from counteraudit.evaluate.benchmarks import benchmark_parser
-from counteraudit.train.core.stage import run_cli
+from counteraudit.train.core.command_line import run_cli
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.numerics import cpu_model
 from counteraudit.train.worlds import build_world

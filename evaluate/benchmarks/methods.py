@@ -30,7 +30,7 @@ from counteraudit.evaluate.benchmarks import benchmark_parser
 from counteraudit.explain import METHODS, build_method
 from counteraudit.explain.base import AttributionMethod
 from counteraudit.train.architectures import build_model
-from counteraudit.train.core.stage import run_cli
+from counteraudit.train.core.command_line import run_cli
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.numerics import cpu_model
 

@@ -31,7 +31,7 @@ from counteraudit.evaluate.benchmarks import benchmark_parser
 from counteraudit.evaluate.reporting.tables import to_markdown
 from counteraudit.evaluate.scoring.null_tests.base import NULL_TESTS, detectable_effect, power
 from counteraudit.train.core import numerics
-from counteraudit.train.core.stage import run_cli
+from counteraudit.train.core.command_line import run_cli
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:

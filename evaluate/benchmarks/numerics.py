@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from counteraudit.evaluate.benchmarks import benchmark_parser
 from counteraudit.train.architectures import build_model
 from counteraudit.train.core import numerics
-from counteraudit.train.core.stage import run_cli
+from counteraudit.train.core.command_line import run_cli
 
 
 def digest(*tensors: torch.Tensor | np.ndarray) -> str:

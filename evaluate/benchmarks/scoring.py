@@ -30,7 +30,7 @@ from counteraudit.evaluate.scoring.distances import DISTANCES, build_distance
 from counteraudit.evaluate.scoring.distances.lpips_features import LPIPSDistance
 from counteraudit.evaluate.scoring.scores import anomaly_scores
 from counteraudit.train.core.artifacts import atomic_write_json
-from counteraudit.train.core.stage import run_cli
+from counteraudit.train.core.command_line import run_cli
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:

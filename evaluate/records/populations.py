@@ -7,11 +7,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from counteraudit.evaluate.records.populations_file import KNOWN_POPULATIONS
 from counteraudit.evaluate.records.schema import SHA256_PATTERN, RecordError, error_line
 from counteraudit.evaluate.release.export import population_id
 from counteraudit.train.core.suite import Suite
-
-KNOWN_POPULATIONS = Path(__file__).with_name("populations.toml")
 
 
 class ExportedWith(BaseModel):

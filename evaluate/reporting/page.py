@@ -12,6 +12,7 @@ import pandas as pd
 
 # the section modules, named apart from the Report fields of the same names
 from counteraudit.evaluate.reporting import detection as detection_sections
+from counteraudit.evaluate.reporting.page_defaults import DEFAULT_EXAMPLES, DEFAULT_IMAGE_SIDE
 from counteraudit.evaluate.reporting import implants as implant_sections
 from counteraudit.evaluate.reporting import localization as localization_sections
 from counteraudit.evaluate.reporting import summary as summary_sections
@@ -33,8 +34,6 @@ from counteraudit.evaluate.reporting.discovery import discovery_section
 from counteraudit.evaluate.reporting.comparison import comparison_entries, comparison_section
 from counteraudit.train.core.suite_files import SUITES_DIR
 
-DEFAULT_EXAMPLES = 1     # normal and abnormal inputs shown per localizable model
-DEFAULT_IMAGE_SIDE = 128  # embedded images are downscaled to at most this many pixels a side
 
 
 class Report:

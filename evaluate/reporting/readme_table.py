@@ -17,7 +17,7 @@ import pandas as pd
 
 from counteraudit.evaluate.reporting.tables import to_markdown
 from counteraudit.train.core.artifacts import inside_runs, runs_dir
-from counteraudit.train.core.stage import run_cli
+from counteraudit.train.core.command_line import run_cli
 
 # Table 2's row for a method with one AUROC per layer: the average over its layers.
 LAYER_AVERAGE = "{method} layer average"

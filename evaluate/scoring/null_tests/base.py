@@ -27,7 +27,7 @@ from counteraudit.train.core.suite_schema import MIN_NULL_MODELS, ReferencesTabl
 NULL_TESTS: Registry = Registry("p-value test", plugins="counteraudit.evaluate.scoring.null_tests")
 
 __all__ = ["NULL_TESTS", "NullTest", "RECOMMENDED_TEST", "power", "detectable_effect",
-           "below_level_p_values", "describe_tests"]
+           "below_level_p_values"]
 
 RECOMMENDED_TEST = "huber"  # why: null_tests/huber.py; its figures: evaluate/benchmarks/null_tests.py
 
@@ -60,12 +60,6 @@ class NullTest:
         fits others."""
         null_logs = np.asarray(null_logs, dtype=np.float64)
         return float(null_logs.mean()), float(null_logs.std(ddof=1))
-
-
-def describe_tests() -> str:
-    """The registered tests for --help: "huber (recommended: ...), student_t (...), ..."."""
-    return ", ".join(f"{name} ({'recommended: ' if name == RECOMMENDED_TEST else ''}"
-                     f"{NULL_TESTS.get(name).summary})" for name in NULL_TESTS.names())
 
 
 def check_nulls(null_abars: np.ndarray, minimum: int) -> np.ndarray:
