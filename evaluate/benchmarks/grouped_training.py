@@ -39,7 +39,7 @@ from counteraudit.anomalies.families.adversarial import pgd
 from counteraudit.evaluate.benchmarks import benchmark_parser
 from counteraudit.train.architectures import SmallResNet
 from counteraudit.train.core.numerics import cpu_model
-from counteraudit.train.core.stage import run_cli
+from counteraudit.train.core.command_line import run_cli
 
 ENGINES = ("alone", "grouped", "vmap")
 STEPS = ("plain", "adversarial", "gradient")

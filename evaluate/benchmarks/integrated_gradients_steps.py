@@ -28,7 +28,7 @@ from counteraudit.explain import build_method
 from counteraudit.explain.input_space import baseline_image, on_normalized_input
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.numerics import cpu_model
-from counteraudit.train.core.stage import add_common_args, run_cli
+from counteraudit.train.core.command_line import add_common_args, run_cli
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.trainer import load_trained_model
 from counteraudit.train.worlds import build_world
