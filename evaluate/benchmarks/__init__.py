@@ -9,6 +9,8 @@ built on ``benchmark_parser``, ``main(args)``, and, run as a file,
 from __future__ import annotations
 
 import argparse
+import time
+from collections.abc import Callable
 
 from counteraudit.train.core.command_line import ScriptHelpFormatter
 
@@ -18,3 +20,19 @@ def benchmark_parser(title: str, docstring: str, add_help: bool = True) -> argpa
     (its errors say so), its --help the script's docstring as written and each option's default."""
     return argparse.ArgumentParser(f"counteraudit {title} benchmark", add_help=add_help,
                                    description=docstring, formatter_class=ScriptHelpFormatter)
+
+
+def interleaved_seconds(functions: dict[str, Callable[[], object]],
+                        repeats: int) -> dict[str, list[float]]:
+    """Seconds of each of ``repeats`` calls of every function, after one warm-up call of each
+    (first-call kernel setup, allocations). The functions take turns within each round, so a load
+    that drifts on a shared machine falls on all of them."""
+    for function in functions.values():
+        function()
+    seconds: dict[str, list[float]] = {name: [] for name in functions}
+    for _ in range(repeats):
+        for name, function in functions.items():
+            started = time.perf_counter()
+            function()
+            seconds[name].append(time.perf_counter() - started)
+    return seconds

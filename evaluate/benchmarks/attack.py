@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import time
 
 import torch
 from torch import nn
@@ -26,7 +25,7 @@ from torch import nn
 from counteraudit.anomalies import FAMILIES
 from counteraudit.anomalies.common import accuracy, verification_indices
 from counteraudit.anomalies.families.adversarial import pgd
-from counteraudit.evaluate.benchmarks import benchmark_parser
+from counteraudit.evaluate.benchmarks import benchmark_parser, interleaved_seconds
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.command_line import add_common_args, run_cli
 from counteraudit.train.core.suite import load_suite
@@ -93,15 +92,7 @@ def time_training_steps(spec, world, family, batch_size: int, repeats: int) -> d
             loss.backward()
             optimizer.step()
         steps[name] = step
-    for step in steps.values():
-        step()  # warm-up: first-call kernel setup
-    seconds: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            tic = time.perf_counter()
-            step()
-            seconds[name].append(time.perf_counter() - tic)
-    return seconds
+    return interleaved_seconds(steps, repeats)
 
 
 def main(args: argparse.Namespace) -> dict:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 import warnings
 from typing import Callable
 
@@ -29,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from counteraudit.evaluate.benchmarks import benchmark_parser
+from counteraudit.evaluate.benchmarks import benchmark_parser, interleaved_seconds
 from counteraudit.explain import build_method
 from counteraudit.explain.caricature_transforms import AUGMENTATIONS
 from counteraudit.train.architectures import build_model
@@ -65,15 +64,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 def best_times(functions: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
     """Best of ``repeats`` seconds per function, the functions taking turns within each repeat
     (a load that drifts on a shared machine hits both), after one warm-up run of each."""
-    for function in functions.values():
-        function()
-    times = {name: [] for name in functions}
-    for _ in range(repeats):
-        for name, function in functions.items():
-            started = time.perf_counter()
-            function()
-            times[name].append(time.perf_counter() - started)
-    return {name: min(seconds) for name, seconds in times.items()}
+    return {name: min(seconds) for name, seconds in interleaved_seconds(functions, repeats).items()}
 
 
 def input_difference(canvas: int, size: int, draws: int, device: torch.device

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -36,7 +35,7 @@ from torch.func import functional_call, stack_module_state
 from torch.profiler import profile
 
 from counteraudit.anomalies.families.adversarial import pgd
-from counteraudit.evaluate.benchmarks import benchmark_parser
+from counteraudit.evaluate.benchmarks import benchmark_parser, interleaved_seconds
 from counteraudit.train.architectures import SmallResNet
 from counteraudit.train.core.numerics import cpu_model
 from counteraudit.train.core.command_line import run_cli
@@ -219,15 +218,7 @@ def measure(k: int, threads: int, batch: int, size: int, kind: str, repeats: int
             engines: list[str]) -> dict[str, float]:
     """Images per second per model of each engine: the median over interleaved rounds."""
     torch.set_num_threads(threads)
-    steps = _step_functions(k, batch, size, kind, engines)
-    for step in steps.values():  # warm-up: allocations, oneDNN's kernel choice
-        step()
-    seconds: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            started = time.perf_counter()
-            step()
-            seconds[name].append(time.perf_counter() - started)
+    seconds = interleaved_seconds(_step_functions(k, batch, size, kind, engines), repeats)
     return {name: batch / statistics.median(times) for name, times in seconds.items()}
 
 
