@@ -12,29 +12,12 @@ stage (and no torch).
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib
-import importlib.machinery
-import importlib.util
 import sys
-from pathlib import Path
 
 from counteraudit.evaluate.stage_scripts import STAGE_SCRIPTS
 from counteraudit.train.core.command_line import ScriptHelpFormatter, run_cli
-
-
-def script_path(module_name: str) -> Path:
-    """The source file of a stage script's module, found without running it nor its package's
-    ``__init__`` (the explain package's imports torch): the package is located, not imported."""
-    package, _, leaf = module_name.rpartition(".")
-    locations = importlib.util.find_spec(package).submodule_search_locations
-    return Path(importlib.machinery.PathFinder.find_spec(leaf, locations).origin)
-
-
-def script_docstring(module_name: str) -> str:
-    """A stage script's docstring, read from its source."""
-    return ast.get_docstring(ast.parse(script_path(module_name).read_text(encoding="utf-8")),
-                             clean=False) or ""
+from counteraudit.train.core.module_sources import module_docstring
 
 
 def _summary(docstring: str) -> str:
@@ -59,7 +42,7 @@ def _build_parsers(add_help: bool = True, only: str | None = None):
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     by_name = {}
     for name, module_name in STAGE_SCRIPTS.items():
-        docstring = script_docstring(module_name)
+        docstring = module_docstring(module_name)
         if only is not None and name != only:
             by_name[name] = commands.add_parser(name, help=_summary(docstring), add_help=False)
             continue

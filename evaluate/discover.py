@@ -26,26 +26,25 @@ import counteraudit.train  # noqa: E402, F401, I001
 import argparse
 import time
 
+from counteraudit.evaluate.discovery.auditor_registry import AUDITORS
 from counteraudit.slurm.executor_config import add_executor_args
 from counteraudit.train.core.command_line import ScriptHelpFormatter, add_common_args, run_cli
+from counteraudit.train.core.suite_schema import DISCOVER_SCORES
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    # The one stage whose --help loads plug-ins (torch): it lists every registered auditor with
-    # what it does, which only their modules say.
-    from counteraudit.evaluate.discovery.auditors import AUDITORS
-    from counteraudit.evaluate.discovery.relative import SCORES
-
+    # The auditors are listed from their source (AUDITORS.summaries): the help imports none.
+    auditors = AUDITORS.summaries()
     parser = argparse.ArgumentParser("counteraudit discover", add_help=add_help,
-                                     formatter_class=ScriptHelpFormatter, epilog=auditors_epilog())
+                                     formatter_class=ScriptHelpFormatter, epilog=auditors_epilog(auditors))
     add_common_args(parser)
     parser.add_argument("--auditor", action="append", default=None, metavar="NAME",
                         help="only this auditor (repeatable); default: the suite's [discover] "
-                             f"auditors, else every registered one ({', '.join(AUDITORS.names())})")
+                             f"auditors, else every registered one ({', '.join(auditors)})")
     parser.add_argument("--device", default=None,
                         help="cpu, cuda or cuda:N (default: cuda if available); the demo's "
                              "small models run as fast on 2 CPU cores")
-    parser.add_argument("--score", choices=SCORES, default=None,
+    parser.add_argument("--score", choices=DISCOVER_SCORES, default=None,
                         help="how subgroups are ranked (default: the suite's [discover] score, "
                              "else relative): relative (recommended) scores each against the "
                              "references on the same images; absolute ranks by the statistic "
@@ -54,16 +53,10 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
-def auditors_epilog() -> str:
+def auditors_epilog(auditors: dict[str, str]) -> str:
     """The registered auditors, one line each: the first line of its module's docstring."""
-    from counteraudit.evaluate.discovery.auditors import AUDITORS
-
-    lines = []
-    for name in AUDITORS.names():
-        summary = (sys.modules[AUDITORS.get(name).__module__].__doc__ or "").strip().split("\n")[0]
-        lines.append(f"  {name}: {summary}")
     return ("auditors (every registered one runs, unless --auditor or [discover] auditors "
-            "narrows them):\n" + "\n".join(lines))
+            "narrows them):\n" + "\n".join(f"  {name}: {summary}" for name, summary in auditors.items()))
 
 
 def main(args: argparse.Namespace) -> dict:

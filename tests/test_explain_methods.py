@@ -12,7 +12,7 @@ import pytorch_grad_cam
 from pytorch_grad_cam import FullGrad, GradCAM, GradCAMPlusPlus
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 
-from counteraudit.explain import METHODS, build_method
+from counteraudit.explain.base import METHODS, build_method
 from counteraudit.explain.caricature_transforms import StandardTransforms
 from counteraudit.explain.explainable import make_explainable_copy
 from counteraudit.explain.methods.caricature import StagedForward, depth_order

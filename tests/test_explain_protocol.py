@@ -21,7 +21,7 @@ from pytorch_grad_cam.utils.image import show_cam_on_image
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 
 from counteraudit.evaluate.detect import get_args_parser, main
-from counteraudit.explain import build_method
+from counteraudit.explain.base import build_method
 from counteraudit.explain.caricature_transforms import (AUGMENTATIONS, draw_parameters,
                                                         sampling_grid, sampling_grids)
 from counteraudit.explain.methods.caricature import floor_uint8, per_row_start

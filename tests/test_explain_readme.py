@@ -31,15 +31,16 @@ def test_readme_example_adds_a_method_with_one_file_that_passes_every_methods_ch
     script = textwrap.dedent(f"""
         import json
         import pytest
-        import counteraudit.explain as explain, counteraudit.explain.methods
+        import counteraudit.explain.methods as methods
+        from counteraudit.explain.base import METHODS, build_method
 
         # A folder of the methods package, as explain/methods/ itself is; nothing else changes.
-        explain.methods.__path__.append({str(plugin_dir)!r})
-        added = {{name for name in explain.METHODS  # the first lookup imports every module
-                 if explain.METHODS.get(name).__module__.endswith(".readme_example")}}
+        methods.__path__.append({str(plugin_dir)!r})
+        added = {{name for name in METHODS  # the first lookup imports every module
+                 if METHODS.get(name).__module__.endswith(".readme_example")}}
         assert len(added) == 1, f"the guide's example registered {{added}}, expected one method"
         name = added.pop()
-        configured = explain.build_method(name, {{"samples": 4}})  # a suite's [methods.<name>]
+        configured = build_method(name, {{"samples": 4}})  # a suite's [methods.<name>]
         assert configured.params.samples == 4
 
         # The newcomer's path, through a suite file: [methods.<name>] is parsed once by the
@@ -54,7 +55,7 @@ def test_readme_example_adds_a_method_with_one_file_that_passes_every_methods_ch
         suite_file.write_text(f'[explain]\\nmethods = ["{{name}}"]\\n'
                               f'[methods.{{name}}]\\nsamples = 4\\nnoise_std = 1\\n')
         suite = load_suite(suite_file, method_problems)
-        method_class, seen = explain.METHODS.get(name), []
+        method_class, seen = METHODS.get(name), []
         attribute = method_class.attribute
         def recording(self, model, images, targets):
             seen.append(self.params)
@@ -93,7 +94,7 @@ def test_readme_example_adds_a_method_with_one_file_that_passes_every_methods_ch
         status = pytest.main([{str(METHOD_CHECKS)!r}, "-q", "-p", "no:cacheprovider", "-n", "0",
                               "-k", f"[{{name}}]"], plugins=[outcomes])
         print("RESULT " + json.dumps({{"name": name, "status": int(status),
-                                      "batch_invariant": explain.METHODS.get(name).batch_invariant,
+                                      "batch_invariant": METHODS.get(name).batch_invariant,
                                       "outcomes": outcomes.by_test}}))
     """)
     result = subprocess.run([sys.executable, "-W", "ignore", "-c", script], cwd=REPO,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from counteraudit.explain import build_method
+from counteraudit.explain.base import build_method
 from counteraudit.explain.base import Explanation
 from counteraudit.explain.explainable import check_relus_used_once, explainable
 from counteraudit.train.core.params import execution_only, parse_params, recorded_params

@@ -9,7 +9,7 @@ import dataclasses
 from pathlib import Path
 
 from counteraudit.evaluate.benchmarks.methods import COLUMNS, markdown_table, method_facts
-from counteraudit.explain import METHODS
+from counteraudit.explain.base import METHODS
 
 GUIDE = Path(__file__).resolve().parents[1] / "explain" / "README.md"
 

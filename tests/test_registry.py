@@ -128,6 +128,41 @@ def test_a_failed_plugin_import_is_tried_again(plugin_root):
     assert shapes.names() == []
 
 
+def test_summaries_read_the_plugins_source_without_importing_them(plugin_root, monkeypatch):
+    """What a --help lists: each plug-in with the first line of its module's docstring, read from
+    the source (the module is not run), beside an entry registered since (a plug-in file's)."""
+    shapes = Registry("shape", plugins="fake_plugins_e")
+    monkeypatch.setattr(sys.modules[__name__], "SHAPES", shapes, raising=False)
+    plugin_package(plugin_root, "fake_plugins_e", {"square": f'''
+        """Squares: four equal sides.
+
+        More than the help says."""
+        from {__name__} import SHAPES
+        raise AssertionError("a summary ran the plug-in")
+
+        @SHAPES.register
+        class Square:
+            name = "square"
+        ''', "_private": "raise AssertionError('a private module was read')"})
+    shapes.register(Entry("circle"))  # this module's entry: its docstring's first line
+    assert shapes.summaries() == {"circle": __doc__.split("\n")[0], "square": "Squares: four equal sides."}
+    assert not any(name.startswith("fake_plugins_e.") for name in sys.modules)
+
+
+@pytest.mark.parametrize("registration", [
+    "SHAPES.register(Entry('square'))",  # an instance: named when it runs
+    "@SHAPES.register\nclass Square:\n    name = 'squ' + 'are'",  # a name computed
+])
+def test_summaries_import_the_plugins_whose_source_does_not_say_their_name(plugin_root, monkeypatch,
+                                                                           registration):
+    shapes = Registry("shape", plugins="fake_plugins_f")
+    monkeypatch.setattr(sys.modules[__name__], "SHAPES", shapes, raising=False)
+    plugin_package(plugin_root, "fake_plugins_f", {"square": f'"""Squares."""\nfrom {__name__} import SHAPES, Entry\n'
+                                                             f"{registration}\n"})
+    assert list(shapes.summaries()) == ["square"]
+    assert "fake_plugins_f.square" in sys.modules
+
+
 def test_every_registry_names_an_importable_plugin_package():
     """Training's registries (train/core/registries.py) and each higher layer's own, beside its
     plug-ins."""

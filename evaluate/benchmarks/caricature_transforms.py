@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from counteraudit.evaluate.benchmarks import benchmark_parser, interleaved_seconds
-from counteraudit.explain import build_method
+from counteraudit.explain.base import build_method
 from counteraudit.explain.caricature_transforms import AUGMENTATIONS
 from counteraudit.train.architectures import build_model
 from counteraudit.train.core.command_line import run_cli

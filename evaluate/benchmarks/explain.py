@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from counteraudit.evaluate.benchmarks import benchmark_parser
-from counteraudit.explain import METHODS, build_method
+from counteraudit.explain.base import METHODS, build_method
 from counteraudit.explain.base import seeded_rng
 from counteraudit.train.architectures import ARCHITECTURES, build_model, layer_name, resolve_layer
 from counteraudit.train.core.command_line import run_cli

@@ -24,7 +24,7 @@ import time
 import torch
 
 from counteraudit.evaluate.benchmarks import benchmark_parser
-from counteraudit.explain import build_method
+from counteraudit.explain.base import build_method
 from counteraudit.explain.input_space import baseline_image, on_normalized_input
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.numerics import cpu_model

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from counteraudit.evaluate.benchmarks import benchmark_parser
-from counteraudit.explain import METHODS, build_method
+from counteraudit.explain.base import METHODS, build_method
 from counteraudit.explain.base import AttributionMethod
 from counteraudit.train.architectures import build_model
 from counteraudit.train.core.command_line import run_cli

@@ -1,2 +1,3 @@
-"""One module per explanation method; ``explain/__init__.py`` imports them all (see explain/README.md,
-"Add an explanation method"). Modules whose name starts with ``_`` are skipped."""
+"""One module per explanation method; ``METHODS`` (explain/base.py) imports them all on its first
+lookup (see explain/README.md, "Add an explanation method"). Modules whose name starts with ``_``
+are skipped."""

@@ -3,8 +3,8 @@ NAME[:key=value,...] with the outputs-only control brought along (--no-control),
 --chunk-images. The syntax of --method is checked as it is parsed; the names and the parameters
 once the suite is read (explain/method_choice.py), against the method registry.
 
-They live here, under train/core, not in the explain package: importing that package loads the
-methods' libraries (torch), and building a parser must not (train/core/command_line.py)."""
+They live here, under train/core, beside the options every script shares: the scoring scripts
+take them too, and building a parser loads no stage (train/core/command_line.py)."""
 from __future__ import annotations
 
 import argparse

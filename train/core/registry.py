@@ -6,16 +6,20 @@ unknown name lists the valid ones, so a typo in a suite file fails with the fix 
 A registry names the package (or module) its plug-ins live in, as a string, and imports it on
 first lookup (``import_plugins``). So a registry is complete whenever it is read, nothing imports
 a kind's plug-ins (and their libraries) until they are needed, and a lower layer can look up the
-plug-ins of a higher one without importing it (train/core/registries.py).
+plug-ins of a higher one without importing it (train/core/registries.py). What a --help lists of
+them, ``summaries``, is read from their source while they are not imported
+(train/core/module_sources.py), so listing them loads none of their libraries.
 """
 from __future__ import annotations
 
 import difflib
 import importlib
-import pkgutil
+import sys
 import threading
 import weakref
 from typing import ClassVar, Generic, Iterable, Iterator, TypeVar
+
+from counteraudit.train.core.module_sources import declared_plugins, first_line, public_modules
 
 T = TypeVar("T")
 
@@ -35,11 +39,16 @@ def import_plugins(package: str) -> list[str]:
     module = importlib.import_module(package)
     if not hasattr(module, "__path__"):  # a module, not a package: its plug-ins are in it
         return [package]
-    names = [f"{package}.{info.name}" for info in pkgutil.iter_modules(module.__path__)
-             if not info.name.startswith("_")]
+    names = [f"{package}.{info.name}" for info in public_modules(module.__path__)]
     for name in names:
         importlib.import_module(name)
     return names
+
+
+def entry_summary(entry: object) -> str:
+    """The first line of the docstring of the module that defines a registered entry."""
+    module = sys.modules.get(getattr(entry, "__module__", None))
+    return first_line(getattr(module, "__doc__", None))
 
 
 class UnknownNameError(LookupError):
@@ -115,6 +124,16 @@ class Registry(Generic[T]):
         module): those its guides and shipped suites list, never a user's plug-in file's."""
         return [name for name, entry in sorted(self._complete().items())
                 if getattr(entry, "__module__", "").startswith(SHIPPED_PREFIX)]
+
+    def summaries(self) -> dict[str, str]:
+        """name -> the first line of its module's docstring, by name: what a --help lists. Until
+        the plug-ins are imported, those of the package are read from their source (a --help must
+        not load their libraries), beside the entries registered so far (a plug-in file's); the
+        plug-ins are imported where their source does not say (``declared_plugins``)."""
+        declared = declared_plugins(self.plugins) if self._pending else None
+        entries = self._complete() if declared is None else self.loaded_entries()
+        said = {**(declared or {}), **{name: entry_summary(entry) for name, entry in entries.items()}}
+        return dict(sorted(said.items()))
 
     def __contains__(self, name: object) -> bool:
         return name in self._complete()

@@ -115,6 +115,11 @@ class ExplainTable(StrictTable):
         "16 is a good start on Slurm)"))
 
 
+# How discovered subgroups are ranked (evaluate/discovery/relative.py); `discover --score` offers these.
+DiscoverScore = Literal["relative", "absolute"]
+DISCOVER_SCORES = typing.get_args(DiscoverScore)
+
+
 class DiscoverTable(StrictTable):
     auditors: list[str] | None = Field(None, description="failure-discovery auditors to run "
                                                           "(default: every registered auditor)")
@@ -122,7 +127,7 @@ class DiscoverTable(StrictTable):
     budget: dict[str, Annotated[int, Field(ge=1, le=bounds.DISCOVERY_IMAGES.limit)]] = Field(
         default_factory=dict, json_schema_extra=bounds.DISCOVERY_IMAGES.extra,
         description="images each auditor may generate, by auditor")
-    score: Literal["relative", "absolute"] = Field("relative", description=(
+    score: DiscoverScore = Field("relative", description=(
         "how subgroups are ranked: relative (recommended: the model's statistic against the "
         "references' on the same images, each reference left out of its own baseline) or "
         "absolute (the statistic alone, as the auditors' source papers ranked)"))

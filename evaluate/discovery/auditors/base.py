@@ -12,8 +12,10 @@ does the rest once for every auditor: checks the budget, evaluates under no_grad
 that used more images than its budget, and ranks the findings (per objective, worst first, ties
 broken by the conditions' text, so the same seed gives the same ranking).
 
-Register with ``@AUDITORS.register``; ``AUDITORS`` imports every module of this folder on first
-lookup, so a new auditor is one new file there, and ``tests/test_auditors.py`` tests it.
+Register with ``@AUDITORS.register`` (evaluate/discovery/auditor_registry.py) and set ``name`` to a
+string; ``AUDITORS`` imports every module of this folder on first lookup, so a new auditor is one
+new file there, and ``tests/test_auditors.py`` tests it. The first line of its module's docstring
+is its line in ``discover --help``.
 """
 from __future__ import annotations
 
@@ -27,12 +29,9 @@ import numpy as np
 import torch
 from scipy.stats import binom
 
+from counteraudit.evaluate.discovery.auditor_registry import AUDITORS
 from counteraudit.train.core.params import NoParams, parse_params, recorded_params
 from counteraudit.train.core.plugin_files import plugin_description
-from counteraudit.train.core.registry import Registry
-
-# Failure-discovery auditors: one module each in evaluate/discovery/auditors/, imported on the first lookup.
-AUDITORS: Registry = Registry("auditor", plugins="counteraudit.evaluate.discovery.auditors")
 
 PREDICT_BATCH = 256
 
