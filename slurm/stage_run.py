@@ -176,7 +176,10 @@ class SlurmStageRun(StageRun):
         results_by_index: dict[int, Any] = {}
         failures: dict[int, ItemFailure] = {}
         final_since: dict[int, float] = {}  # when Slurm first reported the item's job as over
-        poll_seconds = self._poll_seconds
+        # A finished job is seen by its result file, which costs a stat, every poll_seconds; the
+        # controller is asked (squeue) less and less often, up to every max_poll_seconds.
+        query_seconds = self._poll_seconds
+        next_query = time.monotonic()
         last_report = ""
         controller_silent_since: float | None = None
         while waiting:
@@ -197,9 +200,14 @@ class SlurmStageRun(StageRun):
                     say(self.stage_name, f"item {self.item_names[index]} failed: {_last_line(value)}")
             if not waiting:
                 break
+            if time.monotonic() < next_query:
+                time.sleep(self._poll_seconds)
+                continue
 
             states = job_states(self.jobs[index].job_id for index in waiting)
             now = time.monotonic()
+            next_query = now + query_seconds
+            query_seconds = min(query_seconds * 1.5, self._max_poll_seconds)
             if states is None:
                 controller_silent_since = controller_silent_since or now
                 if now - controller_silent_since > 60:
@@ -229,13 +237,15 @@ class SlurmStageRun(StageRun):
                         reason += f"; last log line: {_last_line(stderr_tail)}"
                     failures[index] = self._failure(index, reason, stderr_tail)
                     say(self.stage_name, f"item {self.item_names[index]}: {reason}")
+                # a job over without a result is failed when its grace ends, not at a later query
+                graces = [final_since[index] + _RESULT_GRACE_SECONDS for index in waiting if index in final_since]
+                next_query = min([next_query, *graces])
                 report = self._progress(states, waiting, len(results_by_index), len(failures))
                 if report != last_report:
                     say(self.stage_name, report)
                     last_report = report
             if waiting:
-                time.sleep(poll_seconds)
-                poll_seconds = min(poll_seconds * 1.5, self._max_poll_seconds)
+                time.sleep(self._poll_seconds)
 
         ordered_failures = [failures[index] for index in sorted(failures)]
         ordered_results = {index: results_by_index[index] for index in sorted(results_by_index)}

@@ -1,8 +1,10 @@
 """Shared fixtures: a tiny synthetic world and a tiny suite, real but seconds to train."""
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -153,6 +155,12 @@ def trained_pair(tmp_path_factory) -> tuple[Path, Path]:
     return base / "pair.toml", base / "runs"
 
 
+# A stage script's items in its own process (--jobs 1): a worker process each stage would start
+# costs more than these tiny items (an interpreter, torch and the stages to import); the tests of
+# the worker pool ask for workers themselves.
+ONE_PROCESS = ("--jobs", "1")
+
+
 def run_script(script, *args, timeout: float = 600):
     """Run a repository script in a subprocess; asserts it succeeded, returns its stdout."""
     result = subprocess.run([sys.executable, str(REPO / script), *map(str, args)],
@@ -169,13 +177,56 @@ def finished_run(tmp_path_factory):
     def build(base: Path) -> str:
         suite = write_suite(base / "e2e.toml", body=E2E_BODY, references=3, epochs=2)
         out = run_script("evaluate/detect.py", "--suite", suite, "--runs-dir", base / "runs",
-                         "--distance", "l2", "--no-progress")
+                         "--distance", "l2", "--no-progress", *ONE_PROCESS)
         # detect.py explains the detection sets; localize.py the abnormal ones: the run is finished
         run_script("evaluate/localize.py", "--suite", suite, "--runs-dir", base / "runs",
-                   "--distance", "l2", "--no-progress")
+                   "--distance", "l2", "--no-progress", *ONE_PROCESS)
         return out
     base, out = built_once(tmp_path_factory, "e2e", build)
     return base / "e2e.toml", base / "runs", out
+
+
+def with_nulls(suite: Path, runs: Path, folder: Path, name: str, body: str) -> tuple[Path, Path]:
+    """(suite file, runs root): ``runs`` copied into ``folder`` and a suite named ``name`` that
+    extends ``suite`` with ``body`` (held-out references, replicates): the models both suites
+    hold are trained once, in ``runs``."""
+    runs = Path(shutil.copytree(runs, folder / "runs", symlinks=True))
+    derived = folder / f"{name}.toml"
+    derived.write_text(f'extends = "{suite}"\nname = "{name}"\n{body}')
+    return derived, runs
+
+
+# The finished run with two replicates of the smoothing model and 4 held-out references (2 fit,
+# 2 check) under the student_t test.
+REPLICAS_BODY = """[references]
+held_out = 4
+held_out_check = 2
+[evaluate]
+p_value = "student_t"
+[[anomalies]]
+name = "smoothing"
+family = "randomized_smoothing"
+replicates = 2
+params = { sigma = 0.5 }
+"""
+
+
+@pytest.fixture(scope="session")
+def replicas_run(finished_run, tmp_path_factory):
+    """(suite file, runs root, detect.py's stdout, names of the models detect.py trained) of
+    REPLICAS_BODY on a copy of ``finished_run``, detected (detect.py). Shared: copy the runs root
+    before changing it."""
+    def build(base: Path) -> str:
+        suite, runs, _ = finished_run
+        derived, runs = with_nulls(suite, runs, base, "replicas", REPLICAS_BODY)
+        before = {p.name for p in (runs / "store" / "models").iterdir()}
+        out = run_script("evaluate/detect.py", "--suite", derived, "--runs-dir", runs,
+                         "--distance", "l2", "--no-progress", *ONE_PROCESS)
+        trained = sorted({p.name for p in (runs / "store" / "models").iterdir()} - before)
+        return json.dumps({"out": out, "trained": trained})
+    base, built = built_once(tmp_path_factory, "replicas", build)
+    built = json.loads(built)
+    return base / "replicas.toml", base / "runs", built["out"], set(built["trained"])
 
 
 def pytest_addoption(parser):

@@ -22,9 +22,8 @@ from counteraudit.evaluate.scoring.pairwise import (ADDS, LESS, NEITHER, SAME, d
 from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores
 from counteraudit.evaluate.scoring.verdicts import DETECTED, IMPLANT_FAILED, INCONCLUSIVE, NOT_DETECTED
 from counteraudit.train.core.artifacts import derive_seed
-from tests.conftest import run_script
+from tests.conftest import ONE_PROCESS, run_script
 from tests.test_baseline import REFERENCES, per_image_scores, scores_frame
-from tests.test_verdicts import replicas_with_nulls
 
 
 # ---------------------------------------------------------------- constructed data
@@ -211,7 +210,7 @@ def test_compare_end_to_end_on_a_finished_run_and_in_the_report(finished_run, tm
     suite, runs, _ = finished_run
     runs = Path(shutil.copytree(runs, tmp_path / "runs", symlinks=True))
     out = run_script("evaluate/compare.py", "--suite", suite, "--runs-dir", runs, "--distance",
-                     "l2", "--method", "guided_backprop", "--no-progress")  # --against: the control
+                     "l2", "--method", "guided_backprop", "--no-progress", *ONE_PROCESS)  # --against: the control
     assert "guided_backprop vs outputs_only" in out and "McNemar's exact" in out
     assert "need a suite with null models" in out  # said, not silently skipped
     folder = runs / "e2e" / "tables" / "method-guided_backprop+outputs_only"
@@ -229,7 +228,7 @@ def test_compare_end_to_end_on_a_finished_run_and_in_the_report(finished_run, tm
     report = tmp_path / "report.html"
     run_script("evaluate/report.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
                "--method", "guided_backprop", "--against", "outputs_only", "--output", report,
-               "--no-progress")
+               "--no-progress", *ONE_PROCESS)
     html = report.read_text()
     section = html.split('<section id="comparison">', 1)[1].split("</section>", 1)[0]
     assert '<a href="#comparison">Method against method</a>' in html
@@ -237,13 +236,14 @@ def test_compare_end_to_end_on_a_finished_run_and_in_the_report(finished_run, tm
     assert "McNemar&#x27;s exact p" in section  # escaped as every caption
 
 
-def test_compare_gives_each_familys_rate_difference_on_a_suite_with_nulls(finished_run, tmp_path):
+def test_compare_gives_each_familys_rate_difference_on_a_suite_with_nulls(replicas_run, tmp_path):
     """The finished run with replicates and 4 held-out references (2 fit, 2 check): compare
     gives per family the rate difference, its interval at 1 - alpha/m and Holm's p, and the
     rates are the shares of detect.py's per-model verdicts of each method run alone."""
-    derived, runs = replicas_with_nulls(finished_run, tmp_path)
+    derived, shared, _, _ = replicas_run
+    runs = Path(shutil.copytree(shared, tmp_path / "runs", symlinks=True))
     options = ["--suite", derived, "--runs-dir", runs, "--distance", "l2", "--no-progress",
-               "--method", "guided_backprop"]
+               "--method", "guided_backprop", *ONE_PROCESS]
     out = run_script("evaluate/compare.py", *options, "--against", "outputs_only")
     assert "Which differences are significant after Holm" in out
     assert "guided_backprop vs outputs_only: " in out
@@ -254,7 +254,7 @@ def test_compare_gives_each_familys_rate_difference_on_a_suite_with_nulls(finish
     alone = {}
     for method in ("guided_backprop", "outputs_only"):
         run_script("evaluate/detect.py", "--suite", derived, "--runs-dir", runs, "--distance", "l2",
-                   "--no-progress", "--method", method, "--no-control")
+                   "--no-progress", "--method", method, "--no-control", *ONE_PROCESS)
         alone[method] = pd.read_csv(runs / "replicas" / "tables" / f"method-{method}"
                                     / "detection-verdicts-per-model-l2.csv", keep_default_na=False)
     verdicts = pd.concat(alone.values(), ignore_index=True)

@@ -21,7 +21,7 @@ from counteraudit.evaluate.records.schema import RecordError, RecordV1, sha256_o
 from counteraudit.evaluate.records.store import read_record, read_records, record_id
 from counteraudit.evaluate.reporting.leaderboard import (CONTROL, board_table, boards, leaderboard_html,
                                                          leaderboard_markdown)
-from tests.conftest import REPO, run_script, write_suite
+from tests.conftest import ONE_PROCESS, REPO, run_script, with_nulls, write_suite
 from tests.test_report import chromium, render
 
 LEADERBOARD = REPO / "evaluate" / "leaderboard"
@@ -70,25 +70,41 @@ def test_the_known_populations_name_the_replicated_release():
 
 
 # ---------------------------------------------------------------- a finished run's records
+# NULLS_BODY's suite as an extension of the session's finished run (E2E_BODY: the same 3
+# references, methods and image counts): its references and backdoor, and the replicated run's
+# first two held-out references, are the models trained once for the whole test run.
+RECORDED_BODY = """[references]
+held_out = 2
+held_out_check = 0
+[evaluate]
+p_value = "empirical"
+[[anomalies]]
+name = "backdoor"
+family = "backdoor"
+params = { nu = 0.3, size = 0.2 }
+replicates = 2
+"""
+
+
 @pytest.fixture(scope="session")
-def recorded_run(tmp_path_factory):
+def recorded_run(finished_run, replicas_run, tmp_path_factory):
     """(suite file, runs dir, known populations file, records folder) of a finished run of
-    NULLS_BODY (detect, then localize), its population registered as released by
+    RECORDED_BODY (detect, then localize), its population registered as released by
     ``EXPORTED_WITH``, and its records written by `counteraudit record`."""
     from counteraudit.evaluate.pipeline import load_checked_suite  # noqa: PLC0415 (after conftest's numerics)
     from counteraudit.evaluate.release.export import population_id  # noqa: PLC0415
     base = tmp_path_factory.mktemp("records")
-    suite = write_suite(base / "nulls.toml", body=NULLS_BODY, references=3, epochs=1)
-    runs = base / "runs"
+    suite, runs = with_nulls(finished_run[0], replicas_run[1], base, "nulls", RECORDED_BODY)
     for script in ("evaluate/detect.py", "evaluate/localize.py"):
-        run_script(script, "--suite", suite, "--runs-dir", runs, "--distance", "l2", "--no-progress")
+        run_script(script, "--suite", suite, "--runs-dir", runs, "--distance", "l2", "--no-progress",
+                   *ONE_PROCESS)
     released = population_id(load_checked_suite(suite), runs, EXPORTED_WITH)
     known = base / "populations.toml"
     known.write_text(f'[nulls]\npopulation_id = "{released}"\nexported_with = {{ version = '
                      f'"{EXPORTED_WITH["version"]}", commit = "{EXPORTED_WITH["commit"]}" }}\n')
     out = base / "records"
     run_script("evaluate/record.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
-               "--populations", known, "--out", out, "--no-progress")
+               "--populations", known, "--out", out, "--no-progress", *ONE_PROCESS)
     return suite, runs, known, out
 
 
@@ -127,7 +143,7 @@ def test_a_record_built_twice_from_the_same_run_is_byte_identical(recorded_run, 
     suite, runs, known, out = recorded_run
     again = tmp_path / "again"
     run_script("evaluate/record.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
-               "--populations", known, "--out", again, "--no-progress")
+               "--populations", known, "--out", again, "--no-progress", *ONE_PROCESS)
     first = {p.name: p.read_bytes() for p in out.glob("*.json")}
     assert first and first == {p.name: p.read_bytes() for p in again.glob("*.json")}
 
@@ -139,7 +155,7 @@ def test_a_records_verdicts_do_not_depend_on_the_methods_run_beside_it(recorded_
     alone = tmp_path / "alone"
     run_script("evaluate/record.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
                "--populations", known, "--out", alone, "--method", "guided_backprop",
-               "--no-control", "--no-progress")
+               "--no-control", "--no-progress", *ONE_PROCESS)
     (single,) = read_records(alone, known_path=known)
     both = next(r for r in read_records(out, known_path=known)
                 if r.method.name == "guided_backprop")
@@ -167,7 +183,8 @@ def test_a_detection_only_record_says_table_2_was_not_run_and_keeps_the_verdicts
     suite, runs, known, out = recorded_run
     detection_only = tmp_path / "detection-only"
     run_script("evaluate/record.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
-               "--populations", known, "--out", detection_only, "--detection-only", "--no-progress")
+               "--populations", known, "--out", detection_only, "--detection-only", "--no-progress",
+               *ONE_PROCESS)
     full = {r.method.name: r for r in read_records(out, known_path=known)}
     partial = {r.method.name: r for r in read_records(detection_only, known_path=known)}
     assert set(partial) == set(full)

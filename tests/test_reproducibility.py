@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import sys
 
-from conftest import REPO, run_script
+from conftest import ONE_PROCESS, REPO, run_script
 
 import pytest
 
@@ -21,7 +21,8 @@ def test_a_run_matches_its_own_digests_and_a_changed_table_is_named(finished_run
     suite, runs, _ = finished_run
     digests = tmp_path / "digests.json"
     # Table 2 too (detect.py writes Table 1 only); other tests of the shared run may have already
-    run_script("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2", "--no-progress")
+    run_script("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2", "--no-progress",
+               *ONE_PROCESS)
     run_script("evaluate/reproducibility.py", "write", "--digests", digests, "--suite", suite, "--runs-dir", runs)
     written = json.loads(digests.read_text())
     names = set(written["sha256"])

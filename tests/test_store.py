@@ -13,7 +13,7 @@ from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME
 
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.suite import load_suite
-from tests.conftest import REPO, write_suite
+from tests.conftest import ONE_PROCESS, REPO, write_suite
 
 
 def run(script, *args) -> subprocess.CompletedProcess:
@@ -50,7 +50,7 @@ def tables(runs: Path, suite: str) -> dict[str, str]:
 
 def detect(suite, runs) -> subprocess.CompletedProcess:
     return run("evaluate/detect.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
-               "--no-progress")
+               "--no-progress", *ONE_PROCESS)
 
 
 @pytest.fixture

@@ -2,9 +2,6 @@
 calibration, the three verdicts, a family's exact interval, and Table 2 over replicates."""
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -24,7 +21,7 @@ from counteraudit.evaluate.scoring.verdicts import (DETECTED, IMPLANT_FAILED, IN
                                                     family_verdicts, model_verdicts)
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.suite_schema import SuiteFileError
-from tests.conftest import run_script, write_suite
+from tests.conftest import write_suite
 
 TESTS = NULL_TESTS.names()
 
@@ -265,30 +262,11 @@ def test_the_command_line_test_is_checked_before_any_work(tmp_path):
 
 
 # ---------------------------------------------------------------- a small real run
-def replicas_with_nulls(finished_run, folder: Path) -> tuple[Path, Path]:
-    """(suite file, runs root): the finished run copied into ``folder`` and its suite extended
-    with two replicates of the smoothing model and 4 held-out references (2 fit, 2 check) under
-    the student_t test."""
-    suite, runs, _ = finished_run
-    runs = Path(shutil.copytree(runs, folder / "runs", symlinks=True))
-    derived = folder / "replicas.toml"
-    derived.write_text(f'extends = "{suite}"\nname = "replicas"\n'
-                       "[references]\nheld_out = 4\nheld_out_check = 2\n"
-                       '[evaluate]\np_value = "student_t"\n'
-                       '[[anomalies]]\nname = "smoothing"\nfamily = "randomized_smoothing"\n'
-                       "replicates = 2\nparams = { sigma = 0.5 }\n")
-    return derived, runs
-
-
-def test_a_replicated_suite_with_nulls_gets_verdicts_end_to_end(finished_run, tmp_path):
+def test_a_replicated_suite_with_nulls_gets_verdicts_end_to_end(replicas_run):
     """The session's finished run extended with replicates and 4 held-out references (2 fit, 2
     check): detect.py gives every table of the verdicts, consistent with each other, and the
     replicates' r0 is the one-model entry's model (nothing retrained for it)."""
-    derived, runs = replicas_with_nulls(finished_run, tmp_path)
-    before = {p.name for p in (runs / "store" / "models").iterdir()}
-    out = run_script("evaluate/detect.py", "--suite", derived, "--runs-dir", runs, "--distance",
-                     "l2", "--no-progress")
-    trained = {p.name for p in (runs / "store" / "models").iterdir()} - before
+    derived, runs, out, trained = replicas_run
     replicated = load_suite(derived)
     assert trained == {s.key for s in [*replicated.held_out, replicated.model("smoothing-r1")]}
     assert "Table 1 with verdicts" in out and "Calibration" in out
