@@ -228,8 +228,17 @@ def scored_findings(suite: Suite, runs_root=None, auditors: list[str] | None = N
                                         f"{auditor.name} subgroups; run python "
                                         f"evaluate/discover.py --suite {suite.name}")
             stored[(auditor.name, reference.name, spec.name)] = load_reference_findings(directory)
-    values = reference_values(results, references, stored)
+    return relative_results(results, references, stored)
+
+
+def relative_results(results: dict[tuple[str, str], AuditResult], baseline: list[str],
+                     stored: dict[tuple[str, str, str], list[Finding]]
+                     ) -> dict[tuple[str, str], AuditResult]:
+    """Every result re-scored against the ``baseline`` models' statistics on its subgroups
+    (``reference_values``), a baseline model left out of its own; a model outside the baseline
+    (an anomalous one, a checking held-out one) against all of it."""
+    values = reference_values(results, baseline, stored)
     return {(auditor, model): relative_result(result, values[(auditor, model)],
                                               AUDITORS.get(auditor).spread_floor,
-                                              leave_out=model if model in references else None)
+                                              leave_out=model if model in baseline else None)
             for (auditor, model), result in results.items()}
