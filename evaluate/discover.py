@@ -124,9 +124,9 @@ def main(args: argparse.Namespace) -> dict:
         print(to_markdown(tables["discovery-detection-relations"]))
     calibration = tables["discovery-calibration"]
     print(f"\nFalse-positive rates on {len(suite.held_out)} held-out references (null models "
-          f"judged as anomalous ones): the {len(suite.null_check)} checking ones, never in the "
-          f"baseline, and the {len(suite.null_fit)} fitting ones, each left out of its own; each "
-          "beside its nominal level\n")
+          f"judged as anomalous ones) per half: checking ({len(suite.null_check)}, never in the "
+          f"baseline) and fitting ({len(suite.null_fit)}, each left out of its own); each beside "
+          "its nominal level\n")
     print(to_markdown(calibration, float_format="{:.3f}") if len(calibration) else
           f"(none: the {suite.name} suite has no held-out references; [references] held_out = 8 "
           "or more gives them)")

@@ -2,14 +2,19 @@
 and the fitting held-out references, the checking ones are judged as anomalous models are, and
 discovery-calibration counts false positives per half; Table 3's top finding against the planted
 slice. Values worked out by hand on AuditResults built directly."""
+import json
 import math
 
 import pytest
 from scipy.stats import t as student_t
 
 from conftest import write_suite
+from counteraudit.evaluate import discover
+from counteraudit.train import train
 from counteraudit.evaluate.discovery.auditors import AUDITORS, AuditResult, Finding, rank
-from counteraudit.evaluate.discovery.reference_evaluations import baseline_models, relative_results
+from counteraudit.evaluate.discovery.reference_evaluations import (REFERENCE_FINDINGS, adaptive_results,
+                                                                   baseline_models, evaluate_references,
+                                                                   relative_results, scored_findings)
 from counteraudit.evaluate.discovery.relative import significant
 from counteraudit.evaluate.discovery.relative_results import baseline_count
 from counteraudit.evaluate.discovery.tables import (CHECKING_HALF, FITTING_HALF, IN_SLICE, NO_FINDING,
@@ -17,7 +22,10 @@ from counteraudit.evaluate.discovery.tables import (CHECKING_HALF, FITTING_HALF,
                                                     calibration_frame, detection_frame,
                                                     finding_relation, relation_counts)
 from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS
+from counteraudit.train.core.stage import RunOptions
 from counteraudit.train.core.suite import load_suite
+from counteraudit.train.worlds import build_world, synthetic_factors
+from tests.test_auditors import DISCOVER_BODY
 
 AUDITOR = "twise"  # non-adaptive: every model's own result holds its statistic on every subgroup
 OBJECTIVE = AUDITORS.get(AUDITOR).objective
@@ -191,3 +199,59 @@ def test_table3_rows_say_what_each_detection_is():
             sliced["detected_unrelated"]) == (1, 1, 1)
     assert counts.loc["randomized_smoothing", "detected_no_slice"] == 1
     assert set(detections[detections["role"] == ROLE_ANOMALOUS]["model"]) == set(slices)
+
+
+# ---------------------------------------------------------------- end to end, on a tiny suite
+@pytest.fixture(scope="module")
+def halves_run(tmp_path_factory):
+    """test_auditors' tiny discover suite with two held-out references, one of them checking,
+    trained for one epoch; discover.py run on twise (each model's own result) and caption_lift
+    (adaptive: the baseline evaluated on every model's subgroups)."""
+    base = tmp_path_factory.mktemp("halves")
+    path = write_suite(base / "halves.toml", body="held_out = 2\nheld_out_check = 1\n" + DISCOVER_BODY,
+                       references=2, epochs=1)
+    runs = base / "runs"
+    train.main(train.get_args_parser().parse_args(["--suite", str(path), "--runs-dir", str(runs),
+                                                    "--no-progress", "--jobs", "1"]))
+    with pytest.MonkeyPatch.context() as patch:  # a small pool: the stage runs in this process
+        patch.setattr(synthetic_factors, "POOL_PER_CLASS", 300)
+        tables = discover.main(discover.get_args_parser().parse_args(
+            ["--suite", str(path), "--runs-dir", str(runs), "--no-progress", "--jobs", "1",
+             "--auditor", "twise", "--auditor", "caption_lift"]))
+        yield load_suite(path), runs, tables
+
+
+def test_discover_scores_against_the_pooled_baseline_end_to_end(halves_run, capsys):
+    suite, runs, tables = halves_run
+    references = [s.name for s in suite.references]
+    (fitting,), (checking,) = [s.name for s in suite.null_fit], [s.name for s in suite.null_check]
+    world = build_world(suite.world, runs_root=runs)
+    results = scored_findings(suite, runs, ["twise", "caption_lift"], world, "relative")
+    for auditor in ("twise", "caption_lift"):
+        assert results[(auditor, "missing-star")].notes["relative"]["references"] == sorted(
+            references + [fitting])
+        assert results[(auditor, checking)].notes["relative"]["references"] == sorted(
+            references + [fitting])
+        assert results[(auditor, fitting)].notes["relative"]["references"] == sorted(references)
+    # the adaptive auditor's subgroups were evaluated by the fitting held-out model, never by
+    # the checking one, and a rerun computes nothing again
+    evaluators = {json.loads(p.read_text())["key"]["reference_id"]
+                  for p in (runs / "store" / REFERENCE_FINDINGS / "caption_lift").glob("*/params.json")}
+    assert evaluators == {suite.model(name).key for name in [*references, fitting]}
+    options = RunOptions(runs_dir=str(runs), device="cpu", executor={"local_jobs": 1})
+    assert evaluate_references(suite, options, adaptive_results(
+        suite, runs, ["caption_lift"], world)) == 0
+    calibration = tables["discovery-calibration"]
+    assert set(zip(calibration["auditor"], calibration["design"])) == {
+        (a, d) for a in ("twise", "caption_lift") for d in (CHECKING_HALF, FITTING_HALF)}
+    assert (calibration["held_out"] == 1).all()
+    # df: the checking model against all three baseline models, the fitting one against two
+    # (also where an auditor has no finding on it: caption_lift keeps significant ones only)
+    assert calibration.set_index(["auditor", "design"])["df"].to_dict() == {
+        (a, d): df for a in ("twise", "caption_lift")
+        for d, df in ((CHECKING_HALF, 2), (FITTING_HALF, 1))}
+    per_model = tables["discovery-detection-per-model"].set_index(["auditor", "model"])
+    assert per_model.loc[("twise", "missing-star"), "top_finding_relation"] != NO_SLICE
+    assert per_model.loc[("twise", checking), "top_finding_relation"] == NO_SLICE
+    assert "discovery-detection-relations" in tables
+    assert (runs / "halves" / "tables" / "discovery-detection-relations.csv").is_file()

@@ -49,8 +49,9 @@ def relative_result(result: AuditResult, references: Mapping[str, Mapping[tuple[
     notes = {**result.notes, "relative": {"references": sorted(others), "leave_out": leave_out,
                                           "floor": floor,
                                           # the fewest: what bounds the p-values
-                                          "references_per_finding": min(counts, default=0),
-                                          "df": max(min(counts, default=0) - 1, 0)}}
+                                          # without findings nothing narrows the baseline
+                                          "references_per_finding": min(counts, default=len(others)),
+                                          "df": max(min(counts, default=len(others)) - 1, 0)}}
     return AuditResult(ranked_findings, result.images_used, notes, list(result.subgroups))
 
 
