@@ -21,6 +21,8 @@ from counteraudit.evaluate.discovery.tables import (CHECKING_HALF, FITTING_HALF,
                                                     NO_SLICE, SHARES_FACTOR, UNRELATED,
                                                     calibration_frame, detection_frame,
                                                     finding_relation, relation_counts)
+from counteraudit.evaluate.reporting.discovery import per_model_detections
+from counteraudit.evaluate.reporting.html import html_table
 from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS
 from counteraudit.train.core.stage import RunOptions
 from counteraudit.train.core.suite import load_suite
@@ -255,3 +257,17 @@ def test_discover_scores_against_the_pooled_baseline_end_to_end(halves_run, caps
     assert per_model.loc[("twise", checking), "top_finding_relation"] == NO_SLICE
     assert "discovery-detection-relations" in tables
     assert (runs / "halves" / "tables" / "discovery-detection-relations.csv").is_file()
+
+
+def test_the_report_shows_each_detections_relation_escaped():
+    references = ["reference-00", "reference-01"]
+    stranger = "<script>x</script>"
+    results = one_subgroup(dict(zip(references, [0.1, 0.2])))
+    results[(AUDITOR, stranger)] = audit(finding(0.9, colour="grey"))
+    detections = detection_frame(results, references, {stranger: "planted_slice"}, [],
+                                 "absolute", {stranger: {"class": "star"}}, FACTORS)
+    rows = per_model_detections(detections)
+    assert list(rows["model"]) == [stranger]  # the judged models only, not the references
+    html = html_table(rows)
+    assert UNRELATED in html and "colour=grey" in html
+    assert stranger not in html and "&lt;script&gt;" in html
