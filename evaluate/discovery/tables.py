@@ -194,7 +194,8 @@ def table3(detections: pd.DataFrame, family_order: list[str]) -> pd.DataFrame:
 def relation_counts(detections: pd.DataFrame, family_order: list[str]) -> pd.DataFrame:
     """Table 3's detections by what their top finding has to do with the planted slice: per
     (family, auditor), the anomalous models detected and how many of those top findings lie in
-    the slice, share a factor with it, are unrelated to it, or have no slice to relate to."""
+    the slice, share a factor with it, are unrelated to it, are none (a relative score of 0 can
+    top references that all score below it), or have no slice to relate to."""
     anomalous = detections[detections["role"] == ROLE_ANOMALOUS]
     detected = anomalous[anomalous["detected"].astype(bool)]
     rows = []
@@ -204,13 +205,14 @@ def relation_counts(detections: pd.DataFrame, family_order: list[str]) -> pd.Dat
         rows.append({"family": family, "auditor": auditor, "n_models": len(group),
                      "n_detected": len(hits),
                      **{f"detected_{relation.replace(' ', '_')}": int((relations == relation).sum())
-                        for relation in (IN_SLICE, SHARES_FACTOR, UNRELATED, NO_SLICE)}})
+                        for relation in RELATIONS}})
     table = pd.DataFrame(rows)
     if len(table):
         rank = {family: position for position, family in enumerate(family_order)}
-        table = table.sort_values(["family", "auditor"], key=lambda column: column.map(rank).fillna(len(rank))
-                                  if column.name == "family" else column,
-                                  kind="stable").reset_index(drop=True)
+        table = table.sort_values(
+            ["family", "auditor"], kind="stable",
+            key=lambda column: column.map(rank).fillna(len(rank)) if column.name == "family"
+            else column).reset_index(drop=True)
     return table
 
 
