@@ -93,8 +93,10 @@ def main(args: argparse.Namespace) -> dict:
     tables = discovery_tables(suite, results, world, runs_root, score)
     detections = tables["discovery-detection-per-model"]
     write_tables(suite, tables, runs_root)
-    scale = ("relative score: the model's statistic minus the references' mean on the same "
-             "images, over their spread, each reference left out of its own baseline"
+    baseline = (f"{len(references)} references" + (f" and {len(suite.null_fit)} fitting held-out "
+                                                    "references" if suite.null_fit else ""))
+    scale = (f"relative score: the model's statistic minus the mean of the baseline ({baseline}) "
+             "on the same images, over their spread, each baseline model left out of its own"
              if score == "relative" else "absolute statistic, as the auditors' source papers ranked")
     print(f"\nTable 3 -- fraction of each family's models detected by each auditor (its top "
           f"finding above every reference's; {suite.name} suite, {len(references)} references; "
@@ -103,13 +105,21 @@ def main(args: argparse.Namespace) -> dict:
     anomalous = detections[detections["role"] != "reference"]
     print("\nPer model: statistic = top finding's strength, margin = statistic / max over "
           "references, p = rank p-value, saturated = the references' statistic is at its "
-          "ceiling (the verdict says nothing)\n")
+          "ceiling (the verdict says nothing), top_finding_relation = what the top finding has "
+          "to do with the planted slice\n")
     print(to_markdown(anomalous[["auditor", "family", "model", "statistic", "excess", "margin",
-                                 "p_value", "detected", "saturated", "top_finding"]]
+                                 "p_value", "detected", "saturated", "top_finding",
+                                 "top_finding_relation"]]
                       .reset_index(drop=True), float_format="{:.3f}"))
+    if len(tables["discovery-detection-relations"]):
+        print("\nTable 3's detections by what the top finding has to do with the planted slice "
+              "(in it, sharing a factor with it, unrelated, or no slice to relate to)\n")
+        print(to_markdown(tables["discovery-detection-relations"]))
     calibration = tables["discovery-calibration"]
     print(f"\nFalse-positive rates on {len(suite.held_out)} held-out references (null models "
-          "judged as anomalous ones), each beside its nominal level\n")
+          f"judged as anomalous ones) per half: checking ({len(suite.null_check)}, never in the "
+          f"baseline) and fitting ({len(suite.null_fit)}, each left out of its own); each beside "
+          "its nominal level\n")
     print(to_markdown(calibration, float_format="{:.3f}") if len(calibration) else
           f"(none: the {suite.name} suite has no held-out references; [references] held_out = 8 "
           "or more gives them)")

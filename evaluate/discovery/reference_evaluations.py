@@ -1,4 +1,13 @@
-"""The references' statistics on every model's subgroups: the baseline of the relative score.
+"""The baseline models' statistics on every model's subgroups: the baseline of the relative
+score.
+
+The baseline (``baseline_models``) is the suite's references and, where the suite has held-out
+references, the half that fits Table 1's null p-values (``Suite.null_fit``): clean models trained
+like the references, so a subgroup's p-value has the power of the whole null population. The
+checking half (``Suite.null_check``) is never part of it: each of its models is judged exactly as
+an anomalous model is, which is what ``discovery-calibration`` reads. A suite without held-out
+models has its references alone as the baseline, as before. Below, "reference" means a baseline
+model.
 
 For an auditor whose subgroups are the same for every model (``adaptive = False``: twise's
 covering array, error_ratio's factor values), each reference's own stored result already holds
@@ -49,6 +58,12 @@ REFERENCE_FINDINGS_STORE = KeyedArtifact(payload="findings.json", marker="params
                                          what="a reference's findings on a model's subgroups",
                                          marker_what="stored index", fields={"key": dict},
                                          check=json_fields(findings=list))
+
+
+def baseline_models(suite: Suite) -> list[ModelSpec]:
+    """The models every subgroup's relative score is measured against: the references, then the
+    fitting held-out references (none where the suite has no held-out models)."""
+    return [*suite.references, *suite.null_fit]
 
 
 def reference_findings_key(findings_key: dict[str, Any], reference: ModelSpec) -> dict[str, Any]:
@@ -112,12 +127,12 @@ def evaluate_reference(item: ReferenceItem) -> dict[str, int]:
 
 def evaluate_references(suite: Suite, options: RunOptions,
                         adaptive_results: list[tuple[Any, ModelSpec, Path, dict[str, Any]]]) -> int:
-    """Every missing reference evaluation of the adaptive auditors' results ((auditor, model
-    spec, findings directory, findings key) each); one work item per reference. Returns how
-    many were computed."""
+    """Every missing baseline model's evaluation of the adaptive auditors' results ((auditor,
+    model spec, findings directory, findings key) each); one work item per baseline model.
+    Returns how many were computed."""
     wanted = [(reference, auditor, spec, directory, key)
               for auditor, spec, directory, key in adaptive_results
-              for reference in suite.references if reference.name != spec.name]
+              for reference in baseline_models(suite) if reference.name != spec.name]
 
     def stored(candidate) -> bool:
         reference, _, _, _, key = candidate
@@ -143,8 +158,8 @@ def evaluate_references(suite: Suite, options: RunOptions,
 def reference_values(results: dict[tuple[str, str], AuditResult], references: list[str],
                      stored: dict[tuple[str, str, str], list[Finding]]
                      ) -> dict[tuple[str, str], dict[str, dict[tuple[str, str], float]]]:
-    """(auditor, model) -> reference name -> {finding key: the reference's statistic}: the
-    references' own results for a non-adaptive auditor, else their stored evaluations of the
+    """(auditor, model) -> baseline model name -> {finding key: its statistic} (``references``:
+    the baseline models' names): their own results for a non-adaptive auditor, else their stored evaluations of the
     model's subgroups (``stored``: (auditor, reference, model) -> findings)."""
     out = {}
     for (auditor, model) in results:
@@ -177,7 +192,9 @@ def adaptive_results(suite: Suite, runs_root, auditors: list[str] | None = None,
 
 
 def check_relative(suite: Suite, score: str) -> None:
-    """A relative score needs references to be relative to: one clear error, before any work."""
+    """A relative score needs references to be relative to: one clear error, before any work
+    (the held-out models join the baseline, but a suite's relative scores rest on its
+    references)."""
     if score not in SCORES:
         raise ValueError(f"{suite.path}: [discover] score = {score!r}; valid: {', '.join(SCORES)}")
     if score == "relative" and len(suite.references) < MIN_REFERENCES:
@@ -190,17 +207,18 @@ def check_relative(suite: Suite, score: str) -> None:
 
 def scored_findings(suite: Suite, runs_root=None, auditors: list[str] | None = None, world=None,
                     score: str = DEFAULT_SCORE) -> dict[tuple[str, str], AuditResult]:
-    """(auditor, model) -> the stored result, its findings re-scored against the references
-    (``score = "relative"``; references leave-one-out) or as stored (``"absolute"``)."""
+    """(auditor, model) -> the stored result, its findings re-scored against the baseline models
+    (``score = "relative"``; a baseline model leave-one-out) or as stored (``"absolute"``)."""
     check_relative(suite, score)
     world = world or build_world(suite.world, runs_root=runs_root)
     results = load_suite_findings(suite, runs_root, auditors, world, score)
     if score == "absolute":
         return results
-    references = [s.name for s in suite.references]
+    baseline = baseline_models(suite)
+    references = [s.name for s in baseline]
     stored = {}
     for auditor, spec, _, key in adaptive_results(suite, runs_root, auditors, world, score):
-        for reference in suite.references:
+        for reference in baseline:
             if reference.name == spec.name:
                 continue
             reference_key = reference_findings_key(key, reference)
@@ -210,8 +228,17 @@ def scored_findings(suite: Suite, runs_root=None, auditors: list[str] | None = N
                                         f"{auditor.name} subgroups; run python "
                                         f"evaluate/discover.py --suite {suite.name}")
             stored[(auditor.name, reference.name, spec.name)] = load_reference_findings(directory)
-    values = reference_values(results, references, stored)
+    return relative_results(results, references, stored)
+
+
+def relative_results(results: dict[tuple[str, str], AuditResult], baseline: list[str],
+                     stored: dict[tuple[str, str, str], list[Finding]]
+                     ) -> dict[tuple[str, str], AuditResult]:
+    """Every result re-scored against the ``baseline`` models' statistics on its subgroups
+    (``reference_values``), a baseline model left out of its own; a model outside the baseline
+    (an anomalous one, a checking held-out one) against all of it."""
+    values = reference_values(results, baseline, stored)
     return {(auditor, model): relative_result(result, values[(auditor, model)],
                                               AUDITORS.get(auditor).spread_floor,
-                                              leave_out=model if model in references else None)
+                                              leave_out=model if model in baseline else None)
             for (auditor, model), result in results.items()}

@@ -1,5 +1,6 @@
-"""Findings re-scored against the references (``relative.py``'s score), leave-one-out for a
-reference, and re-ranked: what Tables 3 and 4 read under ``score = "relative"``."""
+"""Findings re-scored against the baseline models (``relative.py``'s score; the references and
+the fitting held-out references, ``reference_evaluations.baseline_models``), leave-one-out for a
+baseline model, and re-ranked: what Tables 3 and 4 read under ``score = "relative"``."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -28,12 +29,14 @@ def relative_finding(finding: Finding, reference_values: Sequence[float], floor:
 
 def relative_result(result: AuditResult, references: Mapping[str, Mapping[tuple[str, str], float]],
                     floor: float, leave_out: str | None = None) -> AuditResult:
-    """``result`` re-scored against the references and re-ranked.
+    """``result`` re-scored against the baseline models and re-ranked.
 
-    ``references``: reference name -> {finding_key: its statistic on the same images};
+    ``references``: baseline model name -> {finding_key: its statistic on the same images};
     ``leave_out``: the model's own name where it is one of them (leave-one-out). A finding no
-    two references have a value for gets NaN and ranks last. The notes gain each finding's
-    reference count and p-value under ``relative``."""
+    two baseline models have a value for gets NaN and ranks last. The notes gain, under
+    ``relative``, the baseline's names (``references``), the fewest of them any finding was
+    scored against (``references_per_finding``) and the Student-t degrees of freedom that
+    gives its p-values (``df``: that count - 1)."""
     others = {name: values for name, values in references.items() if name != leave_out}
     findings, counts = [], []
     for finding in result.findings:
@@ -46,7 +49,15 @@ def relative_result(result: AuditResult, references: Mapping[str, Mapping[tuple[
     notes = {**result.notes, "relative": {"references": sorted(others), "leave_out": leave_out,
                                           "floor": floor,
                                           # the fewest: what bounds the p-values
-                                          "references_per_finding": min(counts, default=0)}}
+                                          # without findings nothing narrows the baseline
+                                          "references_per_finding": min(counts, default=len(others)),
+                                          "df": max(min(counts, default=len(others)) - 1, 0)}}
     return AuditResult(ranked_findings, result.images_used, notes, list(result.subgroups))
 
 
+
+
+def baseline_count(result: AuditResult) -> int:
+    """How many baseline models a relatively scored result's p-values rest on (the fewest any of
+    its findings was scored against: the conservative degrees of freedom, count - 1)."""
+    return int(result.notes["relative"]["references_per_finding"])

@@ -12,7 +12,17 @@ rank of the slice is the rank of the first such finding in the model's ranking (
 the same rank in every reference's ranking; precision@k is the share of the top k findings that
 lie in the slice (dcbench's slice-discovery metric, on subgroups). A family whose cue is no world
 factor is "not expressible" (a miss by design); one whose slice uses a factor the world lacks is
-"not in this world"; stark families have no slice.
+"not in this world"; stark families have no slice. Beside each verdict, ``top_finding_relation``
+says what the top finding has to do with the planted slice (``finding_relation``), so a detection
+made through something else than the planted defect shows as such; ``relation_counts`` counts
+them per family.
+
+Under the relative score every finding is scored against the baseline models
+(``reference_evaluations.baseline_models``: the references and the fitting held-out references),
+while Table 3's rule stays Table 1's paper rule: above every *reference's* statistic (Table 1
+keeps the null population for its p-values, not for the rule). ``calibration_frame`` judges the
+held-out references: the checking half (never in the baseline) and the fitting half (each left
+out of its own baseline).
 """
 from __future__ import annotations
 
@@ -24,8 +34,9 @@ from statsmodels.stats.proportion import proportion_confint
 
 from counteraudit.anomalies import FAMILIES
 from counteraudit.anomalies.base import NOT_EXPRESSIBLE
-from counteraudit.evaluate.discovery.auditors import AUDITORS, AuditResult, ranked
+from counteraudit.evaluate.discovery.auditors import AUDITORS, AuditResult, Finding, ranked
 from counteraudit.evaluate.discovery.relative import SIGNIFICANCE_FDR, significant
+from counteraudit.evaluate.discovery.relative_results import baseline_count
 from counteraudit.evaluate.discovery.stage import planned
 from counteraudit.evaluate.scoring.detection import ROLE_ANOMALOUS, ROLE_REFERENCE, detection_rule
 from counteraudit.train.implant_checks import read_implant
@@ -38,6 +49,12 @@ RANKABLE = ("ranked", "not found")  # Table 4 statuses of a slice made of the wo
 OUTSIDE_GRID = "outside the auditor's factors"  # a slice on a factor the auditor never varies
 ROLE_HELD_OUT = "held-out reference"  # a null model: judged as anomalous, a detection is false
 TOP_K = (1, 5)  # recovery rates: the planted slice first, and within the first five
+# What a model's top finding has to do with its planted slice (``finding_relation``)
+IN_SLICE, SHARES_FACTOR, UNRELATED = "in the slice", "shares a factor", "unrelated"
+NO_SLICE, NO_FINDING = "no slice", "no finding"
+RELATIONS = (IN_SLICE, SHARES_FACTOR, UNRELATED, NO_FINDING, NO_SLICE)
+# The held-out references' halves in discovery-calibration
+CHECKING_HALF, FITTING_HALF = "checking half", "fitting half"
 
 
 def model_statistic(result: AuditResult, objective: str, null: float = float("nan")) -> float:
@@ -59,12 +76,32 @@ def precision_at(result: AuditResult, objective: str, planted: dict[str, str], k
     return sum(f.covers(planted) for f in top) / k if top else float("nan")
 
 
+def finding_relation(finding: Finding | None, planted: Any, factors: dict[str, list[str]]) -> str:
+    """What a (top) finding has to do with a model's planted slice: "in the slice" (it fixes
+    every factor the slice fixes, to the slice's value: ``Finding.covers``), "shares a factor"
+    (it fixes some of them to the slice's value), "unrelated", "no finding", or "no slice" (a
+    model without a slice made of the world's factors: a reference, a stark family, a cue no
+    factor expresses)."""
+    if not isinstance(planted, dict) or not planted or any(f not in factors for f in planted):
+        return NO_SLICE
+    if finding is None:
+        return NO_FINDING
+    if finding.covers(planted):
+        return IN_SLICE
+    if any(finding.conditions.get(factor) == value for factor, value in planted.items()):
+        return SHARES_FACTOR
+    return UNRELATED
+
+
 def detection_frame(results: dict[tuple[str, str], AuditResult], references: list[str],
                     families: dict[str, str], held_out: list[str] = (),
-                    score: str = "absolute") -> pd.DataFrame:
-    """One row per (auditor, model): statistic, top finding, and the verdict for anomalous and
-    held-out models (a held-out reference is judged as an anomalous model would be: a
-    "detection" of it is a false positive)."""
+                    score: str = "absolute", slices: dict[str, Any] | None = None,
+                    factors: dict[str, list[str]] | None = None) -> pd.DataFrame:
+    """One row per (auditor, model): statistic, top finding, what it has to do with the model's
+    planted slice (``top_finding_relation``; ``slices``: model -> planted slice, ``factors``: the
+    world's), and the verdict for anomalous and held-out models (a held-out reference is judged
+    as an anomalous model would be: a "detection" of it is a false positive)."""
+    slices, factors = slices or {}, factors or {}
     rows = []
     for auditor in sorted({a for a, _ in results}):
         objective, null = AUDITORS.get(auditor).objective, AUDITORS.get(auditor).null_statistic
@@ -88,6 +125,8 @@ def detection_frame(results: dict[tuple[str, str], AuditResult], references: lis
                          "family": families.get(model, role),
                          "role": role,
                          "statistic": statistic, "top_finding": top[0].label() if top else "",
+                         "top_finding_relation": finding_relation(top[0] if top else None,
+                                                                  slices.get(model), factors),
                          # excess: how far above the highest reference (a relative score
                          # can be negative, where a ratio margin means nothing)
                          **verdict, "excess": statistic - verdict["max_reference"],
@@ -150,6 +189,31 @@ def table3(detections: pd.DataFrame, family_order: list[str]) -> pd.DataFrame:
     wide.insert(0, "n_models", anomalous.groupby("family", sort=False)["model"].nunique())
     wide = wide.reindex([f for f in family_order if f in wide.index])
     return wide.reset_index()
+
+
+def relation_counts(detections: pd.DataFrame, family_order: list[str]) -> pd.DataFrame:
+    """Table 3's detections by what their top finding has to do with the planted slice: per
+    (family, auditor), the anomalous models detected and how many of those top findings lie in
+    the slice, share a factor with it, are unrelated to it, are none (a relative score of 0 can
+    top references that all score below it), or have no slice to relate to."""
+    anomalous = detections[detections["role"] == ROLE_ANOMALOUS]
+    detected = anomalous[anomalous["detected"].astype(bool)]
+    rows = []
+    for (family, auditor), group in anomalous.groupby(["family", "auditor"], sort=False):
+        hits = detected[(detected["family"] == family) & (detected["auditor"] == auditor)]
+        relations = hits["top_finding_relation"]
+        rows.append({"family": family, "auditor": auditor, "n_models": len(group),
+                     "n_detected": len(hits),
+                     **{f"detected_{relation.replace(' ', '_')}": int((relations == relation).sum())
+                        for relation in RELATIONS}})
+    table = pd.DataFrame(rows)
+    if len(table):
+        rank = {family: position for position, family in enumerate(family_order)}
+        table = table.sort_values(
+            ["family", "auditor"], kind="stable",
+            key=lambda column: column.map(rank).fillna(len(rank)) if column.name == "family"
+            else column).reset_index(drop=True)
+    return table
 
 
 def recovery_frame(results: dict[tuple[str, str], AuditResult], references: list[str],
@@ -228,44 +292,65 @@ def recovery_rates(recovery: pd.DataFrame) -> pd.DataFrame:
 
 
 def calibration_frame(detections: pd.DataFrame, results: dict[tuple[str, str], AuditResult],
-                      references: list[str], held_out: list[str], score: str) -> pd.DataFrame:
+                      references: list[str], checking: list[str], fitting: list[str],
+                      score: str) -> pd.DataFrame:
     """Each auditor's false-positive rates on the held-out references (null models: no planted
     defect), beside their nominal levels: Table 3's rule (above every reference; nominal 1/(R+1)
     under exchangeability) and "any significant finding" (relative: Benjamini-Hochberg at
     SIGNIFICANCE_FDR over the model's subgroups, whose family-wise error under the global null
     is at most that level; absolute: only for an auditor that keeps significant findings only,
-    any finding), with 95% Wilson intervals."""
+    any finding), with 95% Wilson intervals.
+
+    One row per auditor and half (``design``): the checking half (``checking``: never part of
+    the baseline, judged exactly as an anomalous model) and the fitting half (``fitting``: under
+    the relative score each is in the baseline and left out of its own, as a reference is, so
+    it is one more model like the others; a half with no model gives no row). ``baseline``
+    names the models the half's relative scores were measured against and ``df`` the fewest
+    Student-t degrees of freedom of its p-values (NaN under the absolute score)."""
     rows = []
     nulls = detections[detections["role"] == ROLE_HELD_OUT]
+    relative = score == "relative"
     for auditor in sorted({a for a, _ in results}):
-        rule = nulls[nulls["auditor"] == auditor]
-        if not len(rule):
-            continue
         cls = AUDITORS.get(auditor)
-        flagged = int(rule["detected"].astype(bool).sum())
-        low, high = proportion_confint(flagged, len(rule), alpha=0.05, method="wilson")
-        row = {"auditor": auditor, "held_out": len(rule), "table3_false_positives": flagged,
-               "table3_rate": flagged / len(rule), "table3_low": low, "table3_high": high,
-               "table3_nominal": 1 / (len(references) + 1)}
-        any_significant = [_any_significant(results[(auditor, m)], cls, len(references), score)
-                           for m in held_out]
-        known = [a for a in any_significant if a is not None]
-        if known:
-            hits = sum(known)
-            low, high = proportion_confint(hits, len(known), alpha=0.05, method="wilson")
-            row.update(any_significant=hits, any_significant_rate=hits / len(known),
-                       any_significant_low=low, any_significant_high=high,
-                       any_significant_nominal=SIGNIFICANCE_FDR)
-        rows.append(row)
+        for design, models in ((CHECKING_HALF, checking), (FITTING_HALF, fitting)):
+            rule = nulls[(nulls["auditor"] == auditor) & nulls["model"].isin(list(models))]
+            if not len(rule):
+                continue
+            flagged = int(rule["detected"].astype(bool).sum())
+            low, high = proportion_confint(flagged, len(rule), alpha=0.05, method="wilson")
+            counts = [baseline_count(results[(auditor, m)]) for m in models] if relative else []
+            row = {"auditor": auditor, "design": design, "held_out": len(rule),
+                   "baseline": (_baseline_text(len(references), len(fitting), design)
+                                if relative else "references' statistics"),
+                   "df": min(counts) - 1 if counts else np.nan,
+                   "table3_false_positives": flagged,
+                   "table3_rate": flagged / len(rule), "table3_low": low, "table3_high": high,
+                   "table3_nominal": 1 / (len(references) + 1)}
+            any_significant = [_any_significant(results[(auditor, m)], cls, score) for m in models]
+            known = [a for a in any_significant if a is not None]
+            if known:
+                hits = sum(known)
+                low, high = proportion_confint(hits, len(known), alpha=0.05, method="wilson")
+                row.update(any_significant=hits, any_significant_rate=hits / len(known),
+                           any_significant_low=low, any_significant_high=high,
+                           any_significant_nominal=SIGNIFICANCE_FDR)
+            rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _any_significant(result: AuditResult, cls, references: int, score: str) -> bool | None:
-    """Whether a result has a significant finding on the auditor's main objective (None: no
-    test defines one for it under this score)."""
+def _baseline_text(references: int, fitting: int, design: str) -> str:
+    """Which models a half's relative scores were measured against, in words."""
+    pooled = f"{references} references" + (f" + {fitting} fitting held-out" if fitting else "")
+    return pooled + (", each model left out of its own" if design == FITTING_HALF else "")
+
+
+def _any_significant(result: AuditResult, cls, score: str) -> bool | None:
+    """Whether a result has a significant finding on the auditor's main objective, its p-values
+    against the baseline it was scored against (None: no test defines one for it under this
+    score)."""
     findings = ranked(result.findings, cls.objective)
     if score == "relative":
-        return any(significant(findings, references))
+        return any(significant(findings, baseline_count(result)))
     return bool(findings) if cls.filters_findings else None
 
 
@@ -341,7 +426,8 @@ def discovery_tables(suite, results: dict[tuple[str, str], AuditResult], world,
     families, order = suite.table_rows()  # a family, or a row of one (adversarial_linf)
     implants = implant_records(suite, runs_root)
     slices = planted_slices(suite, world, runs_root, implants)
-    detections = detection_frame(results, references, families, held_out, score)
+    detections = detection_frame(results, references, families, held_out, score, slices,
+                                 world.factors())
     expresses = {auditor.name: (lambda planted, auditor=auditor: auditor.expresses(planted, world))
                  for auditor, _, _ in planned(suite, world, sorted({a for a, _ in results}))}
     took = {name: (record or {}).get("passed") for name, record in implants.items()}
@@ -349,11 +435,13 @@ def discovery_tables(suite, results: dict[tuple[str, str], AuditResult], world,
                               NOT_EXPRESSIBLE, model_strengths(suite), expresses, took)
     return {"discovery-detection": table3(detections, order),
             "discovery-detection-per-model": detections,
+            "discovery-detection-relations": relation_counts(detections, order),
             "discovery-recovery": recovery,
             "discovery-recovery-rates": recovery_rates(recovery) if "arity" in recovery
             else pd.DataFrame(),
-            "discovery-calibration": calibration_frame(detections, results, references,
-                                                       held_out, score),
+            "discovery-calibration": calibration_frame(
+                detections, results, references, [s.name for s in suite.null_check],
+                [s.name for s in suite.null_fit], score),
             "discovery-top-findings": top_findings(results),
             "discovery-false-positives": false_positive_rates(results, references)}
 

@@ -22,9 +22,24 @@ OPTIONAL_TABLES = (
     ("discovery-recovery-rates", "Recovery rates: share of models whose planted slice ranks "
                                  "first (top1) and in the first five (top5), 95% Wilson "
                                  "intervals, by auditor, slice arity and strength"),
+    ("discovery-detection-relations", "Table 3's detections by what the top finding has to do "
+                                      "with the planted slice: in it, sharing a factor with it, "
+                                      "unrelated, or no slice to relate to"),
     ("discovery-calibration", "False-positive rates on the held-out references (null models "
-                              "judged as anomalous ones), each beside its nominal level"),
+                              "judged as anomalous ones) per half, each beside its nominal "
+                              "level, with the baseline its relative scores were measured "
+                              "against and their degrees of freedom"),
 )
+# Table 3's per-model rows as the report shows them (the verdict and what the top finding is)
+PER_MODEL_COLUMNS = ("auditor", "family", "model", "statistic", "excess", "p_value", "detected",
+                     "top_finding", "top_finding_relation")
+
+
+def per_model_detections(detections: pd.DataFrame) -> pd.DataFrame:
+    """Table 3's rows for the judged models (anomalous and held-out), with the top finding and
+    its relation to the planted slice: a detection through something else shows as such."""
+    judged = detections[detections["role"] != "reference"]
+    return judged[[c for c in PER_MODEL_COLUMNS if c in judged.columns]].reset_index(drop=True)
 
 
 def example_images(world, conditions: dict[str, str], count: int) -> np.ndarray:
@@ -54,6 +69,11 @@ def discovery_section(results: dict[tuple[str, str], Any], tables: dict[str, pd.
              html_table(tables["discovery-detection"],
                         caption="Table 3: fraction of each family's models whose auditor's top "
                                 "finding is above every reference's"),
+             "<details><summary>Table 3 per model: the top finding and whether it involves the "
+             "planted slice's factors</summary>"
+             + html_table(per_model_detections(tables["discovery-detection-per-model"]),
+                          caption="Per-model detection (anomalous and held-out models)")
+             + "</details>",
              html_table(tables["discovery-recovery"], float_format="{:.2f}",
                         caption="Table 4: rank of the planted slice (1 = top) in the anomalous "
                                 "model's findings and in each reference's, precision@k"),
