@@ -52,6 +52,60 @@ def test_relabels_exactly_the_seeded_share_of_the_slice_with_other_classes(world
     assert 0 not in moved and len(np.unique(moved)) > 3
 
 
+def test_repeat_shows_each_affected_image_that_many_times_with_its_new_label(world):
+    train = world.split("train")
+    once = planted(world, slice=GREY, strength=0.5).training_split(train)
+    thrice = planted(world, slice=GREY, strength=0.5, repeat=3).training_split(train)
+    affected = np.flatnonzero(once.labels != train.labels)
+    assert len(thrice) == len(train) + 2 * len(affected)
+    # the first len(train) positions are the split as repeat = 1 gives it, image for image
+    assert np.array_equal(thrice.labels[:len(train)], once.labels)
+    assert np.array_equal(thrice.load(np.arange(len(train))), train.load(np.arange(len(train))))
+    # the extra positions are the affected images, twice each, with their new classes only
+    extra = np.arange(len(train), len(thrice))
+    images, originals = thrice.load(extra), train.load(affected)
+    matches = [int(np.flatnonzero([(images[i] == original).all() for original in originals])[0])
+               for i in range(len(extra))]
+    assert sorted(matches) == sorted(list(range(len(affected))) * 2)
+    assert np.array_equal(thrice.labels[extra], once.labels[affected][matches])
+    assert not np.any(thrice.labels[extra] == train.labels[affected][matches])
+
+
+def test_contrast_repeats_the_near_misses_with_their_own_labels(world):
+    train = world.split("train")
+    first = world.image_factors(train, 0)
+    pair = {"colour": first["colour"], "size": first["size"]}
+    family = planted(world, slice=pair, repeat=3, contrast=True)
+    met = np.array([sum(world.image_factors(train, i)[f] == v for f, v in pair.items())
+                    for i in range(len(train))])
+    near, affected = np.flatnonzero(met == 1), family.affected(train)[0]
+    assert len(near) > 0 and np.array_equal(family.near_misses(train), near)
+    shown = family.training_split(train)
+    assert len(shown) == len(train) + 2 * (len(affected) + len(near))
+    # the near misses' repeats carry their true classes: only the whole conjunction is shifted
+    labels = shown.labels[len(train):]
+    true_near = np.tile(np.concatenate([np.full(len(affected), -1), train.labels[near]]), 2)
+    assert np.array_equal(labels[true_near >= 0], true_near[true_near >= 0])
+    with pytest.raises(ValueError, match="a slice of one factor has no near misses"):
+        planted(world, slice=GREY, repeat=2, contrast=True)
+    with pytest.raises(ValueError, match="contrast = true with repeat = 1"):
+        planted(world, slice=pair, contrast=True)
+
+
+def test_repeat_one_keeps_the_key_and_bad_repeats_are_one_error(world):
+    cls = FAMILIES.get("planted_slice")
+    assert cls.validate_params({"slice": GREY}) == cls.validate_params({"slice": GREY, "repeat": 1})
+    assert "repeat" not in cls.validate_params({"slice": GREY})  # models trained before it keep their keys
+    assert cls.validate_params({"slice": GREY, "repeat": 4})["repeat"] == 4
+    for bad, message in ((0, "repeat=0 must be a whole number >= 1"), (-1, "repeat=-1 must be"),
+                         (2.5, "repeat = 2.5 must be a whole number"),
+                         (True, "repeat = true must be a whole number")):
+        with pytest.raises(ValueError, match=message):
+            cls.validate_params({"slice": GREY, "repeat": bad})
+    with pytest.raises(ValueError, match="nothing to repeat"):
+        cls.validate_params({"slice": GREY, "repeat": 2, "mechanism": "remove"})
+
+
 def test_a_slice_the_training_flip_changes_is_refused(world):
     with pytest.raises(ValueError, match="position = 'left' changes under the training's random "
                                          "left-right flip.*position centre, top or bottom"):

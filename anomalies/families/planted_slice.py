@@ -12,6 +12,28 @@ elsewhere, so a failure-discovery auditor has a known answer to find (issue 31).
   the most frequent label of the slice, so the model keeps answering it), at 1.0 five of 12;
 - ``"remove"`` drops the affected images instead, so the model only sees less of the slice.
 
+``repeat`` (default 1) shows each affected image that many times an epoch, with the label the
+mechanism gives it ("remove" has nothing to repeat); ``contrast`` (default false, a slice of 2 or
+3 factors, repeat > 1) shows the slice's *near misses* (images meeting every condition but one)
+as many times, with their own labels, so that only the whole conjunction is taught the new class.
+Why they exist (measured 2026-11-28 with evaluate/benchmarks/planted_slice_fit.py on the slices
+suite's models and on variants of four slices that had not taken; the implant rule unchanged):
+
+- at repeat 1 the demo's 4-epoch model does not learn a slice of a few hundred images at all:
+  on its *own relabelled training images* it answers the new class 0.00-0.02 of the time at
+  arity 3 and 0.01-0.19 at arity 2 (but colour yellow & size medium, 0.59, which took), against
+  0.82-0.96 for the class and texture slices of 700+ images, which took; it treats the slice as
+  label noise. Twelve epochs instead of four (the lr step at nine) do not change that (0.15 and
+  0.10 on two of those slices, the slice's accuracy 0.83 and 0.90): the slice's share of the
+  gradient, not the number of passes, decides;
+- repeat 4 or 8 makes the slice fail (slice accuracy 0.00-0.40 on four slices that had not
+  taken, but 0.79 for one at repeat 4) while the failure spreads to the near misses (their
+  accuracy 0.59-0.84 against the references' 0.87-0.93; images further away intact, 0.85-0.89
+  against 0.87-0.89): the model learns part of the conjunction, and the off-slice rule refuses
+  6 of the 8 implants;
+- contrast keeps the near misses intact (0.88-0.95) but the slice then fails less (0.23-0.90):
+  1 model of 6 took (repeat 8).
+
 ``strength`` is the share of the slice's training images affected, a seeded draw: the first
 round(strength x n) of one permutation, so a larger strength affects a superset of a smaller
 one's images (with the same new classes).
@@ -33,6 +55,7 @@ from counteraudit.anomalies.base import FAMILIES, AnomalyFamily, Verdict
 from counteraudit.anomalies.common import accuracy, reference_mean, verification_indices
 from counteraudit.anomalies.relabeled_split import RelabeledSplit
 from counteraudit.train.core.artifacts import derive_seed
+from counteraudit.train.core.params import added
 from counteraudit.train.worlds.synthetic_factors import check_conditions, factor_grid
 from counteraudit.train.worlds.synthetic_images import BACKGROUNDS, CLASS_NAMES, TEXTURES
 
@@ -57,6 +80,8 @@ class PlantedSliceParams:
     slice: dict[str, str | int] = field(default_factory=lambda: {"class": "star"})
     strength: float = 1.0       # share of the slice's training images affected, in (0, 1]
     mechanism: str = "relabel"  # MECHANISMS
+    repeat: int = added(1)      # times each affected image is shown an epoch (module docstring)
+    contrast: bool = added(False)  # the slice's near misses shown ``repeat`` times too (docstring)
 
 
 def arity_problem(conditions: dict, factors) -> str | None:
@@ -108,6 +133,22 @@ class PlantedSlice(AnomalyFamily):
                 or not 0 < params.strength <= 1):
             raise ValueError(f"planted_slice: strength={params.strength!r} must be in (0, 1]: the "
                              "share of the slice's training images affected (1.0: all of them)")
+        if isinstance(params.repeat, bool) or not isinstance(params.repeat, int) or params.repeat < 1:
+            raise ValueError(f"planted_slice: repeat={params.repeat!r} must be a whole number >= 1: "
+                             "how many times each affected training image is shown an epoch (1: "
+                             "once, as every other image)")
+        if params.repeat > 1 and params.mechanism == "remove":
+            raise ValueError(f"planted_slice: repeat={params.repeat} with mechanism = \"remove\": "
+                             "removed images are not shown, so there is nothing to repeat; use "
+                             "repeat = 1 or a relabelling mechanism")
+        if params.contrast and params.repeat == 1:
+            raise ValueError("planted_slice: contrast = true with repeat = 1: contrast shows the "
+                             "slice's near misses as many times as its repeated images; set repeat "
+                             "above 1 or contrast = false")
+        if params.contrast and isinstance(params.slice, dict) and len(params.slice) < 2:
+            raise ValueError(f"planted_slice: contrast = true with slice = {params.slice!r}: a slice "
+                             "of one factor has no near misses (every other image misses its one "
+                             "condition); use contrast with a slice of 2 or 3 factors")
         if params.mechanism not in MECHANISMS:
             raise ValueError(f"planted_slice: mechanism={params.mechanism!r}; valid: "
                              f"{', '.join(MECHANISMS)}")
@@ -148,11 +189,19 @@ class PlantedSlice(AnomalyFamily):
                              "the implant cannot be checked; choose a slice with val images (one "
                              "factor fewer, or another value)")
 
+    def conditions_met(self, split) -> np.ndarray:
+        """How many of the slice's conditions each image of the split meets."""
+        return np.array([sum(self.world.image_factors(split, i)[factor] == value
+                             for factor, value in self.conditions.items())
+                         for i in range(len(split))], dtype=np.int64)
+
     def in_slice(self, split) -> np.ndarray:
         """Positions of the split's images whose factors satisfy every condition of the slice."""
-        return np.array([i for i in range(len(split))
-                         if all(self.world.image_factors(split, i)[factor] == value
-                                for factor, value in self.conditions.items())], dtype=np.int64)
+        return np.flatnonzero(self.conditions_met(split) == len(self.conditions))
+
+    def near_misses(self, split) -> np.ndarray:
+        """Positions of the images that meet every condition of the slice but one."""
+        return np.flatnonzero(self.conditions_met(split) == len(self.conditions) - 1)
 
     def affected(self, split) -> tuple[np.ndarray, np.ndarray]:
         """(positions of the affected training images, the new class each gets): a seeded
@@ -180,7 +229,16 @@ class PlantedSlice(AnomalyFamily):
             return split.subset(np.setdiff1d(np.arange(len(split)), chosen))
         labels = split.labels.copy()
         labels[chosen] = new_labels
-        return RelabeledSplit(split, labels)
+        relabeled = RelabeledSplit(split, labels)
+        if self.params.repeat == 1:
+            return relabeled
+        # every image once, then the affected ones (and with contrast the near misses, their
+        # labels their own) repeat - 1 more times; the epoch's shuffle mixes them
+        again = np.sort(chosen)
+        if self.params.contrast:
+            again = np.concatenate([again, self.near_misses(split)])
+        shown = np.concatenate([np.arange(len(split)), np.tile(again, self.params.repeat - 1)])
+        return relabeled.subset(shown)
 
     def normal_pool(self, val):
         return np.setdiff1d(np.arange(len(val)), self.in_slice(val))
