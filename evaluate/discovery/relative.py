@@ -31,7 +31,9 @@ import numpy as np
 from scipy.stats import t as student_t
 from statsmodels.stats.multitest import multipletests
 
-SCORES = ("relative", "absolute")
+from counteraudit.train.core.suite_schema import DISCOVER_SCORES
+
+SCORES = DISCOVER_SCORES  # the suite file's [discover] score values: one list
 DEFAULT_SCORE = "relative"
 MIN_REFERENCES = 2  # a spread needs two
 SIGNIFICANCE_FDR = 0.05  # Benjamini-Hochberg over one model's subgroups
