@@ -30,7 +30,8 @@ from counteraudit.train.core.registry import UnknownNameError
 from counteraudit.train.core.stage import RunOptions, run_options
 from counteraudit.train.core.suite import Suite, load_suite
 from counteraudit.train.core.suite_checks import named_problems
-from counteraudit.train.core.suite_schema import MIN_SCORED_REFERENCES, SuiteFileError, SuiteTable, problem_lines
+from counteraudit.train.core.suite_schema import MIN_SCORED_REFERENCES, SuiteFileError, SuiteTable
+from counteraudit.train.core.table_problems import problem_lines
 from counteraudit.train.checked_training import train_and_check
 
 

@@ -37,7 +37,8 @@ from typing import Any, Mapping
 from pydantic import BaseModel, Field, create_model
 
 from counteraudit.train.core.size_bounds import Bound
-from counteraudit.train.core.suite_schema import StrictTable, validated_table
+from counteraudit.train.core.suite_schema import StrictTable
+from counteraudit.train.core.table_problems import validated_table
 
 EXECUTION_ONLY = "execution_only"
 BEFORE = "value_before_the_field_existed"

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from counteraudit.train.core.registry import Registry
-from counteraudit.train.core.suite_schema import raise_problems
+from counteraudit.train.core.table_problems import raise_problems
 
 PLUGIN_PACKAGE = "counteraudit_plugins"
 

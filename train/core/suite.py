@@ -32,7 +32,8 @@ from counteraudit.train.core.suite_checks import (entry_problems, held_out_probl
                                                   size_problems, slurm_problems, world_problems)
 from counteraudit.train.core.suite_files import overridden, read_table, suite_path, toml_text
 from counteraudit.train.core.suite_schema import (DiscoverTable, EvaluateTable, ExplainTable, SuiteFileError,
-                                                  SuiteTable, problem_lines, raise_problems, validated_table)
+                                                  SuiteTable)
+from counteraudit.train.core.table_problems import problem_lines, raise_problems, validated_table
 
 
 @dataclass
