@@ -46,15 +46,12 @@ def relative_result(result: AuditResult, references: Mapping[str, Mapping[tuple[
         counts.append(sum(np.isfinite(v) for v in values))
     ranked_findings = rank([f for f in findings if np.isfinite(f.statistic)])
     ranked_findings += [f for f in findings if not np.isfinite(f.statistic)]
+    # the fewest: what bounds the p-values (without findings nothing narrows the baseline)
+    fewest = min(counts, default=len(others))
     notes = {**result.notes, "relative": {"references": sorted(others), "leave_out": leave_out,
-                                          "floor": floor,
-                                          # the fewest: what bounds the p-values
-                                          # without findings nothing narrows the baseline
-                                          "references_per_finding": min(counts, default=len(others)),
-                                          "df": max(min(counts, default=len(others)) - 1, 0)}}
+                                          "floor": floor, "references_per_finding": fewest,
+                                          "df": max(fewest - 1, 0)}}
     return AuditResult(ranked_findings, result.images_used, notes, list(result.subgroups))
-
-
 
 
 def baseline_count(result: AuditResult) -> int:

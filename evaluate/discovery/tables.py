@@ -197,10 +197,9 @@ def relation_counts(detections: pd.DataFrame, family_order: list[str]) -> pd.Dat
     the slice, share a factor with it, are unrelated to it, are none (a relative score of 0 can
     top references that all score below it), or have no slice to relate to."""
     anomalous = detections[detections["role"] == ROLE_ANOMALOUS]
-    detected = anomalous[anomalous["detected"].astype(bool)]
     rows = []
     for (family, auditor), group in anomalous.groupby(["family", "auditor"], sort=False):
-        hits = detected[(detected["family"] == family) & (detected["auditor"] == auditor)]
+        hits = group[group["detected"].astype(bool)]
         relations = hits["top_finding_relation"]
         rows.append({"family": family, "auditor": auditor, "n_models": len(group),
                      "n_detected": len(hits),
