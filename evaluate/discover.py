@@ -64,7 +64,8 @@ def main(args: argparse.Namespace) -> dict:
     from counteraudit.evaluate.discovery.reference_evaluations import (adaptive_results, check_relative,
                                                                        evaluate_references, scored_findings)
     from counteraudit.evaluate.discovery.stage import discover_score, discover_suite, suite_auditors
-    from counteraudit.evaluate.discovery.tables import discovery_notes, discovery_tables
+    from counteraudit.evaluate.discovery.tables import (CHECKING_HALF, baseline_text, discovery_notes,
+                                                       discovery_tables)
     from counteraudit.evaluate.pipeline import load_checked_suite
     from counteraudit.evaluate.reporting.tables import to_markdown, write_tables
     from counteraudit.train.checked_training import train_and_check
@@ -93,8 +94,7 @@ def main(args: argparse.Namespace) -> dict:
     tables = discovery_tables(suite, results, world, runs_root, score)
     detections = tables["discovery-detection-per-model"]
     write_tables(suite, tables, runs_root)
-    baseline = (f"{len(references)} references" + (f" and {len(suite.null_fit)} fitting held-out "
-                                                    "references" if suite.null_fit else ""))
+    baseline = baseline_text(len(references), len(suite.null_fit), CHECKING_HALF)
     scale = (f"relative score: the model's statistic minus the mean of the baseline ({baseline}) "
              "on the same images, over their spread, each baseline model left out of its own"
              if score == "relative" else "absolute statistic, as the auditors' source papers ranked")

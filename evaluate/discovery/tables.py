@@ -319,7 +319,7 @@ def calibration_frame(detections: pd.DataFrame, results: dict[tuple[str, str], A
             low, high = proportion_confint(flagged, len(rule), alpha=0.05, method="wilson")
             counts = [baseline_count(results[(auditor, m)]) for m in models] if relative else []
             row = {"auditor": auditor, "design": design, "held_out": len(rule),
-                   "baseline": (_baseline_text(len(references), len(fitting), design)
+                   "baseline": (baseline_text(len(references), len(fitting), design)
                                 if relative else "references' statistics"),
                    "df": min(counts) - 1 if counts else np.nan,
                    "table3_false_positives": flagged,
@@ -337,7 +337,7 @@ def calibration_frame(detections: pd.DataFrame, results: dict[tuple[str, str], A
     return pd.DataFrame(rows)
 
 
-def _baseline_text(references: int, fitting: int, design: str) -> str:
+def baseline_text(references: int, fitting: int, design: str) -> str:
     """Which models a half's relative scores were measured against, in words."""
     pooled = f"{references} references" + (f" + {fitting} fitting held-out" if fitting else "")
     return pooled + (", each model left out of its own" if design == FITTING_HALF else "")
