@@ -1,5 +1,6 @@
-"""The grouped network of evaluate/benchmarks/grouped_training.py computes the k models it stacks:
-what the benchmark times grouped is the same training as what it times alone."""
+"""The grouped network (train/grouped.py, which the grouped engine trains and
+evaluate/benchmarks/grouped_training.py times) computes the k models it stacks: a grouped step is
+each model's own step."""
 from __future__ import annotations
 
 import copy
@@ -8,7 +9,7 @@ import counteraudit.train  # noqa: F401, I001  (first: the numeric mode)
 import torch
 from torch import nn
 
-from counteraudit.evaluate.benchmarks.grouped_training import PerModelLogits, grouped_network
+from counteraudit.train.grouped import PerModelLogits, grouped_network
 from counteraudit.train.architectures import SmallResNet
 
 

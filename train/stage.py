@@ -1,6 +1,7 @@
 """The training stage: every model of a suite that is not trained yet, as work items."""
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ import torch.distributed as dist
 from counteraudit.slurm.distributed import cleanup_distributed, init_distributed
 from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME, METRICS_NAME, MODELS,
                                            is_trained, link_suite_models, model_dir, read_metrics)
-from counteraudit.train.core.artifacts import store_dir
+from counteraudit.train.core.artifacts import stable_hash, store_dir
 from counteraudit.train.core.published_recipes import provenance
 from counteraudit.train.core.registries import FAMILIES
 from counteraudit.train.core.stage import (RunOptions, StageItem, executor_config, plan_stage, resolved_runs_dir,
@@ -18,14 +19,17 @@ from counteraudit.train.core.stage import (RunOptions, StageItem, executor_confi
 from counteraudit.train.core.model_spec import ModelSpec
 from counteraudit.train.core.suite import Suite
 from counteraudit.train.cpu_probe import check_cpu_precision
-from counteraudit.train.trainer import build_family, train_model
+from counteraudit.train.trainer import build_family, train_model, train_models_together
 from counteraudit.train.worlds import build_world
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainItem(StageItem):
-    """One model to train; ``emulate_processes``: train_model's (a test of DDP's arithmetic)."""
+    """One model to train, or (``models``) a group of models of one recipe whose engine is grouped
+    (``model`` is then the first of them); ``emulate_processes``: train_model's (a test of DDP's
+    arithmetic)."""
     model: str
+    models: tuple[str, ...] = ()
     device: str | None = None
     progress: bool = True
     emulate_processes: int = 1
@@ -37,6 +41,8 @@ def train_one(item: TrainItem) -> dict[str, Any]:
     In a Slurm job with several tasks (--gpus-per-node N gives N tasks per node, --nodes M), every
     task runs this: they join one process group (NCCL on GPUs, gloo on CPUs; rendezvous from
     submitit's environment) and train the one model with DistributedDataParallel, one GPU each."""
+    if item.models:
+        return _train_group(item)
     spec = item.suite.model(item.model)
     directory = model_dir(item.runs_dir, spec)
     device = item.device
@@ -50,6 +56,43 @@ def train_one(item: TrainItem) -> dict[str, Any]:
     finally:
         if joined_here:  # leave a process group the caller made to the caller
             cleanup_distributed()
+
+
+def _train_group(item: TrainItem) -> list[dict[str, Any]]:
+    """A group's work item: its models trained together (train_models_together), in this one
+    process (a grouped network is not split over processes)."""
+    processes = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
+    if processes > 1:
+        raise ValueError(f"the grouped engine trains a group in one process, but this job has "
+                         f"{processes}; give the training stage one task per job "
+                         "(--gpus-per-node 1, --nodes 1)")
+    specs = [item.suite.model(name) for name in item.models]
+    return train_models_together(specs, [model_dir(item.runs_dir, spec) for spec in specs],
+                                 device=item.device, progress=item.progress,
+                                 runs_root=item.runs_dir)
+
+
+def training_items(specs: list[ModelSpec]) -> list[tuple[ModelSpec, ...]]:
+    """The training stage's work items: one per model, except models whose recipe's engine is
+    grouped, which come in groups of its group_size by world, architecture and recipe (a family
+    whose training runs the model, or a checkpoint, alone). In a group, models of one family and
+    parameters sit together, so groups tend to step in lockstep (group_trainer.subgroups splits
+    the others). Longest first, as ``specs`` come."""
+    items: list[tuple[ModelSpec, ...]] = []
+    groups: dict[str, list[ModelSpec]] = {}
+    for spec in specs:
+        if spec.recipe.engine != "grouped" or spec.checkpoint or (
+                not spec.is_reference and FAMILIES.get(spec.family).training_reads_model):
+            items.append((spec,))
+        else:
+            signature = stable_hash({"world": spec.world, "architecture": spec.architecture,
+                                     "recipe": spec.recipe.identity()})
+            groups.setdefault(signature, []).append(spec)
+    for members in groups.values():
+        members = sorted(members, key=lambda spec: (spec.family, stable_hash(spec.weight_params)))
+        size = members[0].recipe.group_size
+        items += [tuple(members[start:start + size]) for start in range(0, len(members), size)]
+    return items
 
 
 def models_space_needed(runs_root, count: int, sample: int = 100) -> int | None:
@@ -80,6 +123,8 @@ def _recipe_text(recipe) -> str:
             f"{recipe.momentum:g}, weight decay {recipe.weight_decay:g}")
     if recipe.lr_warmup_epochs:
         text += f", warmup {recipe.lr_warmup_epochs:g} epochs"
+    if recipe.engine == "grouped":
+        text += f", grouped engine ({recipe.group_size} models per network)"
     if recipe.resolution_schedule:
         text += ", training crops " + ", then ".join(
             f"{size} px for {epochs} epochs" for epochs, size in recipe.resolution_schedule)
@@ -150,6 +195,10 @@ def describe_training(suite: Suite, specs: list[ModelSpec], todo: list[ModelSpec
     return "\n".join(lines)
 
 
+def _item_name(item: TrainItem) -> str:
+    return f"{item.model} and {len(item.models) - 1} more (grouped)" if item.models else item.model
+
+
 def train_models(suite: Suite, specs: list[ModelSpec], options: RunOptions) -> list[dict]:
     """Train what is missing, through the local or Slurm executor; returns every model's metrics."""
     config = executor_config(suite, options, "train")
@@ -169,10 +218,13 @@ def train_models(suite: Suite, specs: list[ModelSpec], options: RunOptions) -> l
     progress = options.progress and not parallel
 
     def to_items(todo: list[ModelSpec]) -> list[TrainItem]:
-        return [TrainItem(suite=suite, runs_dir=resolved_runs_dir(runs_root), model=spec.name,
-                          device=options.device, progress=progress) for spec in todo]
-    run_stage("train", train_one, plan, config, to_items=to_items, item_name=lambda item: item.model,
-              space_needed=lambda unfinished: models_space_needed(runs_root, len(unfinished)),
+        return [TrainItem(suite=suite, runs_dir=resolved_runs_dir(runs_root), model=group[0].name,
+                          models=tuple(spec.name for spec in group) if len(group) > 1 else (),
+                          device=options.device, progress=progress)
+                for group in training_items(todo)]
+    run_stage("train", train_one, plan, config, to_items=to_items, item_name=_item_name,
+              space_needed=lambda unfinished: models_space_needed(
+                  runs_root, sum(len(item.models) or 1 for item in unfinished)),
               describe=lambda todo: describe_training(suite, specs, todo, config, store_dir(runs_root)))
     if config.dry_run:
         return []

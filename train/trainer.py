@@ -22,10 +22,8 @@ keeps the running-statistics update of slice 0 only and the saved state matches 
 from __future__ import annotations
 
 import contextlib
-import math
-import platform
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,24 +33,29 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
+from counteraudit.train import group_trainer
 from counteraudit.train.architectures import Classifier, build_model
-from counteraudit.train.core import numerics
 from counteraudit.train.core.artifacts import atomic_write_json, derive_seed
-from counteraudit.train.core.registries import FAMILIES
 from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_NAME, METRICS_NAME,
                                            SPEC_NAME, WEIGHTS_NAME, finite_weights, is_trained,
                                            load_training_state, model_dir, read_metrics,
-                                           save_trained_model, save_training_state,
-                                           training_lock)
+                                           save_training_state, training_lock)
 from counteraudit.train.core.model_spec import ModelSpec, REFERENCE
-from counteraudit.train.core.recipe import Recipe
 from counteraudit.train.core.published_recipes import provenance
 from counteraudit.train.core.weights import load_backbone_weights, load_weights_only
+from counteraudit.train.training_parts import (EpochMeter, Processes, TrainingDiverged,
+                                               TrainingProgress, build_family, diverged_error,
+                                               distributed_rank_and_size, evaluate_accuracy,
+                                               evaluate_and_save, log_epoch, new_model,
+                                               optimizer_and_scheduler, output_classes,
+                                               training_metrics, warmup_lr)
 from counteraudit.train.worlds import Batch, World, build_world
 
+# what other modules import from here (the training's parts live in training_parts.py)
+__all__ = ["TrainingDiverged", "build_family", "derived_reference", "evaluate_accuracy",
+           "load_trained_model", "new_model", "output_classes", "pick_device",
+           "summarize_references", "train_model", "train_models_together", "warmup_lr"]
 
-class TrainingDiverged(ValueError):
-    """A training whose loss or weights became inf or nan: nothing of it is stored as trained."""
 
 
 def pick_device(requested: str | None = None) -> torch.device:
@@ -64,22 +67,10 @@ def pick_device(requested: str | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def build_family(spec: ModelSpec, world: World):
-    if spec.is_reference:
-        return None
-    return FAMILIES.get(spec.family)(spec.params, world, spec.seed)
 
 
-def output_classes(spec: ModelSpec, world: World) -> list[int] | None:
-    """The classes a spec's output layer has (None: every class of the world)."""
-    family = build_family(spec, world)
-    return None if family is None else family.output_classes()
 
 
-def new_model(spec: ModelSpec, world: World) -> Classifier:
-    torch.manual_seed(derive_seed(spec.seed, "init"))
-    return build_model(spec.architecture, world.num_classes, world.mean, world.std,
-                       output_classes(spec, world))
 
 
 def load_trained_model(directory: Path, spec: ModelSpec, world: World,
@@ -96,53 +87,14 @@ def load_trained_model(directory: Path, spec: ModelSpec, world: World,
     return model.to(device).to(memory_format=torch.channels_last).eval()
 
 
-@torch.no_grad()
-def evaluate_accuracy(model: nn.Module, images_or_split, labels=None, batch_size: int = 500,
-                      device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Top-1 accuracy and per-class accuracy on a split (or on an (images, labels) pair)."""
-    model.eval()
-    predictions, truths = [], []
-    if labels is None:
-        batches = ((b.images, b.labels) for b in images_or_split.eval_batches(batch_size))
-    else:
-        batches = ((images_or_split[i:i + batch_size], labels[i:i + batch_size])
-                   for i in range(0, len(labels), batch_size))
-    for images, target in batches:
-        predictions.append(model(images.to(device)).argmax(1).cpu())
-        truths.append(torch.as_tensor(target))
-    pred, truth = torch.cat(predictions), torch.cat(truths)
-    per_class = {int(c): float((pred[truth == c] == c).float().mean()) for c in truth.unique()}
-    return {"accuracy": float((pred == truth).float().mean()), "per_class_accuracy": per_class,
-            "count": int(len(truth))}
 
 
-def _distributed() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
-@dataclass(frozen=True)
-class Processes:
-    """Who trains a model: this process, rank ``rank`` of ``world_size`` DDP processes, or one
-    process emulating ``emulated`` of them (module docstring)."""
-    rank: int = 0
-    world_size: int = 1
-    emulated: int = 1
-
-    @property
-    def writes(self) -> bool:
-        """Rank 0 writes the files and the log; the other ranks train alongside it."""
-        return self.rank == 0
-
-    @property
-    def slices(self) -> int:
-        """Into how many slices each global batch is cut."""
-        return max(self.world_size, self.emulated)
 
 
 def _processes(emulate_processes: int) -> Processes:
-    rank, world_size = _distributed()
+    rank, world_size = distributed_rank_and_size()
     if world_size > 1 and emulate_processes > 1:
         raise ValueError(f"emulate_processes={emulate_processes} is for a single process; this one "
                          f"is rank {rank} of a real {world_size}-process run")
@@ -171,7 +123,7 @@ def train_model(spec: ModelSpec, directory: str | Path, world: World | None = No
     device = pick_device(str(device) if device is not None else None)
     # One process trains a model at a time (two suites' runs may need it at once); the ranks of
     # one distributed run train it together, so they take no lock (they would wait on each other).
-    lock = training_lock(directory) if _distributed()[1] == 1 else contextlib.nullcontext()
+    lock = training_lock(directory) if distributed_rank_and_size()[1] == 1 else contextlib.nullcontext()
     threads = torch.get_num_threads()
     if device.type == "cpu":
         torch.set_num_threads(spec.recipe.cpu_threads)
@@ -199,7 +151,7 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
     model = new_model(spec, world).to(device)
     if spec.checkpoint:
         load_backbone_weights(model, spec.checkpoint)
-        return _evaluate_and_save(spec, directory, model, world, device, {
+        return evaluate_and_save(spec, directory, model, world, device, {
             "source": "external", "external_checkpoint": str(spec.checkpoint),
             **({"checkpoint_recipe": spec.checkpoint_recipe,
                 "provenance": provenance(spec.checkpoint, spec.checkpoint_recipe, None)}
@@ -209,8 +161,14 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
     if family is not None and family.reference_seed() is not None:
         return _derive_from_reference(spec, directory, family, world, device, progress, runs_root,
                                       processes)
+    if group_trainer.trains_grouped(spec, family):  # a group of one, filled up to group_size
+        if processes.slices > 1:
+            raise ValueError(f"{spec.name}: the grouped engine trains in one process; give its "
+                             "recipe engine = \"alone\" to train it with several")
+        return group_trainer.train_group([spec], [directory], world, device, progress,
+                                         stop_after_epoch, lock=False)[0]
     split = world.split("train") if family is None else family.training_split(world.split("train"))
-    optimizer, scheduler = _optimizer_and_scheduler(model, spec.recipe)
+    optimizer, scheduler = optimizer_and_scheduler(model, spec.recipe)
     done = _resume(directory, spec, model, optimizer, scheduler, processes)
     run = _training_run(spec, model, family, split, optimizer, scheduler, device, processes,
                         progress)
@@ -220,7 +178,7 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
         check_finite(run, epoch, record)
         done.add_epoch(record, images)
         if processes.writes:
-            _log_epoch(spec, record)
+            log_epoch(spec, record)
         last = epoch + 1 == spec.recipe.epochs
         if processes.writes and ((epoch + 1) % CHECKPOINT_EVERY_EPOCHS == 0 or last):
             _save_checkpoint(directory, run, epoch, done)
@@ -228,8 +186,33 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
             dist.barrier()  # no rank runs ahead of the checkpoint
         if stop_after_epoch is not None and epoch + 1 >= stop_after_epoch and not last:
             return {"interrupted_after_epoch": epoch + 1}
-    return _evaluate_and_save(spec, directory, model, world, device,
-                              _training_metrics(spec, done, processes), processes)
+    return evaluate_and_save(spec, directory, model, world, device,
+                              training_metrics(spec, done, processes), processes)
+
+
+def train_models_together(specs: list[ModelSpec], directories: list[Path], world: World | None = None,
+                          device: str | torch.device | None = None, progress: bool = True,
+                          stop_after_epoch: int | None = None,
+                          runs_root: str | Path | None = None) -> list[dict[str, Any]]:
+    """Train (or resume) models of one world, architecture and recipe: those the grouped engine
+    takes (``group_trainer.trains_grouped``) in groups, every other one alone (``train_model``);
+    each one's metrics, in order. What the training stage runs for a group's work item."""
+    device = pick_device(str(device) if device is not None else None)
+    world = world or build_world(specs[0].world, runs_root=runs_root)
+    results: dict[int, dict[str, Any]] = {}
+    grouped = []
+    for index, (spec, directory) in enumerate(zip(specs, directories)):
+        if not is_trained(directory) and group_trainer.trains_grouped(spec, build_family(spec, world)):
+            grouped.append(index)
+        else:
+            results[index] = train_model(spec, directory, world, device, progress, stop_after_epoch,
+                                         runs_root)
+    if grouped:
+        trained = group_trainer.train_group([specs[i] for i in grouped],
+                                            [Path(directories[i]) for i in grouped], world, device,
+                                            progress, stop_after_epoch)
+        results.update(zip(grouped, trained))
+    return [results[index] for index in range(len(specs))]
 
 
 def derived_reference(spec: ModelSpec, seed: int) -> ModelSpec:
@@ -253,25 +236,12 @@ def _derive_from_reference(spec: ModelSpec, directory: Path, family, world: Worl
     # changed on the CPU, so the random draws are the same bits whatever the device
     model = load_trained_model(reference_directory, reference, world, "cpu")
     family.derive(model)
-    return _evaluate_and_save(spec, directory, model.to(device), world, device, {
+    return evaluate_and_save(spec, directory, model.to(device), world, device, {
         "source": "derived", "reference_key": reference.key, "reference_seed": reference.seed},
         processes)
 
 
 # ---------------------------------------------------------------- set-up, resume, checkpoint
-@dataclass
-class TrainingProgress:
-    """What the finished epochs produced: a checkpoint saves it, a resume restores it."""
-    next_epoch: int = 0
-    history: list[dict[str, Any]] = field(default_factory=list)
-    train_seconds: float = 0.0
-    images_seen: int = 0  # every process's images
-
-    def add_epoch(self, record: dict[str, Any], images: int) -> None:
-        self.next_epoch = record["epoch"]
-        self.train_seconds += record["seconds"]
-        self.images_seen += images
-        self.history.append(record)
 
 
 @dataclass
@@ -294,12 +264,6 @@ class TrainingRun:
     progress: bool          # show a progress bar
 
 
-def _optimizer_and_scheduler(model: nn.Module, recipe: Recipe
-                             ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.StepLR]:
-    optimizer = torch.optim.SGD(model.parameters(), lr=recipe.lr, momentum=recipe.momentum,
-                                weight_decay=recipe.weight_decay)
-    return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, recipe.lr_step_epochs,
-                                                      recipe.lr_gamma)
 
 
 def _resume(directory: Path, spec: ModelSpec, model: Classifier, optimizer: torch.optim.Optimizer,
@@ -360,42 +324,9 @@ def _training_run(spec: ModelSpec, model: Classifier, family, split, optimizer, 
                        progress)
 
 
-def warmup_lr(recipe: Recipe, epoch: int, step: int, steps_per_epoch: int,
-              warmup_steps: int) -> float:
-    """The learning rate at ``step`` of ``epoch``: the step schedule's, ramped up linearly over
-    the first ``warmup_steps`` steps. From the step alone, so a resumed run gets the same."""
-    done = epoch * steps_per_epoch + step + 1
-    return (recipe.lr * recipe.lr_gamma ** (epoch // recipe.lr_step_epochs)
-            * min(1.0, done / warmup_steps))
 
 
 # ---------------------------------------------------------------- one epoch, one step
-@dataclass
-class _EpochMeter:
-    """An epoch's loss and accuracy, summed slice by slice in training order (the order the
-    history's floats depend on)."""
-    loss_sum: float = 0.0
-    correct: int = 0
-    seen: int = 0         # this process's images
-    global_seen: int = 0  # every process's images, this one's slice or not
-    steps: int = 0        # optimizer steps taken
-    diverged_at: tuple[int, float] | None = None  # (step, loss) of the first inf or nan loss
-
-    def add(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
-        value = float(loss.detach())
-        if not math.isfinite(value) and self.diverged_at is None:
-            self.diverged_at = (self.steps + 1, value)
-        self.loss_sum += value * len(labels)
-        self.correct += int((logits.argmax(1) == labels).sum())
-        self.seen += len(labels)
-
-    @property
-    def loss(self) -> float:
-        return self.loss_sum / max(self.seen, 1)
-
-    @property
-    def accuracy(self) -> float:
-        return self.correct / max(self.seen, 1)
 
 
 def train_one_epoch(run: TrainingRun, epoch: int) -> tuple[dict[str, Any], int]:
@@ -404,7 +335,7 @@ def train_one_epoch(run: TrainingRun, epoch: int) -> tuple[dict[str, Any], int]:
     recipe = run.spec.recipe
     run.model.train()
     generator = torch.Generator().manual_seed(derive_seed(run.spec.seed, "anomaly", epoch))
-    started, meter = time.perf_counter(), _EpochMeter()
+    started, meter = time.perf_counter(), EpochMeter()
     crop = recipe.crop_size(epoch)  # progressive resizing: from the epoch alone, resumable
     batches = run.split.train_batches(recipe.batch_size, run.data_seed, epoch,
                                       part=(run.processes.rank, run.processes.world_size),
@@ -437,15 +368,7 @@ def check_finite(run: TrainingRun, epoch: int, record: dict[str, Any]) -> None:
     diverged = record.get("diverged_at")
     if diverged is None and finite_weights(run.model.state_dict()):
         return
-    recipe = run.spec.recipe
-    where = (f"the training loss is {diverged[1]} at epoch {epoch + 1}/{recipe.epochs}, step "
-             f"{diverged[0]}/{run.steps_per_epoch}" if diverged else
-             f"its weights hold inf or nan after epoch {epoch + 1}/{recipe.epochs}")
-    raise TrainingDiverged(
-        f"model {run.spec.name} ({run.spec.key}) diverged: {where}. The likely cause is a learning "
-        f"rate or weight decay too large for it (lr = {recipe.lr}, weight_decay = "
-        f"{recipe.weight_decay}): lower [recipe] lr (the paper: 0.1) or weight_decay (1e-4), or "
-        "add lr_warmup_epochs. Nothing of it is stored as trained")
+    raise diverged_error(run.spec, epoch, run.steps_per_epoch, diverged)
 
 
 def _batch_slices(batch: Batch, emulate_processes: int) -> list[Batch]:
@@ -457,7 +380,7 @@ def _batch_slices(batch: Batch, emulate_processes: int) -> list[Batch]:
 
 
 def train_one_step(run: TrainingRun, batch: Batch, generator: torch.Generator,
-                   meter: _EpochMeter) -> None:
+                   meter: EpochMeter) -> None:
     """One optimizer step on a batch: this process's slice of it, or, emulating N processes, the
     N slices one after the other with their gradients averaged as DDP averages them."""
     slices = _batch_slices(batch, run.processes.emulated)
@@ -502,39 +425,11 @@ def _slice_inputs(run: TrainingRun, part: Batch, generator: torch.Generator,
     return images.contiguous(memory_format=torch.channels_last), labels
 
 
-def _log_epoch(spec: ModelSpec, record: dict[str, Any]) -> None:
-    crop = record.get("crop_size")
-    print(f"[train] {spec.name} epoch {record['epoch']}/{spec.recipe.epochs}: loss "
-          f"{record['loss']:.3f}, train acc {record['train_accuracy']:.3f}, "
-          f"{record['seconds']:.1f}s{f', {crop} px' if crop is not None else ''}", flush=True)
 
 
 # ---------------------------------------------------------------- evaluate and save
-def _training_metrics(spec: ModelSpec, done: TrainingProgress,
-                      processes: Processes) -> dict[str, Any]:
-    return {"source": "trained", "epochs": spec.recipe.epochs, "history": done.history,
-            "train_seconds": done.train_seconds,
-            "images_per_second": done.images_seen / max(done.train_seconds, 1e-9),
-            "processes": processes.world_size,
-            **({"distributed_backend": str(dist.get_backend())}
-               if processes.world_size > 1 else {}),
-            **({"emulated_processes": processes.emulated} if processes.emulated > 1 else {})}
 
 
-def _evaluate_and_save(spec: ModelSpec, directory: Path, model: Classifier, world: World,
-                       device: torch.device, extra: dict[str, Any],
-                       processes: Processes) -> dict[str, Any]:
-    """Validation accuracy, then (rank 0) weights.pth and metrics.json; the metrics."""
-    model = model.to(memory_format=torch.contiguous_format).eval()
-    val = evaluate_accuracy(model, world.split("val"), batch_size=spec.recipe.eval_batch_size,
-                            device=device)
-    metrics = {"name": spec.name, "key": spec.key, "family": spec.family, "seed": spec.seed,
-               "val_accuracy": val["accuracy"], "val_per_class_accuracy": val["per_class_accuracy"],
-               "device": str(device), "torch": torch.__version__, "host": platform.node(),
-               "numerics": numerics.record(device), **extra}
-    if processes.writes:
-        metrics = save_trained_model(directory, model.backbone, metrics)
-    return metrics
 
 
 def summarize_references(metrics: list[dict[str, Any]]) -> dict[str, float]:

@@ -70,6 +70,7 @@ class Adversarial(AnomalyFamily):
     headline_figure = "pgd_accuracy"
     strength = "eps"
     stark = True
+    training_reads_model = True  # PGD attacks the model being trained
     Params = AdversarialParams
 
     @classmethod

@@ -9,11 +9,11 @@ Three ways to run one SGD step of k models of the demo's architecture (small_res
 batch 64, 10 classes), each model on its own batch:
 
 - ``alone``: k models, one step each in turn (what the trainer does today, one model per process);
-- ``grouped``: one network whose convolutions have k groups (``groups=k``: model i's channels are
-  group i), one BatchNorm over the k models' channels (per-channel statistics, so each model keeps
-  its own), and a batched matrix product for the k output layers; the k batches enter side by side
-  as channels, and the loss is the sum of the k models' mean losses, so each model's gradient is
-  its own;
+- ``grouped``: the grouped engine's network (train/grouped.py): convolutions with k groups
+  (``groups=k``: model i's channels are group i), one BatchNorm over the k models' channels
+  (per-channel statistics, so each model keeps its own), and a batched matrix product for the k
+  output layers; the k batches enter side by side as channels, and the loss is the sum of the k
+  models' mean losses, so each model's gradient is its own;
 - ``vmap``: ``torch.func.stack_module_state`` with ``functional_call`` under ``vmap`` (its
   convolution rule batches the weights into a grouped convolution too).
 
@@ -37,6 +37,7 @@ from torch.profiler import profile
 from counteraudit.anomalies.families.adversarial import pgd
 from counteraudit.evaluate.benchmarks import benchmark_parser, interleaved_seconds
 from counteraudit.train.architectures import SmallResNet
+from counteraudit.train.grouped import PerModelLogits, grouped_network
 from counteraudit.train.core.numerics import cpu_model
 from counteraudit.train.core.command_line import run_cli
 
@@ -63,62 +64,6 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("--profile", action="store_true",
                         help="also print torch.profiler's table of one model's plain step")
     return parser
-
-
-# ---------------------------------------------------------------- the grouped network
-class GroupedLinear(nn.Module):
-    """k linear layers as one batched product: (B, k * F) -> (B, k, out)."""
-
-    def __init__(self, layers: list[nn.Linear]):
-        super().__init__()
-        self.weight = nn.Parameter(torch.stack([layer.weight.detach() for layer in layers]))
-        self.bias = nn.Parameter(torch.stack([layer.bias.detach() for layer in layers]))
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        features = features.view(features.shape[0], self.weight.shape[0], -1)
-        return torch.einsum("bkf,kof->bko", features, self.weight) + self.bias
-
-
-def grouped_network(models: list[nn.Module]) -> nn.Module:
-    """One network computing k models of one architecture side by side: input (B, k * 3, H, W),
-    the k models' images as channel groups; output (B, k, classes). Model i's weights, BatchNorm
-    statistics included, are channel block i of each layer."""
-    network = copy.deepcopy(models[0])
-    sources = [dict(model.named_modules()) for model in models]
-    modules = dict(network.named_modules())
-    for name, module in list(modules.items()):
-        parts = [source[name] for source in sources]
-        if isinstance(module, nn.Conv2d):
-            new = nn.Conv2d(len(models) * module.in_channels, len(models) * module.out_channels,
-                            module.kernel_size, module.stride, module.padding,
-                            bias=module.bias is not None, groups=len(models) * module.groups,
-                            dtype=module.weight.dtype)
-            new.weight.data.copy_(torch.cat([part.weight.detach() for part in parts]))
-        elif isinstance(module, nn.BatchNorm2d):
-            new = nn.BatchNorm2d(len(models) * module.num_features, module.eps, module.momentum,
-                                 dtype=module.weight.dtype)
-            for field in ("weight", "bias", "running_mean", "running_var"):
-                getattr(new, field).data.copy_(torch.cat([getattr(p, field).detach() for p in parts]))
-        elif isinstance(module, nn.Linear):
-            new = GroupedLinear(parts)
-        else:
-            continue
-        parent, _, attribute = name.rpartition(".")
-        setattr(modules[parent] if parent else network, attribute, new)
-    return network
-
-
-class PerModelLogits(nn.Module):
-    """The grouped network seen as one classifier of k * B images (what PGD and the loss take):
-    logits (B * k, classes), image b of model i at row b * k + i."""
-
-    def __init__(self, network: nn.Module):
-        super().__init__()
-        self.network = network
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        logits = self.network(images)
-        return logits.reshape(-1, logits.shape[-1])
 
 
 # ---------------------------------------------------------------- the timed steps

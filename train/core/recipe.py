@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from counteraudit.train.core import size_bounds as bounds
 from counteraudit.train.core.params import added, key_params, params_problems
@@ -46,6 +46,18 @@ class Recipe:
     # 160 px for the first 75% of the epochs, then 192). The segments must cover every epoch.
     # Empty: every epoch at the world's image_size. Evaluation keeps the world's sizes.
     resolution_schedule: tuple[tuple[int, int], ...] = added(())
+    # How the models of this recipe are trained: "alone", each by itself (one model per process),
+    # or "grouped", group_size models of one world, architecture and recipe as one grouped
+    # network (train/group_trainer.py): the same per-model training, other rounding, so other
+    # bits, and a key of their own. A member's bits depend on group_size (measured: a model
+    # trained in a group of 2 and of 4 differs by 1e-6 after four steps), never on its companions,
+    # so a group short of members is filled up to group_size (train/README.md).
+    engine: Annotated[Literal["alone", "grouped"], Field(description=(
+        "alone: one model per process (the default); grouped: group_size models as one network"))
+    ] = added("alone")
+    group_size: Annotated[int, Field(ge=1, le=bounds.GROUP.limit, json_schema_extra=bounds.GROUP.extra,
+                                     description="models per grouped network (engine grouped)")
+                          ] = added(8)
 
     @classmethod
     def from_dict(cls, table: dict[str, Any], where: str = "[recipe]") -> "Recipe":
@@ -72,8 +84,14 @@ class Recipe:
 
     def identity(self) -> dict[str, Any]:
         """The recipe's part of a model's key (``key_params``: a field declared ``added`` is
-        left out while at the value models were trained with before it existed)."""
-        return key_params(self)
+        left out while at the value models were trained with before it existed). A grouped
+        model's key always holds its group_size (its bits depend on it); a solo model's never."""
+        identity = key_params(self)
+        if self.engine == "grouped":
+            identity["group_size"] = self.group_size
+        else:
+            identity.pop("group_size", None)
+        return identity
 
 
 def resolution_segments(value: Any) -> tuple[tuple[int, int], ...]:

@@ -48,6 +48,10 @@ IMAGE_SIDE = Bound(1_024, (
     "machine"))
 THREADS = Bound(256, "threads of one training; more than the machine's cores only slow it, and "
                      "no machine the tool runs on has 256")
+GROUP = Bound(256, (
+    "models trained as one grouped network hold their activations in memory together: 256 "
+    "small models at batch 64 and 64 px are about 40 GiB of activations, and a ResNet-50 is "
+    "many times that"))
 LOADER_PROCESSES = Bound(64, (
     "each data-loading process is a Python process with its own copy of the split's file list "
     f"(about 0.25 GiB for ImageNet's): 64 of them take 16 GiB of a {MACHINE_MEMORY_GIB} GiB "
