@@ -102,6 +102,12 @@ def test_the_engine_and_group_size_are_in_the_key(tiny, tmp_path):
         Recipe.from_dict({"engine": "grouped", "group_size": 0})
 
 
+def test_a_grouped_model_is_not_split_over_processes(tiny, tmp_path):
+    with pytest.raises(ValueError, match="grouped engine trains in one process"):
+        train_model(_grouped(tiny.refs[0]), tmp_path / "ddp", world=tiny.world, progress=False,
+                    emulate_processes=2)
+
+
 def test_a_members_bits_do_not_depend_on_its_companions(tiny):
     """The same model in two groups of 2 with another companion, at another position, and alone
     (its group filled up with copies of itself): the same bits. So the key needs the group size

@@ -114,6 +114,9 @@ def train_model(spec: ModelSpec, directory: str | Path, world: World | None = No
     gradients accumulated as DDP averages them, BatchNorm statistics kept per slice as DDP keeps
     them per process (module docstring). Default 1: the ordinary run. Not part of the model's key,
     like the number of processes of a real DDP run.
+
+    A spec whose recipe's engine is grouped trains as a group of one, filled up to its
+    group_size (train/group_trainer.py), so it gets the bits it would get in any group.
     """
     directory = Path(directory)
     if is_trained(directory):
