@@ -18,8 +18,9 @@ from counteraudit.train.core.recipe import Recipe
 from counteraudit.train.core.stage import RunOptions
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.group_trainer import Member, subgroups
-from counteraudit.train.stage import training_items
-from counteraudit.train.trainer import load_trained_model, train_model, train_models_together
+from counteraudit.train.stage import train_models, training_items
+from counteraudit.train.engines import train_models_together
+from counteraudit.train.trainer import load_trained_model, train_model
 from counteraudit.train.worlds import build_world
 
 
@@ -176,7 +177,7 @@ def test_models_that_cannot_step_together_are_split(tmp_path):
     assert groups == [["a", "c"], ["f", "g"], ["b"], ["d"], ["e"]]
 
 
-def test_a_grouped_suite_trains_end_to_end_through_the_stage(tmp_path, runs):
+def test_a_grouped_suite_trains_end_to_end_through_the_stage(tmp_path, runs, capsys):
     """engine = "grouped" in the suite file: references and a backdoor model in groups (one
     work item each), the adversarial model alone; the implant checks run on what was stored."""
     body = """
@@ -195,6 +196,8 @@ params = { steps = 1, eval_steps = 1, eval_images = 20 }
                                              'engine = "grouped"\ngroup_size = 2\n[references]'))
     suite = load_suite(path)
     assert [len(item) for item in training_items(suite.models)] == [1, 2, 1]
+    train_models(suite, suite.models, RunOptions(runs_dir=str(runs), executor={"dry_run": True}))
+    assert "grouped engine: 3 models in 2 grouped network(s)" in capsys.readouterr().out
     options = RunOptions(runs_dir=str(runs), device="cpu", executor={"local_jobs": 1},
                          progress=False)
     results = {metrics["name"]: metrics for metrics in train_and_check(suite, suite.models, options)}

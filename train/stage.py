@@ -19,7 +19,8 @@ from counteraudit.train.core.stage import (RunOptions, StageItem, executor_confi
 from counteraudit.train.core.model_spec import ModelSpec
 from counteraudit.train.core.suite import Suite
 from counteraudit.train.cpu_probe import check_cpu_precision
-from counteraudit.train.trainer import build_family, train_model, train_models_together
+from counteraudit.train.engines import train_models_together
+from counteraudit.train.trainer import build_family, train_model
 from counteraudit.train.worlds import build_world
 
 
@@ -81,8 +82,7 @@ def training_items(specs: list[ModelSpec]) -> list[tuple[ModelSpec, ...]]:
     items: list[tuple[ModelSpec, ...]] = []
     groups: dict[str, list[ModelSpec]] = {}
     for spec in specs:
-        if spec.recipe.engine != "grouped" or spec.checkpoint or (
-                not spec.is_reference and FAMILIES.get(spec.family).training_reads_model):
+        if not _in_groups(spec):
             items.append((spec,))
         else:
             signature = stable_hash({"world": spec.world, "architecture": spec.architecture,
@@ -93,6 +93,13 @@ def training_items(specs: list[ModelSpec]) -> list[tuple[ModelSpec, ...]]:
         size = members[0].recipe.group_size
         items += [tuple(members[start:start + size]) for start in range(0, len(members), size)]
     return items
+
+
+def _in_groups(spec: ModelSpec) -> bool:
+    """Whether the stage puts this model in a group (known before the world is built; the group
+    trains a derived model alone all the same: train_models_together)."""
+    return spec.recipe.engine == "grouped" and not spec.checkpoint and (
+        spec.is_reference or not FAMILIES.get(spec.family).training_reads_model)
 
 
 def models_space_needed(runs_root, count: int, sample: int = 100) -> int | None:
@@ -177,6 +184,11 @@ def describe_training(suite: Suite, specs: list[ModelSpec], todo: list[ModelSpec
     for text, names in own.items():
         lines.append(f"  own recipe ({text}): {', '.join(names)}")
     lines += _describe_anomalies(suite, todo)
+    groups = [item for item in training_items(todo) if _in_groups(item[0])]
+    if groups:
+        lines.append(f"  grouped engine: {sum(map(len, groups))} models in {len(groups)} grouped "
+                     "network(s), one work item each (train/README.md, \"Training many models at "
+                     "once\")")
     if config.executor == "slurm":
         processes = config.nodes * config.effective_tasks_per_node
         devices = (f"{config.gpus_per_node} GPU(s) per node" if config.gpus_per_node

@@ -54,7 +54,7 @@ from counteraudit.train.worlds import Batch, World, build_world
 # what other modules import from here (the training's parts live in training_parts.py)
 __all__ = ["TrainingDiverged", "build_family", "derived_reference", "evaluate_accuracy",
            "load_trained_model", "new_model", "output_classes", "pick_device",
-           "summarize_references", "train_model", "train_models_together", "warmup_lr"]
+           "summarize_references", "train_model", "warmup_lr"]
 
 
 
@@ -191,31 +191,6 @@ def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.
             return {"interrupted_after_epoch": epoch + 1}
     return evaluate_and_save(spec, directory, model, world, device,
                               training_metrics(spec, done, processes), processes)
-
-
-def train_models_together(specs: list[ModelSpec], directories: list[Path], world: World | None = None,
-                          device: str | torch.device | None = None, progress: bool = True,
-                          stop_after_epoch: int | None = None,
-                          runs_root: str | Path | None = None) -> list[dict[str, Any]]:
-    """Train (or resume) models of one world, architecture and recipe: those the grouped engine
-    takes (``group_trainer.trains_grouped``) in groups, every other one alone (``train_model``);
-    each one's metrics, in order. What the training stage runs for a group's work item."""
-    device = pick_device(str(device) if device is not None else None)
-    world = world or build_world(specs[0].world, runs_root=runs_root)
-    results: dict[int, dict[str, Any]] = {}
-    grouped = []
-    for index, (spec, directory) in enumerate(zip(specs, directories)):
-        if not is_trained(directory) and group_trainer.trains_grouped(spec, build_family(spec, world)):
-            grouped.append(index)
-        else:
-            results[index] = train_model(spec, directory, world, device, progress, stop_after_epoch,
-                                         runs_root)
-    if grouped:
-        trained = group_trainer.train_group([specs[i] for i in grouped],
-                                            [Path(directories[i]) for i in grouped], world, device,
-                                            progress, stop_after_epoch)
-        results.update(zip(grouped, trained))
-    return [results[index] for index in range(len(specs))]
 
 
 def derived_reference(spec: ModelSpec, seed: int) -> ModelSpec:

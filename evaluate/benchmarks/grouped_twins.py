@@ -30,7 +30,8 @@ from counteraudit.train.core.numerics import cpu_model
 from counteraudit.train.core.registries import FAMILIES
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.stage import training_items
-from counteraudit.train.trainer import load_trained_model, train_models_together
+from counteraudit.train.engines import train_models_together
+from counteraudit.train.trainer import load_trained_model
 from counteraudit.train.worlds import World, build_world
 
 
