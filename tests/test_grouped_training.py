@@ -9,8 +9,8 @@ import counteraudit.train  # noqa: F401, I001  (first: the numeric mode)
 import torch
 from torch import nn
 
-from counteraudit.train.grouped import PerModelLogits, grouped_network
-from counteraudit.train.architectures import SmallResNet
+from counteraudit.train.grouped import GroupedClassifier, PerModelLogits, grouped_network
+from counteraudit.train.architectures import SmallResNet, build_model
 
 
 def _models_and_batches(k: int = 3, batch: int = 8, size: int = 32):
@@ -61,3 +61,17 @@ def test_one_grouped_sgd_step_is_each_models_own_step():
             mine = stacked.reshape(k, -1, *stacked.shape[1:])[1]
         torch.testing.assert_close(mine, value, rtol=1e-10, atol=1e-12,
                                    msg=lambda text: f"{name}: {text}")
+
+
+def test_the_grouped_classifier_gives_each_classifiers_logits():
+    """Normalisation and a missing class's spread into the world's class indices, as each member
+    Classifier does: member i's logits, absent class included, are column block i."""
+    torch.manual_seed(0)
+    members = [build_model("small_resnet", 10, (0.4, 0.5, 0.6), (0.2, 0.25, 0.3),
+                           output_classes=[c for c in range(10) if c != 3]).double().eval()
+               for _ in range(3)]
+    images = [torch.rand(4, 3, 32, 32, dtype=torch.float64) for _ in members]
+    logits = GroupedClassifier(members).double().eval()(torch.cat(images, 1))
+    for index, (member, x) in enumerate(zip(members, images)):
+        torch.testing.assert_close(logits[:, index], member(x), rtol=1e-12, atol=1e-12)
+    assert bool((logits[:, :, 3] == -1e4).all())
