@@ -43,10 +43,9 @@ class AnomalyFamily:
     # A sanity check (Adebayo et al. 2018): a model that has learnt nothing of the task. A method
     # that does not detect it does not depend on the model, and the report says so.
     sanity_check: ClassVar[bool] = False
-    # Whether ``training_inputs`` runs the model being trained (PGD does). Under a recipe's grouped
-    # engine such a model trains alone: the grouped network holds no one model to attack, and
-    # running the whole group for each member's attack would cost k times. The grouped engine
-    # hands every other family ``model = None``.
+    # Whether ``training_inputs`` runs the model being trained (PGD does). The grouped engine hands
+    # such a family a view of the one member it trains (train/grouped.py, MemberView), every
+    # other family ``model = None``.
     training_reads_model: ClassVar[bool] = False
 
     def __init__(self, params: dict[str, Any], world, seed: int):

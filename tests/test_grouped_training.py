@@ -9,7 +9,7 @@ import counteraudit.train  # noqa: F401, I001  (first: the numeric mode)
 import torch
 from torch import nn
 
-from counteraudit.train.grouped import GroupedClassifier, PerModelLogits, grouped_network
+from counteraudit.train.grouped import GroupedClassifier, MemberView, PerModelLogits, grouped_network
 from counteraudit.train.architectures import SmallResNet, build_model
 
 
@@ -75,3 +75,30 @@ def test_the_grouped_classifier_gives_each_classifiers_logits():
     for index, (member, x) in enumerate(zip(members, images)):
         torch.testing.assert_close(logits[:, index], member(x), rtol=1e-12, atol=1e-12)
     assert bool((logits[:, :, 3] == -1e4).all())
+
+
+def test_a_member_view_computes_with_the_groups_current_weights_and_statistics():
+    """What PGD attacks in a group: member i as its own model, with the group's weights as they
+    are now (after a step, not its initial ones), and a training-mode pass updating member i's
+    BatchNorm statistics in the group, as the solo model's pass updates its own."""
+    torch.manual_seed(0)
+    members = [build_model("small_resnet", 10, (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)).double()
+               for _ in range(3)]
+    grouped = GroupedClassifier(members).double()
+    with torch.no_grad():
+        for parameter in grouped.parameters():
+            parameter.add_(0.01 * torch.randn_like(parameter))
+    images = [torch.rand(4, 3, 32, 32, dtype=torch.float64) for _ in members]
+    view = MemberView(grouped, members[1], 1)
+    grouped.eval()
+    torch.testing.assert_close(view(images[1]), grouped(torch.cat(images, 1))[:, 1],
+                               rtol=1e-12, atol=1e-12)
+    grouped.train()
+    alone = copy.deepcopy(members[1])
+    alone.backbone.load_state_dict(grouped.member_state(1))
+    alone.train()(images[1])
+    view(images[1])
+    after = grouped.member_state(1)
+    for name, value in alone.backbone.state_dict().items():
+        if name.endswith("running_mean") or name.endswith("running_var"):
+            torch.testing.assert_close(after[name], value, rtol=1e-12, atol=1e-12)

@@ -15,9 +15,10 @@ another position), so every group is filled up to ``group_size`` with copies of 
 whose results are dropped.
 
 Members share a group only when they step in lockstep through the same network: the same number
-of steps per epoch, the same output classes, the same resume epoch (``subgroups``). A model whose
-training runs the model itself (the adversarial family's PGD: ``training_reads_model``), a model
-derived from a reference, and an external checkpoint train alone (``trains_grouped``), under
+of steps per epoch, the same output classes, the same resume epoch (``subgroups``). A family whose
+training runs the model itself (the adversarial family's PGD: ``training_reads_model``) gets a view
+of its one member (``MemberView``): the attack costs what it costs alone, and only the update is
+grouped. A model derived from a reference and an external checkpoint are made as before, under
 train/trainer.py's ``train_model``.
 
 Every member is saved as a solo model is: its spec.json, a checkpoint.pth after every epoch (its
@@ -42,8 +43,8 @@ from counteraudit.train.checkpoint import (SPEC_NAME, finite_weights, is_trained
                                            read_metrics, save_training_state, training_lock)
 from counteraudit.train.core.artifacts import atomic_write_json, derive_seed
 from counteraudit.train.core.model_spec import ModelSpec
-from counteraudit.train.grouped import (GroupedClassifier, load_member_optimizer_states,
-                                        member_optimizer_state)
+from counteraudit.train.grouped import (GroupedClassifier, MemberView,
+                                        load_member_optimizer_states, member_optimizer_state)
 from counteraudit.train.training_parts import (EpochMeter, Processes, TrainingProgress, build_family,
                                                diverged_error, evaluate_and_save, log_epoch,
                                                new_model, optimizer_and_scheduler,
@@ -53,10 +54,9 @@ from counteraudit.train.worlds import World
 
 def trains_grouped(spec: ModelSpec, family) -> bool:
     """Whether this model trains in a grouped network: its recipe's engine is grouped and it is
-    trained here step by step, by a family whose training does not run the model itself."""
+    trained here step by step (not loaded, not derived from a reference)."""
     return (spec.recipe.engine == "grouped" and not spec.checkpoint
-            and (family is None or (family.reference_seed() is None
-                                    and not family.training_reads_model)))
+            and (family is None or family.reference_seed() is None))
 
 
 @dataclass
@@ -166,6 +166,7 @@ class _GroupRun:
     autocast: contextlib.AbstractContextManager
     warmup_steps: int
     progress: bool
+    views: list[MemberView | None]  # each member as its own model, where its family runs it
 
 
 def _train_members(members: list[Member], size: int, world: World, device: torch.device,
@@ -185,7 +186,10 @@ def _train_members(members: list[Member], size: int, world: World, device: torch
     run = _GroupRun(members, net, optimizer, scheduler, device,
                     torch.autocast(device.type, dtype=torch.bfloat16) if cuda or recipe.cpu_bf16
                     else contextlib.nullcontext(),
-                    int(round(recipe.lr_warmup_epochs * members[0].steps_per_epoch)), progress)
+                    int(round(recipe.lr_warmup_epochs * members[0].steps_per_epoch)), progress,
+                    [MemberView(net, member.model.to(device), index)
+                     if member.family is not None and member.family.training_reads_model else None
+                     for index, member in enumerate(members)])
     for epoch in range(members[0].done.next_epoch, recipe.epochs):
         records, images = _train_epoch(run, size, epoch)
         for index, (member, record) in enumerate(zip(members, records)):
@@ -259,11 +263,11 @@ def _train_step(run: _GroupRun, size: int, batches, generators, meters) -> None:
     """One optimizer step of every member on its own batch, changed by its own family; the
     filling slots train on the first member's."""
     inputs = []
-    for member, batch, generator in zip(run.members, batches, generators):
+    for member, view, batch, generator in zip(run.members, run.views, batches, generators):
         images, labels = batch.images, batch.labels
         if member.family is not None:
-            with run.autocast:  # as the solo step; no model (``trains_grouped``)
-                images, labels = member.family.training_inputs(None, images, labels, generator,
+            with run.autocast:  # as the solo step; the member's own view, for PGD
+                images, labels = member.family.training_inputs(view, images, labels, generator,
                                                                batch.offset, batch.global_size)
         inputs.append((images, labels.to(run.device, non_blocking=True)))
     inputs += [inputs[0]] * (size - len(inputs))

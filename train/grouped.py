@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.func import functional_call
 
 from counteraudit.train.architectures import Classifier
 
@@ -185,3 +186,30 @@ class GroupedClassifier(nn.Module):
 
     def member_state(self, index: int) -> dict[str, torch.Tensor]:
         return member_state(self.backbone, index, self.count)
+
+
+class MemberView(nn.Module):
+    """Member ``index`` of a grouped classifier seen as its own Classifier, for a family whose
+    training runs the model (PGD): ``model``'s modules computing with views of the member's block
+    of the grouped parameters and BatchNorm statistics, so a pass costs one solo pass, and a
+    training-mode pass updates the member's statistics in the group, as the solo trainer's attack
+    updates its model's. BatchNorm's step count (unused: the momentum is set) is a private copy,
+    so the group's counts only the group's passes."""
+
+    def __init__(self, grouped: GroupedClassifier, model: Classifier, index: int):
+        super().__init__()
+        self.model = model
+        self.grouped = [grouped]  # not a submodule: its parameters are not this view's
+        self.index = index
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        grouped = self.grouped[0]
+        self.model.train(grouped.training)
+        layout = state_layout(grouped.backbone)
+        tensors = {}
+        for key, value in [*grouped.backbone.named_parameters(), *grouped.backbone.named_buffers()]:
+            kind = layout[key]
+            tensors[f"backbone.{key}"] = (value.unflatten(0, (grouped.count, -1))[self.index]
+                                          if kind == BLOCKS else value[self.index]
+                                          if kind == STACKED else value.clone())
+        return functional_call(self.model, tensors, (images,))

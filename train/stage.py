@@ -75,8 +75,8 @@ def _train_group(item: TrainItem) -> list[dict[str, Any]]:
 
 def training_items(specs: list[ModelSpec]) -> list[tuple[ModelSpec, ...]]:
     """The training stage's work items: one per model, except models whose recipe's engine is
-    grouped, which come in groups of its group_size by world, architecture and recipe (a family
-    whose training runs the model, or a checkpoint, alone). In a group, models of one family and
+    grouped, which come in groups of its group_size by world, architecture and recipe (a
+    checkpoint alone). In a group, models of one family and
     parameters sit together, so groups tend to step in lockstep (group_trainer.subgroups splits
     the others). Longest first, as ``specs`` come."""
     items: list[tuple[ModelSpec, ...]] = []
@@ -98,8 +98,7 @@ def training_items(specs: list[ModelSpec]) -> list[tuple[ModelSpec, ...]]:
 def _in_groups(spec: ModelSpec) -> bool:
     """Whether the stage puts this model in a group (known before the world is built; the group
     trains a derived model alone all the same: train_models_together)."""
-    return spec.recipe.engine == "grouped" and not spec.checkpoint and (
-        spec.is_reference or not FAMILIES.get(spec.family).training_reads_model)
+    return spec.recipe.engine == "grouped" and not spec.checkpoint
 
 
 def models_space_needed(runs_root, count: int, sample: int = 100) -> int | None:

@@ -92,9 +92,7 @@ def main(args: argparse.Namespace) -> None:
     suite = load_suite(suite_name(args))
     world = build_world(suite.world, runs_root=args.runs_dir)
     references = [alone(spec) for spec in suite.references[:args.references]]
-    names = args.model or [spec.name for spec in suite.models
-                           if spec.checkpoint is None and (spec.is_reference or not FAMILIES.get(
-                               spec.family).training_reads_model)]
+    names = args.model or [spec.name for spec in suite.models if spec.checkpoint is None]
     solo = [alone(suite.model(name)) for name in names]
     twins = [grouped(spec, args.group_size) for spec in solo]
     progress = not args.no_progress
