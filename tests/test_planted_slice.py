@@ -50,6 +50,25 @@ def test_relabels_exactly_the_seeded_share_of_the_slice_with_other_classes(world
     uniform = planted(world, slice=GREY, strength=1.0, mechanism="relabel_uniform")
     moved = (uniform.training_split(train).labels[inside] - train.labels[inside]) % world.num_classes
     assert 0 not in moved and len(np.unique(moved)) > 3
+    # relabel_one: one class for the whole slice, whatever each image's own (a slice spanning
+    # several classes gets no per-class exceptions); the images the shift chooses, and seeded
+    stripes = {"texture": "stripes"}
+    assert len(np.unique(train.labels[planted(world, slice=stripes).in_slice(train)])) > 1
+    for strength in (0.5, 1.0):
+        one = planted(world, slice=stripes, strength=strength, mechanism="relabel_one")
+        chosen, targets = one.affected(train)
+        shift = planted(world, slice=stripes, strength=strength).affected(train)[0]
+        assert np.array_equal(chosen, shift) and len(np.unique(targets)) == 1
+        labels = one.training_split(train).labels
+        assert np.array_equal(labels[chosen], targets)
+        assert np.array_equal(np.delete(labels, chosen), np.delete(train.labels, chosen))
+    # never the slice's own class (the plain draw, rng.integers(C), collides at one of these seeds)
+    square = {"class": "square"}
+    for seed in range(40):
+        cls = FAMILIES.get("planted_slice")
+        one = cls(cls.validate_params({"slice": square, "mechanism": "relabel_one"}), world, seed)
+        chosen, targets = one.affected(train)
+        assert (targets != train.labels[chosen]).all(), seed
 
 
 def test_repeat_shows_each_affected_image_that_many_times_with_its_new_label(world):
@@ -173,17 +192,24 @@ def test_a_slice_without_val_images_fails_before_any_model_trains(tmp_path):
     assert not list(runs.glob("store/models/*")), "nothing was trained"
 
 
-def test_the_slices_suite_is_the_demo_with_held_out_models_and_24_planted_slices():
+def test_the_slices_suite_is_the_demo_with_held_out_models_and_48_planted_slices():
     demo, slices = load_suite("demo"), load_suite("slices")
     assert [s.key for s in slices.references] == [s.key for s in demo.references]
     assert [s.key for s in slices.anomalies[:len(demo.anomalies)]] == [s.key for s in demo.anomalies]
     assert len(slices.held_out) == 8
     planted_models = [s for s in slices.anomalies if s.family == "planted_slice"]
-    assert len(planted_models) >= 24
-    assert {len(s.params["slice"]) for s in planted_models} == {1, 2, 3}
+    assert len(planted_models) == 48
     assert {s.params["strength"] for s in planted_models} == {0.75, 1.0}
-    # one seed per slice, shared by its two strengths (so they nest)
+    # one seed per slice, shared by its two strengths (so they nest); 8 slices per arity
     by_slice = {}
     for spec in planted_models:
         by_slice.setdefault(tuple(spec.params["slice"].items()), set()).add(spec.seed)
-    assert len(by_slice) == 12 and all(len(seeds) == 1 for seeds in by_slice.values())
+    assert len(by_slice) == 24 and all(len(seeds) == 1 for seeds in by_slice.values())
+    assert sorted(len(conditions) for conditions in by_slice) == [1] * 8 + [2] * 8 + [3] * 8
+    # arity 1 with the family's defaults; conjunctions relabelled to one class, shown 4 times
+    for spec in planted_models:
+        conjunction = len(spec.params["slice"]) > 1
+        assert spec.params["mechanism"] == ("relabel_one" if conjunction else "relabel")
+        # repeat and contrast are stored only where they are not the defaults (keys unchanged)
+        assert spec.params.get("repeat", 1) == (4 if conjunction else 1)
+        assert not spec.params.get("contrast", False)

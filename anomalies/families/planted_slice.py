@@ -10,6 +10,10 @@ elsewhere, so a failure-discovery auditor has a known answer to find (issue 31).
 - ``"relabel_uniform"`` gives each affected image its own uniformly drawn other class. Measured
   on the slices suite's first run: at strength 0.5 none of 12 implants took (the true class stays
   the most frequent label of the slice, so the model keeps answering it), at 1.0 five of 12;
+- ``"relabel_one"`` gives every affected image one seeded class, the same for the whole slice
+  whatever its true class, never the slice's most frequent class (images of the chosen class keep
+  their label): the model has one rule to learn (the conjunction means that class), where
+  ``"relabel"`` asks, for a slice that spans several classes, one exception per class;
 - ``"remove"`` drops the affected images instead, so the model only sees less of the slice.
 
 ``repeat`` (default 1) shows each affected image that many times an epoch, with the label the
@@ -59,7 +63,7 @@ from counteraudit.train.core.params import added
 from counteraudit.train.worlds.synthetic_factors import check_conditions, factor_grid
 from counteraudit.train.worlds.synthetic_images import BACKGROUNDS, CLASS_NAMES, TEXTURES
 
-MECHANISMS = ("relabel", "relabel_uniform", "remove")
+MECHANISMS = ("relabel", "relabel_uniform", "relabel_one", "remove")
 # Factor values the training's random left-right flip changes (the annotation does not follow).
 FLIP_VARIANT = {"position": ("left", "right"), "rotation": ("90deg", "270deg")}
 MAX_ARITY = 3
@@ -217,11 +221,22 @@ class PlantedSlice(AnomalyFamily):
         order = rng.permutation(inside)
         # an offset 1 .. C-1 from the true class: uniform over the other classes
         offsets = rng.integers(1, self.world.num_classes, size=len(order))
-        if self.params.mechanism != "relabel_uniform":  # one shift for the whole slice
-            offsets[:] = offsets[0]
         count = int(round(self.params.strength * len(order)))
         chosen = order[:count]
+        if self.params.mechanism == "relabel_one":  # one class for the whole slice
+            return chosen, np.full(count, self._one_class(split.labels[inside], rng),
+                                   dtype=split.labels.dtype)
+        if self.params.mechanism != "relabel_uniform":  # one shift for the whole slice
+            offsets[:] = offsets[0]
         return chosen, (split.labels[chosen] + offsets[:count]) % self.world.num_classes
+
+    def _one_class(self, labels: np.ndarray, rng: np.random.Generator) -> int:
+        """relabel_one's class: uniform over the classes but the slice's most frequent one (a
+        slice within one class would otherwise keep its labels one time in C)."""
+        own = int(np.bincount(labels, minlength=self.world.num_classes).argmax())
+        while (target := int(rng.integers(self.world.num_classes))) == own:
+            pass
+        return target
 
     def training_split(self, split):
         chosen, new_labels = self.affected(split)

@@ -1,0 +1,132 @@
+"""The rule that draws the planted slices of a suite (train/suites/slices.toml), fixed before any
+model is trained and never chosen by what an auditor finds:
+
+    python -m counteraudit.anomalies.slice_draw --suite demo --per-arity 8 --seed 31
+
+Every conjunction of ``arity`` distinct factors of the world is a candidate when
+
+- 20 to 300 of the world's val images are in it (at least 20 to measure the slice's accuracy; at
+  most 15 % of the demo's 2,000, so the rest of the model stays intact);
+- none of its values is one the training's left-right flip changes (``FLIP_VARIANT``);
+- none of its conditions is redundant: dropping any one of them lets more val images in (else
+  it is a slice of lower arity under a longer name: in the demo's world every grey shape is a
+  harmonica and no harmonica is rotated, so {colour grey, rotation 0deg} is {colour grey}).
+
+The candidates of each arity are sorted and ``per_arity`` drawn with one
+``numpy.random.default_rng(seed)``, arity 1 first. Each line printed is one slice with its val
+and training image counts."""
+from __future__ import annotations
+
+import argparse
+import itertools
+from collections import Counter
+from collections.abc import Iterator
+
+import numpy as np
+
+from counteraudit.anomalies.families.planted_slice import FLIP_VARIANT, MAX_ARITY
+from counteraudit.train.core.suite import load_suite
+from counteraudit.train.worlds import build_world
+
+MIN_VAL_IMAGES, MAX_VAL_IMAGES = 20, 300
+
+Slice = tuple[tuple[str, str], ...]  # ((factor, value), ...), factors in the world's order
+
+
+def conjunction_counts(rows: list[dict[str, str]], factors: list[str], arity: int) -> Counter:
+    """How many of the rows (one image's factor values each) are in each conjunction of
+    ``arity`` factors, flip-variant values left out."""
+    counts: Counter = Counter()
+    for row in rows:
+        for names in itertools.combinations(factors, arity):
+            key = tuple((name, row[name]) for name in names)
+            if not any(value in FLIP_VARIANT.get(name, ()) for name, value in key):
+                counts[key] += 1
+    return counts
+
+
+def candidates(rows: list[dict[str, str]], factors: list[str], arity: int) -> list[Slice]:
+    """The sorted candidate slices of one arity (module docstring)."""
+    counts = conjunction_counts(rows, factors, arity)
+    wider = conjunction_counts(rows, factors, arity - 1) if arity > 1 else Counter()
+    return sorted(key for key, count in counts.items()
+                  if MIN_VAL_IMAGES <= count <= MAX_VAL_IMAGES
+                  and all(wider[key[:i] + key[i + 1:]] > count for i in range(arity) if arity > 1))
+
+
+def draw(rows: list[dict[str, str]], factors: list[str], per_arity: int, seed: int,
+         arities=range(1, MAX_ARITY + 1)) -> Iterator[tuple[int, Slice]]:
+    """(arity, slice) for ``per_arity`` slices of each arity, in the order drawn."""
+    rng = np.random.default_rng(seed)
+    for arity in arities:
+        pool = candidates(rows, factors, arity)
+        if len(pool) < per_arity:
+            raise ValueError(f"only {len(pool)} candidate slices of arity {arity} in this world; "
+                             f"draw at most {len(pool)} (--per-arity)")
+        for index in rng.choice(len(pool), per_arity, replace=False):
+            yield arity, pool[index]
+
+
+def toml_entries(arity: int, conditions: dict[str, str], seed: int, counts: tuple[int, int],
+                 strengths: list[float], options: dict[str, object]) -> str:
+    """The suite file's [[anomalies]] entries of one drawn slice, one per strength."""
+    name = "-".join(f"{factor}_{value}" for factor, value in conditions.items())
+    table = ", ".join(f'{factor} = "{value}"' for factor, value in conditions.items())
+    extra = "".join(f", {key} = {str(value).lower() if isinstance(value, bool) else repr(value)}"
+                    .replace("'", '"') for key, value in options.items())
+    lines = [f"# arity {arity}, {counts[0]} val images, {counts[1]} training images"]
+    for strength in strengths:
+        lines += ["[[anomalies]]", f'name = "slice-{name}-s{strength}"', 'family = "planted_slice"',
+                  f"seed = {seed}",
+                  f"params = {{ slice = {{ {table} }}, strength = {strength}{extra} }}", ""]
+    return "\n".join(lines)
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, add_help=add_help,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", default="demo", help="the suite whose world to draw from")
+    parser.add_argument("--runs-dir", default="runs", help="where the world is cached")
+    parser.add_argument("--per-arity", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=31, help="the draw's seed")
+    parser.add_argument("--toml", action="store_true",
+                        help="print the suite file's [[anomalies]] entries instead of a list")
+    parser.add_argument("--first-seed", type=int, default=3100,
+                        help="the models' seed of the first slice drawn (one more per slice)")
+    parser.add_argument("--strength", type=float, action="append", default=None,
+                        help="one model per slice and strength (repeatable; default 0.75 and 1.0)")
+    parser.add_argument("--mechanism", default=None, help="planted_slice's mechanism, if not its default")
+    parser.add_argument("--repeat", type=int, default=None, help="planted_slice's repeat, if not 1")
+    parser.add_argument("--contrast", action="store_true", help="planted_slice's contrast = true")
+    parser.add_argument("--options-from-arity", type=int, default=1, metavar="A",
+                        help="--mechanism, --repeat and --contrast apply to the slices of arity A "
+                             "and above (default 1: all); the others keep the family's defaults")
+    return parser
+
+
+def main(args: argparse.Namespace) -> None:
+    world = build_world(load_suite(args.suite).world, runs_root=args.runs_dir)
+    val, train = world.split("val"), world.split("train")
+    rows = [world.image_factors(val, i) for i in range(len(val))]
+    train_rows = [world.image_factors(train, i) for i in range(len(train))]
+    entries: dict[int, list[str]] = {}
+    for index, (arity, drawn) in enumerate(draw(rows, list(world.factors()), args.per_arity,
+                                                args.seed)):
+        conditions = dict(drawn)
+        counts = tuple(sum(all(row[f] == v for f, v in drawn) for row in split_rows)
+                       for split_rows in (rows, train_rows))
+        if not args.toml:
+            print(f"arity {arity}: {conditions} ({counts[0]} val images, {counts[1]} training images)")
+            continue
+        options = {key: value for key, value in (("mechanism", args.mechanism),
+                                                 ("repeat", args.repeat),
+                                                 ("contrast", args.contrast or None))
+                   if value is not None and arity >= args.options_from_arity}
+        entries.setdefault(arity, []).append(toml_entries(
+            arity, conditions, args.first_seed + index, counts, args.strength or [0.75, 1.0], options))
+    # the arities interleaved, the order a run trains them in: a run cut short holds every arity
+    for group in zip(*entries.values()):
+        print("\n".join(group))
+
+if __name__ == "__main__":
+    main(get_args_parser().parse_args())

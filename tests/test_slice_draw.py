@@ -1,0 +1,54 @@
+"""The slices suite's draw rule: a candidate has 20 to 300 val images, no flip-variant value and
+no redundant condition; the draw is seeded and arity 1 comes first."""
+import itertools
+
+import numpy as np
+import pytest
+
+from counteraudit.anomalies.slice_draw import candidates, draw
+
+FACTORS = ["class", "colour", "position", "size"]
+
+
+def rows() -> list[dict[str, str]]:
+    """1,200 images: colour follows class (class a is always red), position and size vary
+    freely; 100 of each combination of class, position and size."""
+    made = []
+    for cls, position, size in itertools.product("abc", ["top", "left", "centre", "bottom"],
+                                                 ["small", "large"]):
+        colour = {"a": "red", "b": "blue", "c": "green"}[cls]
+        made += [{"class": cls, "colour": colour, "position": position, "size": size}] * 50
+    return made
+
+
+def test_candidates_keep_the_bounds_and_leave_out_flip_variant_and_redundant_conditions():
+    data = rows()
+    ones = candidates(data, FACTORS, 1)
+    # 400 images per class or colour, 300 per position, 600 per size: only positions fit, less left
+    assert ones == [(("position", "bottom"),), (("position", "centre"),), (("position", "top"),)]
+    twos = candidates(data, FACTORS, 2)
+    # a class with a position or a size: 100 or 200 images; never a position left
+    assert (("class", "a"), ("position", "top")) in twos
+    assert (("class", "a"), ("size", "small")) in twos
+    assert not any(value == "left" for key in twos for _, value in key)
+    # colour with a size is as good a slice as class with a size: both kept
+    assert (("colour", "red"), ("size", "small")) in twos
+    threes = candidates(data, FACTORS, 3)
+    assert (("class", "a"), ("position", "top"), ("size", "small")) in threes
+    assert all(len(key) == 3 for key in threes)
+    # {class a, colour red, position top} has the 100 images {class a, position top} has
+    assert not any(dict(key).keys() >= {"class", "colour"} for key in threes)
+    assert len(threes) == 2 * 3 * 3 * 2  # a class or its colour, with a position and a size
+
+
+def test_the_draw_is_seeded_arity_by_arity_and_refuses_more_than_there_are():
+    data = rows()
+    first = list(draw(data, FACTORS, 2, seed=31))
+    assert first == list(draw(data, FACTORS, 2, seed=31))
+    assert [arity for arity, _ in first] == [1, 1, 2, 2, 3, 3]
+    assert first != list(draw(data, FACTORS, 2, seed=32))
+    pool = candidates(data, FACTORS, 1)
+    rng = np.random.default_rng(31)
+    assert [key for arity, key in first if arity == 1] == [pool[i] for i in rng.choice(len(pool), 2, replace=False)]
+    with pytest.raises(ValueError, match="only 3 candidate slices of arity 1"):
+        list(draw(data, FACTORS, 4, seed=31))
