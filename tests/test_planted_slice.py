@@ -1,6 +1,6 @@
 """The planted-slice family relabels (or removes) exactly its seeded share of the slice's training
 images and nothing else, nested across strengths; a bad slice is one clear error naming the valid
-factors or values; the slices suite is the demo plus held-out models and 24 planted slices."""
+factors or values; the slices suite is the demo plus held-out models and 48 planted slices."""
 import numpy as np
 import pytest
 
