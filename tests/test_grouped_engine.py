@@ -17,6 +17,7 @@ from counteraudit.train.checkpoint import CHECKPOINT_NAME, WEIGHTS_NAME, model_d
 from counteraudit.train.core.recipe import Recipe
 from counteraudit.train.core.stage import RunOptions
 from counteraudit.train.core.suite import load_suite
+from counteraudit.train.core.suite_files import toml_text
 from counteraudit.train.group_trainer import Member, subgroups
 from counteraudit.train.stage import train_models, training_items
 from counteraudit.train.engines import train_models_together
@@ -82,6 +83,43 @@ def test_one_grouped_step_is_its_solo_twins_step(tmp_path):
             if not name.endswith("num_batches_tracked"):  # the PGD passes count alone only
                 torch.testing.assert_close(mine[name], value, rtol=1e-4, atol=1e-5,
                                            msg=lambda text: f"{name}: {text}")
+
+
+def _present(value):
+    """A suite entry without its None values (TOML has no null)."""
+    if isinstance(value, dict):
+        return {key: _present(item) for key, item in value.items() if item is not None}
+    return value
+
+
+def test_every_demo_familys_first_step_grouped_is_its_solo_step(tmp_path):
+    """Each demo anomaly (its family's training split and training inputs: poisoned, cued,
+    blurred, noised, texture-randomised, attacked images, a missing class) beside a reference in a
+    group of 2: its one SGD step is its solo twin's up to float32 rounding, as for a reference
+    (the tolerance above): a family whose data or draws reached the grouped member wrongly would
+    move the weights by the learning rate's order."""
+    entries = [_present({"name": spec.name, "family": spec.family, "seed": spec.seed,
+                         "params": spec.params}) for spec in load_suite("demo").anomalies]
+    path = write_suite(tmp_path / "families.toml", references=2, epochs=1,
+                       world={**TINY_WORLD, "num_train": 96})
+    path.write_text(toml_text({"anomalies": entries}) + "\n" + path.read_text())  # top level
+    suite = load_suite(path)
+    world = build_world(suite.world, runs_root=tmp_path / "runs")
+    reference = _grouped(suite.references[0])
+    assert {spec.family for spec in suite.anomalies} >= {"backdoor", "spurious", "missing_class",
+                                                        "blurred_faces", "randomized_smoothing",
+                                                        "adversarial", "shape_bias"}
+    for spec in suite.anomalies:
+        twin = train_model(spec, tmp_path / f"solo-{spec.name}", world=world, progress=False)
+        member = train_models_together([_grouped(spec), reference],
+                                       [tmp_path / f"grouped-{spec.name}", tmp_path / "reference"],
+                                       world=world, progress=False)[0]
+        assert member["history"][0]["loss"] == pytest.approx(twin["history"][0]["loss"], rel=1e-6)
+        mine, theirs = (_weights(tmp_path / f"{engine}-{spec.name}") for engine in ("grouped", "solo"))
+        for name, value in theirs.items():
+            if not name.endswith("num_batches_tracked"):
+                torch.testing.assert_close(mine[name], value, rtol=1e-4, atol=1e-5,
+                                           msg=lambda text: f"{spec.name} {name}: {text}")
 
 
 def test_a_grouped_member_stays_near_its_solo_twin(tiny):
