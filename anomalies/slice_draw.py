@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 from collections import Counter
 from collections.abc import Iterator
 
@@ -71,9 +72,9 @@ def toml_entries(arity: int, conditions: dict[str, str], seed: int, counts: tupl
                  strengths: list[float], options: dict[str, object]) -> str:
     """The suite file's [[anomalies]] entries of one drawn slice, one per strength."""
     name = "-".join(f"{factor}_{value}" for factor, value in conditions.items())
-    table = ", ".join(f'{factor} = "{value}"' for factor, value in conditions.items())
-    extra = "".join(f", {key} = {str(value).lower() if isinstance(value, bool) else repr(value)}"
-                    .replace("'", '"') for key, value in options.items())
+    # JSON's strings, numbers and booleans are TOML's
+    table = ", ".join(f"{factor} = {json.dumps(value)}" for factor, value in conditions.items())
+    extra = "".join(f", {key} = {json.dumps(value)}" for key, value in options.items())
     lines = [f"# arity {arity}, {counts[0]} val images, {counts[1]} training images"]
     for strength in strengths:
         lines += ["[[anomalies]]", f'name = "slice-{name}-s{strength}"', 'family = "planted_slice"',
