@@ -130,6 +130,9 @@ def main(args: argparse.Namespace) -> dict:
         print("\nRecovery rates -- share of models whose planted slice ranks first (top1) and in "
               "the first five (top5), 95% Wilson intervals, by auditor, slice arity and strength\n")
         print(to_markdown(tables["discovery-recovery-rates"], float_format="{:.2f}"))
+        print("\nRecovery rates by arity, both strengths pooled (n_slices: distinct slices; "
+              "outside: models that took but lie outside the auditor's factors)\n")
+        print(to_markdown(tables["discovery-recovery-by-arity"], float_format="{:.2f}"))
     for note in discovery_notes(detections, tables["discovery-recovery"], suite.name):
         print(f"\n{note}")
     if len(tables["discovery-false-positives"]):

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from statsmodels.stats.proportion import proportion_confint
 
 from counteraudit.evaluate.discovery.auditors import AuditResult, Finding, build_auditor, rank
 from counteraudit.evaluate.discovery.budget_curves import images_to_rank
@@ -14,7 +15,8 @@ from counteraudit.evaluate.discovery.exhaustive import worst_subdomains
 from counteraudit.evaluate.discovery.reference_evaluations import check_relative
 from counteraudit.evaluate.discovery.relative import p_value, relative_score, significant
 from counteraudit.evaluate.discovery.relative_results import finding_key, relative_result
-from counteraudit.evaluate.discovery.tables import precision_at, recovery_rates, slice_rank
+from counteraudit.evaluate.discovery.tables import (OUTSIDE_GRID, precision_at, recovery_by_arity,
+                                                   recovery_rates, slice_rank)
 
 OBJECTIVE = "failure_rate"
 
@@ -142,6 +144,36 @@ def test_recovery_rates_count_a_slice_never_found_as_a_miss():
     assert row["n_models"] == 4 and row["top1"] == 0.25 and row["top5"] == 0.5
     assert row["top1_low"] < 0.25 < row["top1_high"]
     assert rates.loc[(1, 0.5)]["top1"] == 1.0
+
+
+def test_recovery_by_arity_pools_strengths_counts_slices_and_keeps_outside_apart():
+    # one auditor, arity 2: slice a at two strengths (hit first, then 3rd), slice b at one
+    # (not found), slice c at 1.0 whose implant did not take (left out), and slice d outside the
+    # auditor's factors (counted apart, never a miss)
+    recovery = pd.DataFrame({
+        "auditor": "twise", "family": "planted_slice", "arity": 2,
+        "planted_slice": ["a", "a", "b", "c", "d", "d"],
+        "strength": [0.75, 1.0, 1.0, 1.0, 0.75, 1.0],
+        "status": ["ranked", "ranked", "not found", "ranked", OUTSIDE_GRID, OUTSIDE_GRID],
+        "rank": pd.array([1, 3, pd.NA, 1, pd.NA, pd.NA], dtype="Int64"),
+        "implant_took": [True, True, True, False, True, None]})
+    row = recovery_by_arity(recovery).set_index("arity").loc[2]
+    assert row["n_models"] == 3 and row["n_slices"] == 2 and row["outside"] == 2
+    assert row["top1"] == 1 / 3 and row["top5"] == 2 / 3
+    low, high = proportion_confint(1, 3, alpha=0.05, method="wilson")
+    assert (row["top1_low"], row["top1_high"]) == (low, high)
+    # the per-strength table agrees with the pooled one, strength by strength
+    per_strength = recovery_rates(recovery).set_index("strength")
+    assert per_strength["n_models"].sum() == row["n_models"]
+    assert (per_strength["top1"] * per_strength["n_models"]).sum() == 1
+
+
+def test_recovery_by_arity_keeps_an_arity_no_model_can_express():
+    recovery = pd.DataFrame({"auditor": "error_ratio", "family": "planted_slice", "arity": 3,
+                             "planted_slice": ["e"], "strength": [1.0], "status": [OUTSIDE_GRID],
+                             "rank": pd.array([pd.NA], dtype="Int64"), "implant_took": [True]})
+    row = recovery_by_arity(recovery).iloc[0]
+    assert row["n_models"] == 0 and row["outside"] == 1 and np.isnan(row["top1"])
 
 
 def test_a_relative_score_without_references_is_one_clear_error(tmp_path):

@@ -241,7 +241,7 @@ def recovery_frame(results: dict[tuple[str, str], AuditResult], references: list
             if reach is not None and not reach(planted):  # e.g. a surrogate grid without it
                 rows.append({**row, "planted_slice": label, "arity": len(planted),
                              "strength": (strengths or {}).get(model, np.nan),
-                             "status": OUTSIDE_GRID})
+                             "implant_took": (took or {}).get(model), "status": OUTSIDE_GRID})
                 continue
             result = results[(auditor, model)]
             reference_ranks = [slice_rank(results[(auditor, r)], objective, planted)
@@ -272,22 +272,57 @@ def recovery_rates(recovery: pd.DataFrame) -> pd.DataFrame:
     planted slice ranks first (top-1) and within the first five (top-5), with 95% Wilson
     intervals. A slice no finding lies in counts as a miss; a model whose implant check failed
     (``implant_took`` False: no defect to find) is left out."""
-    rankable = recovery[recovery["status"].isin(RANKABLE)] if "status" in recovery else recovery
-    if "implant_took" in rankable:  # a slice whose implant did not take holds no defect to find
-        rankable = rankable[rankable["implant_took"].fillna(True).astype(bool)]
     rows = []
     # a family's strength is on its own scale (a share of the slice, a blur radius): by family
-    for (auditor, family, arity, strength), group in rankable.groupby(
+    for (auditor, family, arity, strength), group in _took(_rankable(recovery)).groupby(
             ["auditor", "family", "arity", "strength"], sort=True, dropna=False):
-        row = {"auditor": auditor, "family": family, "arity": int(arity), "strength": strength,
-               "n_models": len(group)}
-        ranks = group["rank"].astype("float64")
-        for k in TOP_K:
-            hits = int((ranks <= k).sum())  # NaN (not found) is never <= k
-            low, high = proportion_confint(hits, len(group), alpha=0.05, method="wilson")
-            row.update({f"top{k}": hits / len(group), f"top{k}_low": low, f"top{k}_high": high})
-        rows.append(row)
+        rows.append({"auditor": auditor, "family": family, "arity": int(arity),
+                     "strength": strength, **_top_k_rates(group)})
     return pd.DataFrame(rows)
+
+
+def recovery_by_arity(recovery: pd.DataFrame) -> pd.DataFrame:
+    """``recovery_rates`` pooled over strengths: per auditor, family and slice arity, the models
+    whose implant took and that the auditor can express, how many distinct slices they hold (a
+    slice's models at two strengths are not independent draws), top-1 and top-5 with 95% Wilson
+    intervals, and ``outside``: the models that took but lie outside the auditor's factors
+    (``OUTSIDE_GRID``, a miss by design, counted apart)."""
+    took = _took(recovery[recovery["status"].isin((*RANKABLE, OUTSIDE_GRID))])
+    rows = []
+    for (auditor, family, arity), group in took.groupby(["auditor", "family", "arity"],
+                                                        sort=True):
+        expressible = group[group["status"].isin(RANKABLE)]
+        row = {"auditor": auditor, "family": family, "arity": int(arity),
+               "n_slices": expressible["planted_slice"].nunique()}
+        row.update(_top_k_rates(expressible) if len(expressible) else
+                   {"n_models": 0, **{f"top{k}{part}": np.nan for k in TOP_K
+                                      for part in ("", "_low", "_high")}})
+        rows.append({**row, "outside": int((group["status"] == OUTSIDE_GRID).sum())})
+    return pd.DataFrame(rows)
+
+
+def _rankable(recovery: pd.DataFrame) -> pd.DataFrame:
+    return recovery[recovery["status"].isin(RANKABLE)] if "status" in recovery else recovery
+
+
+def _took(recovery: pd.DataFrame) -> pd.DataFrame:
+    """The rows whose implant took (or was not checked): a slice whose implant did not take holds
+    no defect to find."""
+    if "implant_took" not in recovery:
+        return recovery
+    return recovery[recovery["implant_took"].astype("boolean").fillna(True).astype(bool)]
+
+
+def _top_k_rates(group: pd.DataFrame) -> dict[str, Any]:
+    """n_models, and for each k of TOP_K the share whose slice ranks within the first k with its
+    95% Wilson interval (a slice not found is a miss)."""
+    ranks = group["rank"].astype("float64")
+    row: dict[str, Any] = {"n_models": len(group)}
+    for k in TOP_K:
+        hits = int((ranks <= k).sum())  # NaN (not found) is never <= k
+        low, high = proportion_confint(hits, len(group), alpha=0.05, method="wilson")
+        row.update({f"top{k}": hits / len(group), f"top{k}_low": low, f"top{k}_high": high})
+    return row
 
 
 def calibration_frame(detections: pd.DataFrame, results: dict[tuple[str, str], AuditResult],
@@ -437,6 +472,8 @@ def discovery_tables(suite, results: dict[tuple[str, str], AuditResult], world,
             "discovery-detection-relations": relation_counts(detections, order),
             "discovery-recovery": recovery,
             "discovery-recovery-rates": recovery_rates(recovery) if "arity" in recovery
+            else pd.DataFrame(),
+            "discovery-recovery-by-arity": recovery_by_arity(recovery) if "arity" in recovery
             else pd.DataFrame(),
             "discovery-calibration": calibration_frame(
                 detections, results, references, [s.name for s in suite.null_check],

@@ -22,6 +22,10 @@ OPTIONAL_TABLES = (
     ("discovery-recovery-rates", "Recovery rates: share of models whose planted slice ranks "
                                  "first (top1) and in the first five (top5), 95% Wilson "
                                  "intervals, by auditor, slice arity and strength"),
+    ("discovery-recovery-by-arity", "Recovery rates by auditor and slice arity, strengths "
+                                    "pooled: n_slices distinct slices (a slice's strengths are "
+                                    "not independent), outside = models that took but lie "
+                                    "outside the auditor's factors"),
     ("discovery-detection-relations", "Table 3's detections by what the top finding has to do "
                                       "with the planted slice: in it, sharing a factor with it, "
                                       "unrelated, or no slice to relate to"),
