@@ -11,7 +11,8 @@ from counteraudit.anomalies import FAMILIES
 from counteraudit.evaluate.benchmarks.attack import attack, get_args_parser, main
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.suite import load_suite
-from counteraudit.train.trainer import new_model, train_model
+from counteraudit.train.trainer import train_model
+from counteraudit.train.training_parts import new_model
 from counteraudit.train.worlds import build_world
 from tests.conftest import write_suite
 

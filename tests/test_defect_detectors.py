@@ -30,7 +30,8 @@ from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.registry import UnknownNameError
 from counteraudit.train.core.stage import RunOptions
 from counteraudit.train.core.suite import load_suite
-from counteraudit.train.trainer import build_family, load_trained_model
+from counteraudit.train.trainer import load_trained_model
+from counteraudit.train.training_parts import build_family
 from counteraudit.train.worlds import build_world
 
 NAMES = DETECTORS.names()

@@ -28,7 +28,8 @@ from counteraudit.evaluate.defect_detectors.evidence import evidence_for
 from counteraudit.explain.stage import load_image_sets
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.suite import load_suite
-from counteraudit.train.trainer import build_family, load_trained_model
+from counteraudit.train.trainer import load_trained_model
+from counteraudit.train.training_parts import build_family
 from counteraudit.train.worlds import build_world
 
 EPOCHS = 8

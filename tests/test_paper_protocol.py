@@ -24,7 +24,7 @@ from counteraudit.explain.input_space import on_normalized_input
 from counteraudit.explain.methods.outputs_only import OutputsOnly
 from counteraudit.train.architectures import ABSENT_CLASS_LOGIT
 from counteraudit.train.core.suite import load_suite
-from counteraudit.train.trainer import evaluate_accuracy, new_model
+from counteraudit.train.training_parts import evaluate_accuracy, new_model
 from counteraudit.train.worlds import build_world
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,7 +11,8 @@ from counteraudit.train.architectures import build_model
 from counteraudit.train.checkpoint import CHECKPOINT_NAME, METRICS_NAME, WEIGHTS_NAME, model_dir
 from counteraudit.train.core.recipe import Recipe
 from counteraudit.train.core.suite import load_suite
-from counteraudit.train.trainer import load_trained_model, train_model, warmup_lr
+from counteraudit.train.trainer import load_trained_model, train_model
+from counteraudit.train.training_parts import warmup_lr
 from counteraudit.train.worlds import build_world
 
 REPO = Path(__file__).resolve().parents[1]

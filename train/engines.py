@@ -10,7 +10,8 @@ import torch
 from counteraudit.train import group_trainer
 from counteraudit.train.checkpoint import is_trained
 from counteraudit.train.core.model_spec import ModelSpec
-from counteraudit.train.trainer import build_family, pick_device, train_model
+from counteraudit.train.trainer import pick_device, train_model
+from counteraudit.train.training_parts import build_family
 from counteraudit.train.worlds import World, build_world
 
 

@@ -20,7 +20,8 @@ from counteraudit.train.core.model_spec import ModelSpec
 from counteraudit.train.core.suite import Suite
 from counteraudit.train.cpu_probe import check_cpu_precision
 from counteraudit.train.engines import train_models_together
-from counteraudit.train.trainer import build_family, train_model
+from counteraudit.train.trainer import train_model
+from counteraudit.train.training_parts import build_family
 from counteraudit.train.worlds import build_world
 
 

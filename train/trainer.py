@@ -43,18 +43,14 @@ from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_N
 from counteraudit.train.core.model_spec import ModelSpec, REFERENCE
 from counteraudit.train.core.published_recipes import provenance
 from counteraudit.train.core.weights import load_backbone_weights, load_weights_only
-from counteraudit.train.training_parts import (EpochMeter, Processes, TrainingDiverged,
-                                               TrainingProgress, build_family, diverged_error,
-                                               distributed_rank_and_size, evaluate_accuracy,
+from counteraudit.train.training_parts import (EpochMeter, Processes, TrainingProgress,
+                                               build_family, diverged_error,
+                                               distributed_rank_and_size,
                                                evaluate_and_save, log_epoch, new_model,
                                                optimizer_and_scheduler, output_classes,
                                                training_metrics, warmup_lr)
 from counteraudit.train.worlds import Batch, World, build_world
 
-# what other modules import from here (the training's parts live in training_parts.py)
-__all__ = ["TrainingDiverged", "build_family", "derived_reference", "evaluate_accuracy",
-           "load_trained_model", "new_model", "output_classes", "pick_device",
-           "summarize_references", "train_model", "warmup_lr"]
 
 
 

@@ -30,7 +30,8 @@ from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.command_line import add_common_args, run_cli
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.numerics import cpu_model
-from counteraudit.train.trainer import load_trained_model, new_model
+from counteraudit.train.trainer import load_trained_model
+from counteraudit.train.training_parts import new_model
 from counteraudit.train.worlds import build_world
 
 

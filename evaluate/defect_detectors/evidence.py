@@ -27,7 +27,7 @@ from counteraudit.explain.stage import sets_for
 from counteraudit.train.core.artifacts import derive_seed
 from counteraudit.train.core.model_spec import ModelSpec
 from counteraudit.train.core.suite import Suite
-from counteraudit.train.trainer import build_family
+from counteraudit.train.training_parts import build_family
 
 CLEAN_IMAGES = 100      # the defender's clean set
 TRAINING_IMAGES = 2048  # training images a latent-separability detector sees (32 batches of 64)

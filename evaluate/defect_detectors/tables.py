@@ -28,7 +28,7 @@ from counteraudit.evaluate.scoring.detection import NULL_FAMILY, ROLE_REFERENCE
 from counteraudit.evaluate.scoring.localization import auroc
 from counteraudit.explain.stage import load_image_sets
 from counteraudit.train.core.suite import Suite
-from counteraudit.train.trainer import build_family
+from counteraudit.train.training_parts import build_family
 from counteraudit.train.worlds import build_world
 
 OWN_RULE = "detector-own-rule"
