@@ -133,7 +133,8 @@ def main(args: argparse.Namespace) -> dict:
         print("\nRecovery rates by arity, both strengths pooled (n_slices: distinct slices; "
               "outside: models that took but lie outside the auditor's factors)\n")
         print(to_markdown(tables["discovery-recovery-by-arity"], float_format="{:.2f}"))
-    for note in discovery_notes(detections, tables["discovery-recovery"], suite.name):
+    for note in discovery_notes(detections, tables["discovery-recovery"], suite.name,
+                                tables["discovery-calibration"]):
         print(f"\n{note}")
     if len(tables["discovery-false-positives"]):
         print("\nReferences with any significant finding (the false-positive rate of auditors "

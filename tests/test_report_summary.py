@@ -9,6 +9,7 @@ import re
 
 import numpy as np
 import pandas as pd
+from statsmodels.stats.proportion import proportion_confint
 
 from counteraudit.anomalies.base import FAMILIES
 from counteraudit.evaluate.discovery.tables import discovery_notes
@@ -125,6 +126,41 @@ def test_discovery_notes_mark_saturated_statistics_and_a_suite_without_slices():
     ranked = recovery.assign(status=["ranked", "not expressible"])
     assert discovery_notes(detections.assign(saturated=False), ranked, "demo") == []
     assert to_markdown(pd.DataFrame()) == "(empty table)\n"
+
+
+def test_discovery_notes_name_an_auditor_that_flags_clean_checking_models_beyond_its_level():
+    detections = pd.DataFrame({"auditor": ["twise"], "model": ["m1"], "role": "anomalous",
+                               "max_reference": [2.0], "margin": [1.5], "detected": [True],
+                               "saturated": [False]})
+    recovery = pd.DataFrame({"auditor": "twise", "model": ["m1"], "family": ["planted_slice"],
+                             "status": ["ranked"]})
+    calibration = calibration_frame_rows([("surrogate_search", 4, 4, 0), ("twise", 4, 1, 0),
+                                          ("error_ratio", 8, 1, 3)])
+    notes = discovery_notes(detections, recovery, "slices", calibration)
+    assert len(notes) == 2, notes  # 4 of 4 at nominal 1/6; 3 of 8 significant at nominal 0.05
+    assert notes[0].startswith("MISCALIBRATED: surrogate_search flags 4 of 4 clean checking models "
+                               "by Table 3's rule (above every reference), nominal 0.167, 95% "
+                               "interval 0.51-1.00")
+    assert notes[1].startswith("MISCALIBRATED: error_ratio flags 3 of 8 clean checking models by a "
+                               "significant finding, nominal 0.050")
+    # 1 of 4 (twise) is within its interval; the fitting half is never judged here
+    assert not any("twise" in note for note in notes)
+    fitting = calibration.assign(design="fitting half")
+    assert discovery_notes(detections, recovery, "slices", fitting) == []
+
+
+def calibration_frame_rows(rows: list[tuple[str, int, int, int]]) -> pd.DataFrame:
+    """discovery-calibration's checking-half rows: (auditor, models, Table 3 flags, significant)."""
+    out = []
+    for auditor, n, flagged, significant in rows:
+        row = {"auditor": auditor, "design": "checking half", "held_out": n,
+               "table3_false_positives": flagged, "table3_nominal": 1 / 6,
+               "any_significant": significant, "any_significant_nominal": 0.05}
+        for test, hits in (("table3", flagged), ("any_significant", significant)):
+            low, high = proportion_confint(hits, n, alpha=0.05, method="wilson")
+            row.update({f"{test}_low": low, f"{test}_high": high})
+        out.append(row)
+    return pd.DataFrame(out)
 
 
 def test_sanity_check_families_name_the_methods_that_miss_them():

@@ -144,11 +144,27 @@ def saturated(max_reference: float, ceiling: float) -> bool:
 
 
 def discovery_notes(detections: pd.DataFrame, recovery: pd.DataFrame,
-                    suite_name: str | None = None) -> list[str]:
+                    suite_name: str | None = None,
+                    calibration: pd.DataFrame | None = None) -> list[str]:
     """Warnings to print under Tables 3 and 4: auditors whose statistic saturates (their verdicts
-    rest on margins that cannot mean anything), and a suite none of whose models has a slice
-    made of the world's factors (Table 4 then has nothing to rank)."""
+    rest on margins that cannot mean anything), auditors whose false-positive rate on the
+    checking held-out models is above its nominal level beyond doubt (``calibration``: the
+    95% Wilson interval's lower end above it), and a suite none of whose models has a slice made
+    of the world's factors (Table 4 then has nothing to rank)."""
     notes = []
+    checking = (calibration[calibration["design"] == CHECKING_HALF]
+                if calibration is not None and len(calibration) else pd.DataFrame())
+    for row in checking.itertuples(index=False):
+        for test, what in (("table3", "Table 3's rule (above every reference)"),
+                           ("any_significant", "a significant finding")):
+            low, nominal = getattr(row, f"{test}_low", np.nan), getattr(row, f"{test}_nominal", np.nan)
+            if np.isfinite(low) and low > nominal:
+                count = getattr(row, "table3_false_positives" if test == "table3" else test)
+                notes.append(f"MISCALIBRATED: {row.auditor} flags {int(count)} of {row.held_out} "
+                             f"clean checking models by {what}, nominal {nominal:.3f}, 95% "
+                             f"interval {low:.2f}-{getattr(row, f'{test}_high'):.2f}: on this "
+                             f"suite its {'detections' if test == 'table3' else 'significant findings'} "
+                             "do not tell a defect from a clean model.")
     anomalous = detections[detections["role"] == ROLE_ANOMALOUS]
     if "saturated" in anomalous:
         for auditor, rows in anomalous[anomalous["saturated"].astype(bool)].groupby("auditor", sort=True):

@@ -84,7 +84,8 @@ def discovery_section(results: dict[tuple[str, str], Any], tables: dict[str, pd.
              *(html_table(tables[name], float_format="{:.2f}", caption=caption)
                for name, caption in OPTIONAL_TABLES if len(tables.get(name, ()))),
              *(f'<p class="warn">{escape(note)}</p>' for note in discovery_notes(
-                 tables["discovery-detection-per-model"], tables["discovery-recovery"], suite_name)),
+                 tables["discovery-detection-per-model"], tables["discovery-recovery"], suite_name,
+                 tables.get("discovery-calibration"))),
              '<p class="note">Top subgroups of each model per auditor (worst first), with '
              f"{EXAMPLES_PER_SUBGROUP} example images of each.</p>"]
     models = list(dict.fromkeys(model for _, model in results))
