@@ -8,6 +8,8 @@ Every conjunction of ``arity`` distinct factors of the world is a candidate when
 - 20 to 300 of the world's val images are in it (at least 20 to measure the slice's accuracy; at
   most 15 % of the demo's 2,000, so the rest of the model stays intact);
 - none of its values is one the training's left-right flip changes (``FLIP_VARIANT``);
+- a rotation condition only with a class whose rotation the image shows (``ROTATION_READABLE``:
+  on a disk, ring, square, cross, star or harmonica the quarter-turn bin cannot be seen);
 - none of its conditions is redundant: dropping any one of them lets more val images in (else
   it is a slice of lower arity under a longer name: in the demo's world every grey shape is a
   harmonica and no harmonica is rotated, so {colour grey, rotation 0deg} is {colour grey}).
@@ -25,7 +27,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from counteraudit.anomalies.families.planted_slice import FLIP_VARIANT, MAX_ARITY
+from counteraudit.anomalies.families.planted_slice import FLIP_VARIANT, MAX_ARITY, unreadable_rotation
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.worlds import build_world
 
@@ -51,7 +53,7 @@ def candidates(rows: list[dict[str, str]], factors: list[str], arity: int) -> li
     counts = conjunction_counts(rows, factors, arity)
     wider = conjunction_counts(rows, factors, arity - 1) if arity > 1 else Counter()
     return sorted(key for key, count in counts.items()
-                  if MIN_VAL_IMAGES <= count <= MAX_VAL_IMAGES
+                  if MIN_VAL_IMAGES <= count <= MAX_VAL_IMAGES and not unreadable_rotation(dict(key))
                   and all(wider[key[:i] + key[i + 1:]] > count for i in range(arity) if arity > 1))
 
 

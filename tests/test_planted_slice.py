@@ -132,6 +132,16 @@ def test_a_slice_the_training_flip_changes_is_refused(world):
     planted(world, slice={"position": "top"})  # kept by the flip
 
 
+def test_a_rotation_the_image_cannot_show_is_refused(world):
+    for unreadable in ({"rotation": "180deg"}, {"colour": "green", "rotation": "0deg"},
+                       {"class": "square", "rotation": "180deg"}):
+        with pytest.raises(ValueError, match=r"rotation = '\w+' cannot be seen on a disk, ring, "
+                                             r"square, cross, star, harmonica.*fix class to one of "
+                                             r"triangle, crescent, heart, arrow"):
+            planted(world, slice=unreadable)
+    planted(world, slice={"class": "heart", "rotation": "180deg"})  # a heart shows its rotation
+
+
 def test_remove_drops_the_share_and_the_pools_split_val_at_the_slice(world):
     train, val = world.split("train"), world.split("val")
     inside = grey_positions(world, train)

@@ -1,5 +1,6 @@
-"""The slices suite's draw rule: a candidate has 20 to 300 val images, no flip-variant value and
-no redundant condition; the draw is seeded and arity 1 comes first."""
+"""The slices suite's draw rule: a candidate has 20 to 300 val images, no flip-variant value, no
+rotation the image cannot show and no redundant condition; the draw is seeded and arity 1 comes
+first."""
 import itertools
 
 import numpy as np
@@ -39,6 +40,23 @@ def test_candidates_keep_the_bounds_and_leave_out_flip_variant_and_redundant_con
     # {class a, colour red, position top} has the 100 images {class a, position top} has
     assert not any(dict(key).keys() >= {"class", "colour"} for key in threes)
     assert len(threes) == 2 * 3 * 3 * 2  # a class or its colour, with a position and a size
+
+
+def test_a_rotation_is_a_candidate_only_on_a_class_whose_rotation_shows():
+    # 1,200 images: a heart and a square (rotationally symmetric) in two rotations, two sizes
+    data = [{"class": cls, "rotation": rotation, "size": size}
+            for cls, rotation, size in itertools.product(["heart", "square"], ["0deg", "180deg"],
+                                                         ["small", "large"])] * 150
+    factors = ["class", "rotation", "size"]
+    # 600 images per rotation alone is too many anyway; with a size, 300: fits, but unreadable
+    twos = candidates(data, factors, 2)
+    assert (("class", "heart"), ("rotation", "180deg")) in twos
+    assert (("class", "square"), ("rotation", "180deg")) not in twos
+    assert (("rotation", "180deg"), ("size", "small")) not in twos
+    assert (("class", "square"), ("size", "small")) in twos  # the square is fine without rotation
+    threes = candidates(data, factors, 3)
+    assert threes == [(("class", "heart"), ("rotation", r), ("size", s))
+                      for r in ("0deg", "180deg") for s in ("large", "small")]
 
 
 def test_the_draw_is_seeded_arity_by_arity_and_refuses_more_than_there_are():

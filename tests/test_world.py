@@ -4,8 +4,8 @@ import pytest
 
 from counteraudit.train.worlds import build_world
 from counteraudit.train.worlds.synthetic import SyntheticWorld
-from counteraudit.train.worlds.synthetic_images import (CLASS_NAMES, HARMONICA, SyntheticConfig, generate,
-                                                        render)
+from counteraudit.train.worlds.synthetic_images import (CLASS_NAMES, HARMONICA, SYMMETRY_TURN, SyntheticConfig,
+                                                        generate, render)
 
 CFG = SyntheticConfig(seed=5, image_size=48, num_train=200, num_val=120)
 
@@ -106,3 +106,26 @@ def test_bad_world_options_are_named(tmp_path):
         build_world({"name": "imagenett"}, runs_root=tmp_path)
     with pytest.raises(ValueError, match="image_size=16"):
         SyntheticWorld(SyntheticConfig(image_size=16), cache_dir=tmp_path)
+
+
+def test_a_symmetric_shape_renders_unchanged_by_its_turn_and_the_others_by_none():
+    """SYMMETRY_TURN is what the renderer does: each listed shape is the same picture after its
+    turn (any turn: 37 degrees), so its rotation bin cannot be read; every other shape changes
+    under a quarter and a half turn."""
+    _, _, annotations = generate(CFG, "val", workers=1)
+    plain = {}  # one face-less, clutter-free example of each class
+    for annotation in annotations:
+        attrs = annotation["attributes"]
+        if attrs["face"] is None:
+            plain.setdefault(attrs["shape"], {**attrs, "clutter": []})
+    assert set(plain) == set(CLASS_NAMES)
+
+    def difference(attrs, degrees):
+        turned = {**attrs, "rotation": attrs["rotation"] + np.radians(degrees)}
+        return np.abs(render(turned, 48)[0].astype(float) - render(attrs, 48)[0].astype(float)).mean()
+
+    for shape, attrs in plain.items():
+        if shape in SYMMETRY_TURN:
+            assert difference(attrs, SYMMETRY_TURN[shape] or 37) < 0.5, shape
+        else:
+            assert min(difference(attrs, 90), difference(attrs, 180)) > 1, shape

@@ -43,6 +43,11 @@ GENERATOR_VERSION = 4
 CLASS_NAMES = ["disk", "square", "triangle", "star", "cross", "ring", "crescent", "heart",
                "arrow", "harmonica"]
 HARMONICA = CLASS_NAMES.index("harmonica")
+# The smallest turn (degrees) that renders each symmetric shape as it was (0: any turn); the
+# shapes not listed (triangle, crescent, heart, arrow) change under every turn of their outline
+# that is not a full one. On a listed shape the rotation factor's quarter-turn bin cannot be read
+# from the image (a square at 10 and at 100 degrees is one picture); tests/test_world.py renders it.
+SYMMETRY_TURN = {"disk": 0, "ring": 0, "square": 90, "cross": 90, "star": 72, "harmonica": 180}
 TEXTURES = ["solid", "stripes", "checker", "dots", "noise", "gradient"]
 BACKGROUNDS = ["solid", "gradient", "noise", "stripes"]
 SPLIT_IDS = {"train": 0, "val": 1}
