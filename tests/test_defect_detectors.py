@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import ONE_PROCESS, run_script, write_suite
+from conftest import ONE_PROCESS, run_in_process, write_suite
 from counteraudit.evaluate import detect
 from counteraudit.evaluate.defect_detectors.detectors import DETECTORS, Evidence, build_detector
 from counteraudit.evaluate.defect_detectors.detectors.weight_statistics import layer_statistics
@@ -193,9 +193,9 @@ def test_detect_scores_detectors_beside_the_methods(run_copy):
     """Table 1 has a column per detector, computed by the anomaly score of its output against
     the references' (recomputed here from the stored inspections), and its own tables."""
     suite_path, runs = run_copy
-    out = run_script("evaluate/detect.py", "--suite", suite_path, "--runs-dir", runs, "--distance",
-                     "l2", "--no-progress", "--method", "guided_backprop",
-                     "--detector", "weight_statistics", *ONE_PROCESS)
+    out = run_in_process("evaluate/detect.py", "--suite", suite_path, "--runs-dir", runs, "--distance",
+                         "l2", "--no-progress", "--method", "guided_backprop",
+                         "--detector", "weight_statistics", *ONE_PROCESS)
     assert "weight_statistics" in out.split("Table 1", 1)[1].split("\n\n", 2)[1]
     folder = runs / "e2e" / "tables" / "method-guided_backprop+weight_statistics"
     per_model = pd.read_csv(folder / "detection-per-model-l2.csv")
