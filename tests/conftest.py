@@ -174,11 +174,12 @@ def run_script(script, *args, timeout: float = 600):
 
 
 def in_process(script, *args) -> subprocess.CompletedProcess:
-    """``script``'s parser and ``main`` run in this process as the command runs them (bound to
-    its runs folder), what it printed to stdout and stderr kept: for the tests of what a stage
-    computes, not of its command line (each entry script keeps tests that start it as a
-    command). Saves the interpreter and the imports a subprocess pays for, most of a small
-    stage's seconds."""
+    """``script``'s parser and ``main`` run in this process, bound to its runs folder as run_cli
+    binds a command (the numeric mode is this process's, set by the first import above), what it
+    printed to stdout and stderr kept: for the tests of what a stage computes, not of its
+    command line (each entry script keeps tests that start it as a command). Saves the
+    interpreter and the imports a subprocess pays for (about 5 s: torch, torchvision with
+    torch._dynamo, scipy, captum), most of a small stage's time."""
     module = importlib.import_module("counteraudit." + str(script).removesuffix(".py").replace("/", "."))
     argv = [str(arg) for arg in args]
     parsed = module.get_args_parser().parse_args(argv)
