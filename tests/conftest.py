@@ -1,6 +1,9 @@
 """Shared fixtures: a tiny synthetic world and a tiny suite, real but seconds to train."""
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
 import json
 import os
 import re
@@ -17,6 +20,7 @@ from filelock import FileLock
 
 from counteraudit.slurm.cluster import REQUIRE_SLURM_ENV, why_slurm_unavailable
 from counteraudit.train.core.plugin_files import command_line_plugin, load_plugin_file
+from counteraudit.train.core.runs_folder import runs_folder_bound
 
 # Each test process on its share of the cores (pytest-xdist runs one per worker), at most two
 # threads: the small models gain little from more, and the workers would oversubscribe.
@@ -169,6 +173,28 @@ def run_script(script, *args, timeout: float = 600):
     return result.stdout
 
 
+def in_process(script, *args) -> subprocess.CompletedProcess:
+    """``script``'s parser and ``main`` run in this process, bound to its runs folder as run_cli
+    binds a command (the numeric mode is this process's, set by the first import above), what it
+    printed to stdout and stderr kept: for the tests of what a stage computes, not of its
+    command line (each entry script keeps tests that start it as a command). Saves the
+    interpreter and the imports a subprocess pays for (about 5 s: torch, torchvision with
+    torch._dynamo, scipy, captum), most of a small stage's time."""
+    module = importlib.import_module("counteraudit." + str(script).removesuffix(".py").replace("/", "."))
+    argv = [str(arg) for arg in args]
+    parsed = module.get_args_parser().parse_args(argv)
+    out, err = io.StringIO(), io.StringIO()
+    with runs_folder_bound(vars(parsed).get("runs_dir")), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
+        module.main(parsed)
+    return subprocess.CompletedProcess([script, *argv], 0, out.getvalue(), err.getvalue())
+
+
+def run_in_process(script, *args) -> str:
+    """What ``run_script(script, *args)`` returns (its stdout), from ``in_process``."""
+    return in_process(script, *args).stdout
+
+
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory):
     """(suite file, runs dir, detect.py's stdout) of a finished end-to-end run of E2E_BODY:
@@ -220,8 +246,9 @@ def replicas_run(finished_run, tmp_path_factory):
         suite, runs, _ = finished_run
         derived, runs = with_nulls(suite, runs, base, "replicas", REPLICAS_BODY)
         before = {p.name for p in (runs / "store" / "models").iterdir()}
-        out = run_script("evaluate/detect.py", "--suite", derived, "--runs-dir", runs,
-                         "--distance", "l2", "--no-progress", *ONE_PROCESS)
+        # in this process: finished_run starts detect.py as a command
+        out = run_in_process("evaluate/detect.py", "--suite", derived, "--runs-dir", runs,
+                             "--distance", "l2", "--no-progress", *ONE_PROCESS)
         trained = sorted({p.name for p in (runs / "store" / "models").iterdir()} - before)
         return json.dumps({"out": out, "trained": trained})
     base, built = built_once(tmp_path_factory, "replicas", build)

@@ -22,7 +22,7 @@ from counteraudit.evaluate.scoring.pairwise import (ADDS, LESS, NEITHER, SAME, d
 from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores
 from counteraudit.evaluate.scoring.verdicts import DETECTED, IMPLANT_FAILED, INCONCLUSIVE, NOT_DETECTED
 from counteraudit.train.core.artifacts import derive_seed
-from tests.conftest import ONE_PROCESS, run_script
+from tests.conftest import ONE_PROCESS, run_in_process, run_script
 from tests.test_baseline import REFERENCES, per_image_scores, scores_frame
 
 
@@ -226,9 +226,9 @@ def test_compare_end_to_end_on_a_finished_run_and_in_the_report(finished_run, tm
     assert mcnemar["n_models"].tolist() == [2]
 
     report = tmp_path / "report.html"
-    run_script("evaluate/report.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
-               "--method", "guided_backprop", "--against", "outputs_only", "--output", report,
-               "--no-progress", *ONE_PROCESS)
+    run_in_process("evaluate/report.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
+                   "--method", "guided_backprop", "--against", "outputs_only", "--output", report,
+                   "--no-progress", *ONE_PROCESS)
     html = report.read_text()
     section = html.split('<section id="comparison">', 1)[1].split("</section>", 1)[0]
     assert '<a href="#comparison">Method against method</a>' in html
@@ -244,7 +244,8 @@ def test_compare_gives_each_familys_rate_difference_on_a_suite_with_nulls(replic
     runs = Path(shutil.copytree(shared, tmp_path / "runs", symlinks=True))
     options = ["--suite", derived, "--runs-dir", runs, "--distance", "l2", "--no-progress",
                "--method", "guided_backprop", *ONE_PROCESS]
-    out = run_script("evaluate/compare.py", *options, "--against", "outputs_only")
+    # in this process: test_compare_end_to_end_... starts compare.py as a command
+    out = run_in_process("evaluate/compare.py", *options, "--against", "outputs_only")
     assert "Which differences are significant after Holm" in out
     assert "guided_backprop vs outputs_only: " in out
     folder = runs / "replicas" / "tables" / "method-guided_backprop+outputs_only"
@@ -253,8 +254,8 @@ def test_compare_gives_each_familys_rate_difference_on_a_suite_with_nulls(replic
     # verdicts do not depend on the methods run beside it (verdicts.own_verdicts)
     alone = {}
     for method in ("guided_backprop", "outputs_only"):
-        run_script("evaluate/detect.py", "--suite", derived, "--runs-dir", runs, "--distance", "l2",
-                   "--no-progress", "--method", method, "--no-control", *ONE_PROCESS)
+        run_in_process("evaluate/detect.py", "--suite", derived, "--runs-dir", runs, "--distance",
+                       "l2", "--no-progress", "--method", method, "--no-control", *ONE_PROCESS)
         alone[method] = pd.read_csv(runs / "replicas" / "tables" / f"method-{method}"
                                     / "detection-verdicts-per-model-l2.csv", keep_default_na=False)
     verdicts = pd.concat(alone.values(), ignore_index=True)

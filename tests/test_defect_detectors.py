@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import ONE_PROCESS, run_script, write_suite
+from conftest import ONE_PROCESS, run_in_process, write_suite
 from counteraudit.evaluate import detect
 from counteraudit.evaluate.defect_detectors.detectors import DETECTORS, Evidence, build_detector
 from counteraudit.evaluate.defect_detectors.detectors.weight_statistics import layer_statistics
@@ -58,6 +58,13 @@ def test_detector_names_are_not_method_names():
     assert NAMES and not set(NAMES) & set(METHODS.names())
 
 
+# The optimising detectors at a quarter of their steps here: each step runs the same code (the
+# cost schedule's patience is 5 steps), so the bits, lengths and shapes below are checked as at
+# their defaults, in a quarter of the time; their own tests (test_neural_cleanse_mmbd.py) run
+# them at full length and check what they find.
+FEWER_STEPS = {"neural_cleanse": {"steps": 15}, "mm_bd": {"steps": 20}}
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_every_detector_inspects_models_deterministically(name, inspected):
     """The same seed gives the same bits; every model's statistic has one length (the anomaly
@@ -65,8 +72,8 @@ def test_every_detector_inspects_models_deterministically(name, inspected):
     On a reference (twice), the backdoor and the smoothed model (each detector's own test checks
     what it finds)."""
     suite, _, _, loaded = inspected
-    detector = build_detector(name)
-    repeated = build_detector(name).run(*loaded["reference-00"], seed=0)
+    detector = build_detector(name, FEWER_STEPS.get(name))
+    repeated = build_detector(name, FEWER_STEPS.get(name)).run(*loaded["reference-00"], seed=0)
     lengths = {repeated.statistic.shape}
     for model_name in ("reference-00", "backdoor", "smoothing"):
         spec = suite.model(model_name)
@@ -174,7 +181,9 @@ def run_copy(finished_run, tmp_path):
 def test_the_stage_stores_once_and_recomputes_a_damaged_inspection(run_copy):
     suite_path, runs = run_copy
     suite = load_suite(suite_path)
-    options = RunOptions(runs_dir=str(runs), progress=False)
+    # its items in this process: a worker pool (one per core by default) would start an
+    # interpreter per worker for 5 tiny items; the executors' tests start workers themselves
+    options = RunOptions(runs_dir=str(runs), progress=False, executor={"local_jobs": 1})
     assert inspect_suite(suite, options, ["weight_statistics"]) == {"computed": 5, "stored": 0}
     assert inspect_suite(suite, options, ["weight_statistics"]) == {"computed": 0, "stored": 5}
     stored = load_inspections(suite, ["weight_statistics"], runs)
@@ -194,9 +203,9 @@ def test_detect_scores_detectors_beside_the_methods(run_copy):
     """Table 1 has a column per detector, computed by the anomaly score of its output against
     the references' (recomputed here from the stored inspections), and its own tables."""
     suite_path, runs = run_copy
-    out = run_script("evaluate/detect.py", "--suite", suite_path, "--runs-dir", runs, "--distance",
-                     "l2", "--no-progress", "--method", "guided_backprop",
-                     "--detector", "weight_statistics", *ONE_PROCESS)
+    out = run_in_process("evaluate/detect.py", "--suite", suite_path, "--runs-dir", runs, "--distance",
+                         "l2", "--no-progress", "--method", "guided_backprop",
+                         "--detector", "weight_statistics", *ONE_PROCESS)
     assert "weight_statistics" in out.split("Table 1", 1)[1].split("\n\n", 2)[1]
     folder = runs / "e2e" / "tables" / "method-guided_backprop+weight_statistics"
     per_model = pd.read_csv(folder / "detection-per-model-l2.csv")

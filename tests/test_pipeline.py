@@ -8,7 +8,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from counteraudit.evaluate import detect
-from tests.conftest import ONE_PROCESS, REPO, run_script  # the finished_run fixture is in conftest.py
+from tests.conftest import ONE_PROCESS, REPO, run_in_process, run_script  # the finished_run fixture is in conftest.py
 from tests.conftest import write_suite
 
 
@@ -47,8 +47,9 @@ def test_detect_prints_and_saves_table1(finished_run):
 
 def test_rerun_does_no_work_and_localize_gives_table2(finished_run):
     suite, runs, _ = finished_run
-    out = run_script("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
-                     "--no-progress", *ONE_PROCESS)
+    # in this process: finished_run starts localize.py as a command
+    out = run_in_process("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance",
+                         "l2", "--no-progress", *ONE_PROCESS)
     assert "0 visualization set(s) computed" in out and "Table 2" in out
     # fewer references and images than the paper: the table says what that does to AUROCs
     assert "uses 3 references and p = 4 images per set (the paper: 12 and 40)" in out
@@ -87,8 +88,8 @@ def test_a_method_run_writes_its_tables_beside_the_suites(finished_run, capsys):
 
 def test_reference_count_recomputes_table2_at_the_full_reference_set(finished_run):
     suite, runs, _ = finished_run
-    run_script("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
-               "--no-progress", *ONE_PROCESS)
+    run_in_process("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
+                   "--no-progress", *ONE_PROCESS)
     out = run_script("evaluate/reference_count.py", "--suite", suite, "--runs-dir", runs,
                      "--subsets", "3")
     assert "n=2 |" in out and "n=3 |" in out

@@ -21,7 +21,7 @@ from counteraudit.evaluate.records.schema import RecordError, RecordV1, sha256_o
 from counteraudit.evaluate.records.store import read_record, read_records, record_id
 from counteraudit.evaluate.reporting.leaderboard import (CONTROL, board_table, boards, leaderboard_html,
                                                          leaderboard_markdown)
-from tests.conftest import ONE_PROCESS, REPO, run_script, with_nulls, write_suite
+from tests.conftest import ONE_PROCESS, REPO, run_in_process, run_script, with_nulls, write_suite
 from tests.test_report import chromium, render
 
 LEADERBOARD = REPO / "evaluate" / "leaderboard"
@@ -96,15 +96,16 @@ def recorded_run(finished_run, replicas_run, tmp_path_factory):
     base = tmp_path_factory.mktemp("records")
     suite, runs = with_nulls(finished_run[0], replicas_run[1], base, "nulls", RECORDED_BODY)
     for script in ("evaluate/detect.py", "evaluate/localize.py"):
-        run_script(script, "--suite", suite, "--runs-dir", runs, "--distance", "l2", "--no-progress",
-                   *ONE_PROCESS)
+        run_in_process(script, "--suite", suite, "--runs-dir", runs, "--distance", "l2",
+                       "--no-progress", *ONE_PROCESS)
     released = population_id(load_checked_suite(suite), runs, EXPORTED_WITH)
     known = base / "populations.toml"
     known.write_text(f'[nulls]\npopulation_id = "{released}"\nexported_with = {{ version = '
                      f'"{EXPORTED_WITH["version"]}", commit = "{EXPORTED_WITH["commit"]}" }}\n')
     out = base / "records"
-    run_script("evaluate/record.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
-               "--populations", known, "--out", out, "--no-progress", *ONE_PROCESS)
+    # in this process; test_a_record_built_twice_... runs the command and compares the bytes
+    run_in_process("evaluate/record.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
+                   "--populations", known, "--out", out, "--no-progress", *ONE_PROCESS)
     return suite, runs, known, out
 
 
@@ -153,9 +154,9 @@ def test_a_records_verdicts_do_not_depend_on_the_methods_run_beside_it(recorded_
     run of both methods (no control, so no comparison)."""
     suite, runs, known, out = recorded_run
     alone = tmp_path / "alone"
-    run_script("evaluate/record.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
-               "--populations", known, "--out", alone, "--method", "guided_backprop",
-               "--no-control", "--no-progress", *ONE_PROCESS)
+    run_in_process("evaluate/record.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
+                   "--populations", known, "--out", alone, "--method", "guided_backprop",
+                   "--no-control", "--no-progress", *ONE_PROCESS)
     (single,) = read_records(alone, known_path=known)
     both = next(r for r in read_records(out, known_path=known)
                 if r.method.name == "guided_backprop")
@@ -182,9 +183,9 @@ def test_a_detection_only_record_says_table_2_was_not_run_and_keeps_the_verdicts
     from counteraudit.evaluate.records.build import NOT_RUN_REASON  # noqa: PLC0415 (after conftest's numerics)
     suite, runs, known, out = recorded_run
     detection_only = tmp_path / "detection-only"
-    run_script("evaluate/record.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
-               "--populations", known, "--out", detection_only, "--detection-only", "--no-progress",
-               *ONE_PROCESS)
+    run_in_process("evaluate/record.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
+                   "--populations", known, "--out", detection_only, "--detection-only", "--no-progress",
+                   *ONE_PROCESS)
     full = {r.method.name: r for r in read_records(out, known_path=known)}
     partial = {r.method.name: r for r in read_records(detection_only, known_path=known)}
     assert set(partial) == set(full)
@@ -454,8 +455,8 @@ def test_leaderboard_command_writes_the_guides_block(recorded_run, tmp_path):
     _, _, known, out = recorded_run
     guide = tmp_path / "guide.md"
     guide.write_text(f"# Guide\n\nbefore\n\n{GUIDE_START}\nold\n{GUIDE_END}\n\nafter\n")
-    run_script("evaluate/leaderboard.py", out, "--populations", known, "--guide", guide,
-               "--markdown", tmp_path / "LB.md")
+    run_in_process("evaluate/leaderboard.py", out, "--populations", known, "--guide", guide,
+                   "--markdown", tmp_path / "LB.md")
     text = guide.read_text()
     assert guide_block(text) == (tmp_path / "LB.md").read_text()
     assert text.startswith("# Guide\n\nbefore\n\n") and text.endswith(f"{GUIDE_END}\n\nafter\n")

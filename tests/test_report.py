@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.conftest import REPO, run_script
+from tests.conftest import REPO, run_in_process, run_script
 
 CHROMIUM = "/usr/bin/chromium"
 SECTIONS = ["summary", "detection", "localization", "implants", "detection-examples", "localization-examples",
@@ -67,10 +67,10 @@ def test_report_is_one_self_contained_file_with_every_section(report, finished_r
     assert len(images) == html.count("<img ") == EXPECTED_IMAGES
     for encoded in images:  # every embedded image is a PNG that decodes
         assert Image.open(io.BytesIO(base64.b64decode(encoded))).convert("RGB").size[0] > 0
-    # deterministic: the same run gives the same bytes
+    # deterministic: the same run gives the same bytes (made again in this process)
     suite, runs, _ = finished_run
     again = tmp_path / "again.html"
-    run_script("evaluate/report.py", *report_args(suite, runs, "--distance", "l2", "--output", again))
+    run_in_process("evaluate/report.py", *report_args(suite, runs, "--distance", "l2", "--output", again))
     assert again.read_bytes() == path.read_bytes()
 
 

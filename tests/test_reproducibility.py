@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import sys
 
-from conftest import ONE_PROCESS, REPO, run_script
+from conftest import ONE_PROCESS, REPO, run_in_process, run_script
 
 import pytest
 
@@ -21,9 +21,9 @@ def test_a_run_matches_its_own_digests_and_a_changed_table_is_named(finished_run
     suite, runs, _ = finished_run
     digests = tmp_path / "digests.json"
     # Table 2 too (detect.py writes Table 1 only); other tests of the shared run may have already
-    run_script("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2", "--no-progress",
-               *ONE_PROCESS)
-    run_script("evaluate/reproducibility.py", "write", "--digests", digests, "--suite", suite, "--runs-dir", runs)
+    run_in_process("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
+                   "--no-progress", *ONE_PROCESS)
+    run_in_process("evaluate/reproducibility.py", "write", "--digests", digests, "--suite", suite, "--runs-dir", runs)
     written = json.loads(digests.read_text())
     names = set(written["sha256"])
     assert {"weights/reference-00", "tables/detection-per-model-l2.csv",

@@ -14,7 +14,7 @@ from counteraudit.explain.base import METHODS
 from counteraudit.explain.settings import method_specs, suite_method
 from counteraudit.train.core.registry import UnknownNameError
 from counteraudit.train.core.suite import load_suite, write_derived_suite
-from tests.conftest import ONE_PROCESS, run_script
+from tests.conftest import ONE_PROCESS, run_in_process, run_script
 
 ALL_METHODS = METHODS.names()
 
@@ -112,8 +112,8 @@ def test_sensitivity_on_a_finished_run_agrees_with_the_main_job_on_the_derived_s
         assert row["margin_suite"] == pytest.approx(own.loc[(row["method"], row["model"]), "margin"])
     # the alternative's margins are those of the main job run on the derived suite file
     derived = runs / "e2e" / "sensitivity" / "explained_class-label.toml"
-    run_script("evaluate/detect.py", "--suite", derived, "--runs-dir", runs, "--distance", "l2",
-               "--no-progress", "--method", "guided_backprop", *ONE_PROCESS)
+    run_in_process("evaluate/detect.py", "--suite", derived, "--runs-dir", runs, "--distance", "l2",
+                   "--no-progress", "--method", "guided_backprop", *ONE_PROCESS)
     direct = pd.read_csv(runs / "e2e-sensitivity-explained_class-label" / "tables" /
                          "method-guided_backprop" / "detection-per-model-l2.csv"
                          ).set_index(["method", "model"])
@@ -121,7 +121,7 @@ def test_sensitivity_on_a_finished_run_agrees_with_the_main_job_on_the_derived_s
         assert row["margin"] == pytest.approx(direct.loc[(row["method"], row["model"]), "margin"])
     # explaining for the label rather than the top class changes the explained targets, so the
     # visualizations differ, and a rerun computes nothing
-    again = run_script("evaluate/sensitivity.py", *args, "--choice", "explained_class")
+    again = run_in_process("evaluate/sensitivity.py", *args, "--choice", "explained_class")
     computed = [int(n) for n in re.findall(r"(\d+) visualization set\(s\) computed", again)]
     assert computed == [0, 0, 0], again  # the suite (prepare, then its tables) and the alternative
     first = [int(n) for n in re.findall(r"(\d+) visualization set\(s\) computed", out)]

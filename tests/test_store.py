@@ -13,14 +13,7 @@ from counteraudit.evaluate.scoring.explain_time import EXPLAIN_TIME
 
 from counteraudit.train.checkpoint import model_dir
 from counteraudit.train.core.suite import load_suite
-from tests.conftest import ONE_PROCESS, REPO, write_suite
-
-
-def run(script, *args) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, str(REPO / script), *map(str, args)],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
+from tests.conftest import ONE_PROCESS, REPO, in_process, write_suite
 
 
 def files(runs: Path) -> dict[str, tuple[int, int]]:
@@ -49,7 +42,8 @@ def tables(runs: Path, suite: str) -> dict[str, str]:
 
 
 def detect(suite, runs) -> subprocess.CompletedProcess:
-    return run("evaluate/detect.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
+    """detect.py in this process (the session's finished_run starts it as a command)."""
+    return in_process("evaluate/detect.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
                "--no-progress", *ONE_PROCESS)
 
 

@@ -1,4 +1,5 @@
 """Training: seeded to the bit, resumable to the bit, external checkpoints, clear errors."""
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -8,12 +9,13 @@ import pytest
 import torch
 
 from counteraudit.train.architectures import build_model
-from counteraudit.train.checkpoint import CHECKPOINT_NAME, METRICS_NAME, WEIGHTS_NAME, model_dir
+from counteraudit.train.checkpoint import CHECKPOINT_NAME, METRICS_NAME, WEIGHTS_NAME
 from counteraudit.train.core.recipe import Recipe
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.trainer import load_trained_model, train_model
 from counteraudit.train.training_parts import warmup_lr
 from counteraudit.train.worlds import build_world
+from tests.conftest import write_suite
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,20 +34,34 @@ def suite_and_world(tiny_suite, runs):
     return suite, build_world(suite.world, runs_root=runs)
 
 
-def test_same_seed_same_weights_different_seed_different(suite_and_world, tmp_path):
+@pytest.fixture(scope="module")
+def trained_reference(tmp_path_factory) -> tuple[Path, dict]:
+    """(folder, metrics) of the tiny suite's reference-00 (the spec the tests below train)
+    trained once for this file, in a world of its own: the tests compare their trainings'
+    weights with these instead of training the same model again. Copy it before changing it."""
+    base = tmp_path_factory.mktemp("reference")
+    suite = load_suite(write_suite(base / "tiny.toml"))
+    world = build_world(suite.world, runs_root=base / "runs")
+    metrics = train_model(suite.references[0], base / "reference-00", world=world, progress=False)
+    return base / "reference-00", metrics
+
+
+def test_same_seed_same_weights_different_seed_different(suite_and_world, trained_reference,
+                                                         tmp_path):
     suite, world = suite_and_world
     spec = suite.references[0]
-    first = train_model(spec, tmp_path / "a", world=world, progress=False)
+    trained, first = trained_reference
     train_model(spec, tmp_path / "b", world=world, progress=False)
-    assert _same(_weights(tmp_path / "a"), _weights(tmp_path / "b"))
+    assert _same(_weights(trained), _weights(tmp_path / "b"))
     train_model(suite.references[1], tmp_path / "c", world=world, progress=False)
-    assert not _same(_weights(tmp_path / "a"), _weights(tmp_path / "c"))
+    assert not _same(_weights(trained), _weights(tmp_path / "c"))
     for key in ("val_accuracy", "train_seconds", "images_per_second", "history"):
         assert key in first
     assert len(first["history"]) == suite.recipe.epochs
 
 
-def test_cpu_bf16_recipe_is_seeded_to_the_bit_and_is_its_own_model(suite_and_world, tmp_path):
+def test_cpu_bf16_recipe_is_seeded_to_the_bit_and_is_its_own_model(suite_and_world,
+                                                                  trained_reference, tmp_path):
     """recipe.cpu_bf16 (the demo's): bf16 autocast on the CPU, same seed same bits; a different
     recipe, so a different model key and other weights than fp32 training."""
     suite, world = suite_and_world
@@ -54,15 +70,13 @@ def test_cpu_bf16_recipe_is_seeded_to_the_bit_and_is_its_own_model(suite_and_wor
     assert bf16.key != fp32.key
     train_model(bf16, tmp_path / "a", world=world, progress=False)
     train_model(bf16, tmp_path / "b", world=world, progress=False)
-    train_model(fp32, tmp_path / "c", world=world, progress=False)
     assert _same(_weights(tmp_path / "a"), _weights(tmp_path / "b"))
-    assert not _same(_weights(tmp_path / "a"), _weights(tmp_path / "c"))
+    assert not _same(_weights(tmp_path / "a"), _weights(trained_reference[0]))  # fp32's
 
 
-def test_interrupted_run_resumes_to_the_same_bits(suite_and_world, tmp_path):
+def test_interrupted_run_resumes_to_the_same_bits(suite_and_world, trained_reference, tmp_path):
     suite, world = suite_and_world
     spec = suite.references[0]
-    train_model(spec, tmp_path / "straight", world=world, progress=False)
     partial = train_model(spec, tmp_path / "resumed", world=world, progress=False, stop_after_epoch=1)
     assert partial == {"interrupted_after_epoch": 1}
     assert (tmp_path / "resumed" / CHECKPOINT_NAME).exists()
@@ -70,11 +84,12 @@ def test_interrupted_run_resumes_to_the_same_bits(suite_and_world, tmp_path):
     state = torch.load(tmp_path / "resumed" / CHECKPOINT_NAME, weights_only=False)
     assert {"model", "optimizer", "scheduler", "epoch", "torch_rng"} <= set(state)
     resumed = train_model(spec, tmp_path / "resumed", world=world, progress=False)
-    assert _same(_weights(tmp_path / "straight"), _weights(tmp_path / "resumed"))
+    assert _same(_weights(trained_reference[0]), _weights(tmp_path / "resumed"))
     assert len(resumed["history"]) == suite.recipe.epochs
 
 
-def test_lr_warmup_across_an_epoch_boundary_resumes_to_the_same_bits(suite_and_world, tmp_path):
+def test_lr_warmup_across_an_epoch_boundary_resumes_to_the_same_bits(suite_and_world,
+                                                                     trained_reference, tmp_path):
     suite, world = suite_and_world
     base = suite.references[0]
     spec = replace(base, recipe=replace(base.recipe, lr_warmup_epochs=1.5))
@@ -83,8 +98,8 @@ def test_lr_warmup_across_an_epoch_boundary_resumes_to_the_same_bits(suite_and_w
     train_model(spec, tmp_path / "resumed", world=world, progress=False)
     assert _same(_weights(tmp_path / "straight"), _weights(tmp_path / "resumed"))
     assert len(straight["history"]) == spec.recipe.epochs
-    train_model(base, tmp_path / "plain", world=world, progress=False)  # no warmup: other weights
-    assert not _same(_weights(tmp_path / "straight"), _weights(tmp_path / "plain"))
+    # base's recipe, no warmup: other weights
+    assert not _same(_weights(tmp_path / "straight"), _weights(trained_reference[0]))
 
 
 def test_warmup_ramps_the_step_schedule_from_the_step_number_alone():
@@ -101,7 +116,8 @@ def test_warmup_ramps_the_step_schedule_from_the_step_number_alone():
         pytest.approx(0.3 * 0.5 * 21 / 42)
 
 
-def test_killed_process_resumes_from_its_last_checkpoint(tiny_suite, runs, tmp_path):
+def test_killed_process_resumes_from_its_last_checkpoint(tiny_suite, runs, trained_reference,
+                                                         tmp_path):
     """A real interruption: the training process is killed after its first checkpoint."""
     script = ("from counteraudit.train.core.suite import load_suite\n"
               "from counteraudit.train.trainer import train_model\n"
@@ -113,26 +129,24 @@ def test_killed_process_resumes_from_its_last_checkpoint(tiny_suite, runs, tmp_p
     assert result.returncode == -9
     suite = load_suite(tiny_suite)
     train_model(suite.references[0], tmp_path / "killed", progress=False, runs_root=runs)
-    train_model(suite.references[0], tmp_path / "straight", progress=False, runs_root=runs)
-    assert _same(_weights(tmp_path / "killed"), _weights(tmp_path / "straight"))
+    assert _same(_weights(tmp_path / "killed"), _weights(trained_reference[0]))
 
 
-def test_rerun_does_no_work(suite_and_world, tmp_path):
+def test_rerun_does_no_work(suite_and_world, trained_reference, tmp_path):
     suite, world = suite_and_world
     spec = suite.references[0]
-    train_model(spec, tmp_path / "m", world=world, progress=False)
+    shutil.copytree(trained_reference[0], tmp_path / "m")  # a finished training of spec
     stamp = (tmp_path / "m" / WEIGHTS_NAME).stat().st_mtime_ns
     train_model(spec, tmp_path / "m", world=world, progress=False)
     assert (tmp_path / "m" / WEIGHTS_NAME).stat().st_mtime_ns == stamp
 
 
 @pytest.mark.parametrize("prefix", ["", "module.", "model.", "module.model."])
-def test_external_checkpoint_in_any_common_layout(suite_and_world, tmp_path, prefix):
+def test_external_checkpoint_in_any_common_layout(suite_and_world, trained_reference, tmp_path,
+                                                  prefix):
     suite, world = suite_and_world
     spec = suite.references[0]
-    trained = model_dir(None, spec)
-    train_model(spec, trained, world=world, progress=False)
-    weights = _weights(trained)
+    weights = _weights(trained_reference[0])
     path = tmp_path / "external.pth"
     torch.save({"state_dict": {prefix + k: v for k, v in weights.items()}, "epoch": 3}, path)
     external = replace(spec, name="external", checkpoint=str(path))
