@@ -55,6 +55,12 @@ NO_SLICE, NO_FINDING = "no slice", "no finding"
 RELATIONS = (IN_SLICE, SHARES_FACTOR, UNRELATED, NO_FINDING, NO_SLICE)
 # The held-out references' halves in discovery-calibration
 CHECKING_HALF, FITTING_HALF = "checking half", "fitting half"
+# discovery-calibration's tests, as discovery_notes words them: (column prefix, count column,
+# the rule, what the auditor claims by it)
+CALIBRATED_TESTS = (("table3", "table3_false_positives", "Table 3's rule (above every reference)",
+                     "detections"),
+                    ("any_significant", "any_significant", "a significant finding",
+                     "significant findings"))
 
 
 def model_statistic(result: AuditResult, objective: str, null: float = float("nan")) -> float:
@@ -154,17 +160,14 @@ def discovery_notes(detections: pd.DataFrame, recovery: pd.DataFrame,
     notes = []
     checking = (calibration[calibration["design"] == CHECKING_HALF]
                 if calibration is not None and len(calibration) else pd.DataFrame())
-    for row in checking.itertuples(index=False):
-        for test, what in (("table3", "Table 3's rule (above every reference)"),
-                           ("any_significant", "a significant finding")):
-            low, nominal = getattr(row, f"{test}_low", np.nan), getattr(row, f"{test}_nominal", np.nan)
+    for row in checking.to_dict("records"):
+        for test, count, rule, claims in CALIBRATED_TESTS:
+            low, nominal = row.get(f"{test}_low", np.nan), row.get(f"{test}_nominal", np.nan)
             if np.isfinite(low) and low > nominal:
-                count = getattr(row, "table3_false_positives" if test == "table3" else test)
-                notes.append(f"MISCALIBRATED: {row.auditor} flags {int(count)} of {row.held_out} "
-                             f"clean checking models by {what}, nominal {nominal:.3f}, 95% "
-                             f"interval {low:.2f}-{getattr(row, f'{test}_high'):.2f}: on this "
-                             f"suite its {'detections' if test == 'table3' else 'significant findings'} "
-                             "do not tell a defect from a clean model.")
+                notes.append(f"MISCALIBRATED: {row['auditor']} flags {int(row[count])} of "
+                             f"{row['held_out']} clean checking models by {rule}, nominal "
+                             f"{nominal:.3f}, 95% interval {low:.2f}-{row[f'{test}_high']:.2f}: "
+                             f"on this suite its {claims} do not tell a defect from a clean model.")
     anomalous = detections[detections["role"] == ROLE_ANOMALOUS]
     if "saturated" in anomalous:
         for auditor, rows in anomalous[anomalous["saturated"].astype(bool)].groupby("auditor", sort=True):
