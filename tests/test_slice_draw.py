@@ -1,12 +1,12 @@
-"""The slices suite's draw rule: a candidate has 20 to 300 val images, no flip-variant value, no
-rotation the image cannot show and no redundant condition; the draw is seeded and arity 1 comes
-first."""
+"""The slices suite's draw rule: a candidate has 20 to 300 val images (and, when asked, enough
+training images), no flip-variant value, no rotation the image cannot show and no redundant
+condition; the draw is seeded, one count or one per arity, and arity 1 comes first."""
 import itertools
 
 import numpy as np
 import pytest
 
-from counteraudit.anomalies.slice_draw import candidates, draw
+from counteraudit.anomalies.slice_draw import candidates, draw, interleaved
 
 FACTORS = ["class", "colour", "position", "size"]
 
@@ -70,3 +70,43 @@ def test_the_draw_is_seeded_arity_by_arity_and_refuses_more_than_there_are():
     assert [key for arity, key in first if arity == 1] == [pool[i] for i in rng.choice(len(pool), 2, replace=False)]
     with pytest.raises(ValueError, match="only 3 candidate slices of arity 1"):
         list(draw(data, FACTORS, 4, seed=31))
+
+
+def test_a_training_image_bound_leaves_out_the_slices_with_fewer_and_keeps_the_rest():
+    val = rows()
+    # the training split: as many images of each class and size, but class c only 10 times small
+    train = [row for row in rows() if not (row["class"] == "c" and row["size"] == "small")]
+    train += [{"class": "c", "colour": "green", "position": "top", "size": "small"}] * 10
+    unbounded = candidates(val, FACTORS, 2)
+    bounded = candidates(val, FACTORS, 2, train_rows=train, min_train_images=50)
+    # {class c, size small} has 200 val images but 10 training images: out; so has its colour.
+    # {class c, position bottom} keeps its 50 large training images: exactly the bound, in
+    assert (("class", "c"), ("size", "small")) in unbounded
+    assert set(unbounded) - set(bounded) == {(("class", "c"), ("size", "small")),
+                                             (("colour", "green"), ("size", "small"))}
+    assert (("class", "c"), ("position", "bottom")) in bounded
+    # no bound without training rows asked for: the val images decide alone
+    assert candidates(val, FACTORS, 2, train_rows=train) == unbounded
+
+
+def test_the_draw_takes_one_count_per_arity_and_keeps_every_entry_when_they_differ():
+    data = rows()
+    drawn = list(draw(data, FACTORS, [2, 3, 4], seed=31))
+    assert [arity for arity, _ in drawn] == [1, 1, 2, 2, 2, 3, 3, 3, 3]
+    # the first arity's draw is the one a single count makes: the rng is used arity by arity
+    assert drawn[:2] == list(draw(data, FACTORS, 2, seed=31))[:2]
+    with pytest.raises(ValueError, match="one count or one per arity"):
+        list(draw(data, FACTORS, [2, 3], seed=31))
+    assert interleaved([["a1", "a2"], ["b1", "b2", "b3"], ["c1"]]) == ["a1", "b1", "c1", "a2", "b2", "b3"]
+
+
+def test_a_draw_excluding_the_slices_drawn_before_never_draws_them_again():
+    data = rows()
+    first = [key for _, key in draw(data, FACTORS, [0, 0, 10], seed=31)]
+    # the same slices written in another order of their conditions are the same slices
+    written = [tuple(reversed(key)) for key in first]
+    more = [key for _, key in draw(data, FACTORS, [0, 0, 10], seed=32, exclude=written)]
+    assert len(more) == 10 and not set(more) & set(first)
+    pool = candidates(data, FACTORS, 3)
+    with pytest.raises(ValueError, match=f"only {len(pool) - 10} candidate slices of arity 3"):
+        list(draw(data, FACTORS, [0, 0, len(pool)], seed=32, exclude=written))
