@@ -1,6 +1,6 @@
 """The planted-slice family relabels (or removes) exactly its seeded share of the slice's training
 images and nothing else, nested across strengths; a bad slice is one clear error naming the valid
-factors or values; the slices suite is the demo plus held-out models and 48 planted slices."""
+factors or values; the slices suite is the demo plus held-out models and 72 planted slices."""
 import numpy as np
 import pytest
 
@@ -202,20 +202,20 @@ def test_a_slice_without_val_images_fails_before_any_model_trains(tmp_path):
     assert not list(runs.glob("store/models/*")), "nothing was trained"
 
 
-def test_the_slices_suite_is_the_demo_with_held_out_models_and_48_planted_slices():
+def test_the_slices_suite_is_the_demo_with_held_out_models_and_72_planted_slices():
     demo, slices = load_suite("demo"), load_suite("slices")
     assert [s.key for s in slices.references] == [s.key for s in demo.references]
     assert [s.key for s in slices.anomalies[:len(demo.anomalies)]] == [s.key for s in demo.anomalies]
     assert len(slices.held_out) == 8
     planted_models = [s for s in slices.anomalies if s.family == "planted_slice"]
-    assert len(planted_models) == 48
+    assert len(planted_models) == 72
     assert {s.params["strength"] for s in planted_models} == {0.75, 1.0}
-    # one seed per slice, shared by its two strengths (so they nest); 8 slices per arity
+    # one seed per slice, shared by its two strengths (so they nest); 8, 12 and 16 per arity
     by_slice = {}
     for spec in planted_models:
         by_slice.setdefault(tuple(spec.params["slice"].items()), set()).add(spec.seed)
-    assert len(by_slice) == 24 and all(len(seeds) == 1 for seeds in by_slice.values())
-    assert sorted(len(conditions) for conditions in by_slice) == [1] * 8 + [2] * 8 + [3] * 8
+    assert len(by_slice) == 36 and all(len(seeds) == 1 for seeds in by_slice.values())
+    assert sorted(len(conditions) for conditions in by_slice) == [1] * 8 + [2] * 12 + [3] * 16
     # arity 1 with the family's defaults; conjunctions relabelled to one class, shown 4 times
     for spec in planted_models:
         conjunction = len(spec.params["slice"]) > 1
