@@ -142,14 +142,19 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
-def main(args: argparse.Namespace) -> None:
-    world = build_world(load_suite(args.suite).world, runs_root=args.runs_dir)
+def factor_rows(suite: str, runs_dir) -> tuple[list[str], list[dict[str, str]], list[dict[str, str]]]:
+    """The factors of a suite's world, and each val and training image's values of them."""
+    world = build_world(load_suite(suite).world, runs_root=runs_dir)
     val, train = world.split("val"), world.split("train")
-    rows = [world.image_factors(val, i) for i in range(len(val))]
-    train_rows = [world.image_factors(train, i) for i in range(len(train))]
+    return (list(world.factors()), [world.image_factors(val, i) for i in range(len(val))],
+            [world.image_factors(train, i) for i in range(len(train))])
+
+
+def main(args: argparse.Namespace) -> None:
+    factors, rows, train_rows = factor_rows(args.suite, args.runs_dir)
     entries: dict[int, list[str]] = {}
     per_arity = args.per_arity[0] if len(args.per_arity) == 1 else args.per_arity
-    for index, (arity, drawn) in enumerate(draw(rows, list(world.factors()), per_arity, args.seed,
+    for index, (arity, drawn) in enumerate(draw(rows, factors, per_arity, args.seed,
                                                 train_rows=train_rows,
                                                 min_train_images=args.min_train_images,
                                                 exclude=planted_slices(args.exclude))):

@@ -6,7 +6,8 @@ import itertools
 import numpy as np
 import pytest
 
-from counteraudit.anomalies.slice_draw import candidates, draw, interleaved
+from counteraudit.anomalies.slice_draw import candidates, draw, factor_rows, interleaved
+from counteraudit.train.core.suite import load_suite
 
 FACTORS = ["class", "colour", "position", "size"]
 
@@ -110,3 +111,19 @@ def test_a_draw_excluding_the_slices_drawn_before_never_draws_them_again():
     pool = candidates(data, FACTORS, 3)
     with pytest.raises(ValueError, match=f"only {len(pool) - 10} candidate slices of arity 3"):
         list(draw(data, FACTORS, [0, 0, len(pool)], seed=32, exclude=written))
+
+
+def test_the_slices_suites_entries_are_the_two_draws_the_file_names(tmp_path):
+    """slices.toml's planted slices and seeds are its two commands' output: seed 31's 8, 12 and
+    12 per arity, then seed 32's 4 more of arity 3 from the candidates the first left."""
+    factors, val, train = factor_rows("demo", tmp_path / "runs")
+    first = list(draw(val, factors, [8, 12, 12], seed=31, train_rows=train, min_train_images=150))
+    more = list(draw(val, factors, [0, 0, 4], seed=32, train_rows=train, min_train_images=150,
+                     exclude=[drawn for _, drawn in first]))
+    expected = {frozenset(drawn): 3100 + index for index, (_, drawn) in enumerate(first)}
+    expected |= {frozenset(drawn): 3132 + index for index, (_, drawn) in enumerate(more)}
+    planted = {}  # a suite stores a slice's conditions sorted by factor name
+    for spec in load_suite("slices").anomalies:
+        if spec.family == "planted_slice":
+            planted.setdefault(frozenset(spec.params["slice"].items()), set()).add(spec.seed)
+    assert planted == {drawn: {seed} for drawn, seed in expected.items()}
