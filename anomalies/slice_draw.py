@@ -76,7 +76,8 @@ def draw(rows: list[dict[str, str]], factors: list[str], per_arity: int | Sequen
     """(arity, slice) for ``per_arity`` slices of each arity (one count, or one per arity), in
     the order drawn; the slices in ``exclude`` (drawn before) are not candidates."""
     excluded = {frozenset(drawn) for drawn in exclude}
-    counts = [per_arity] * len(arities) if isinstance(per_arity, int) else list(per_arity)
+    counts = [per_arity] if isinstance(per_arity, int) else list(per_arity)
+    counts = counts * len(arities) if len(counts) == 1 else counts
     if len(counts) != len(arities):
         raise ValueError(f"--per-arity takes one count or one per arity ({len(arities)}), "
                          f"not {len(counts)}")
@@ -150,11 +151,17 @@ def factor_rows(suite: str, runs_dir) -> tuple[list[str], list[dict[str, str]], 
             [world.image_factors(train, i) for i in range(len(train))])
 
 
+def interleaved(groups) -> list:
+    """The arities' entries interleaved (the first of each, then the second of each...), the
+    order a run trains them in, so a run cut short holds every arity; a longer group's remainder
+    comes last."""
+    return [entry for row in itertools.zip_longest(*groups) for entry in row if entry is not None]
+
+
 def main(args: argparse.Namespace) -> None:
     factors, rows, train_rows = factor_rows(args.suite, args.runs_dir)
     entries: dict[int, list[str]] = {}
-    per_arity = args.per_arity[0] if len(args.per_arity) == 1 else args.per_arity
-    for index, (arity, drawn) in enumerate(draw(rows, factors, per_arity, args.seed,
+    for index, (arity, drawn) in enumerate(draw(rows, factors, args.per_arity, args.seed,
                                                 train_rows=train_rows,
                                                 min_train_images=args.min_train_images,
                                                 exclude=planted_slices(args.exclude))):
@@ -172,12 +179,6 @@ def main(args: argparse.Namespace) -> None:
             arity, conditions, args.first_seed + index, counts, args.strength or [0.75, 1.0], options))
     print("\n".join(interleaved(entries.values())))
 
-
-def interleaved(groups) -> list:
-    """The arities' entries interleaved (the first of each, then the second of each...), the
-    order a run trains them in, so a run cut short holds every arity; a longer group's remainder
-    comes last."""
-    return [entry for row in itertools.zip_longest(*groups) for entry in row if entry is not None]
 
 if __name__ == "__main__":
     main(get_args_parser().parse_args())
