@@ -1,0 +1,32 @@
+"""The training roofline benchmark (evaluate/benchmarks/training_roofline.py) names the operators
+torch's profiler reports for the trainer's step, so its shares are the step's, not "other"."""
+from __future__ import annotations
+
+from torch.profiler import profile
+
+from counteraudit.evaluate.benchmarks.training_roofline import (OPERATOR_CLASSES, seconds_by_class,
+                                                                 step_flops, training_step)
+
+
+def test_the_steps_kernels_fall_in_their_classes_and_its_flops_are_the_models():
+    step, normalised = training_step(batch=4, size=32)
+    with profile() as profiler:
+        step()
+    reported = {event.key for event in profiler.key_averages()}
+    # A torch that renamed the kernels doing the work would move them to "other", and the table
+    # would say nothing: each class's main kernels must be among what the profiler reports.
+    for kind, kernels in {"convolution": ("aten::mkldnn_convolution", "aten::convolution_backward"),
+                          "batch norm": ("aten::native_batch_norm",
+                                         "aten::native_batch_norm_backward"),
+                          "elementwise and optimizer": ("aten::threshold_backward",)}.items():
+        for kernel in kernels:
+            assert kernel in reported and kernel in OPERATOR_CLASSES[kind], (kernel, sorted(reported))
+    shares = seconds_by_class(step, steps=1)
+    assert all(shares[kind] > 0 for kind in OPERATOR_CLASSES), shares
+    # small_resnet's forward is 20.7 MFLOP a 64-px image (train/architectures.py), so a 32-px one
+    # a quarter of it; a training step (forward, input and weight gradients) about three times that.
+    per_image = step_flops(step) / 4
+    assert 3 * 20.7e6 / 4 * 0.9 < per_image < 3 * 20.7e6 / 4 * 1.1, per_image
+    # every BatchNorm2d of the model, once each: the stem's and three per block of the 7, and each
+    # stage's downsampling
+    assert len(normalised) == 1 + 3 * 7 + 4
