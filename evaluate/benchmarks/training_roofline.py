@@ -33,7 +33,6 @@ import counteraudit.train  # noqa: E402, F401, I001
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -41,7 +40,7 @@ from torch import nn
 from torch.profiler import profile
 from torch.utils.flop_counter import FlopCounterMode
 
-from counteraudit.evaluate.benchmarks import benchmark_parser
+from counteraudit.evaluate.benchmarks import benchmark_parser, interleaved_seconds
 from counteraudit.train.architectures import SmallResNet
 from counteraudit.train.core import numerics
 from counteraudit.train.core.command_line import run_cli
@@ -70,13 +69,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
 
 
 def median_seconds(function: Callable[[], object], repeats: int) -> float:
-    function()  # first-call kernel set-up and allocations
-    seconds = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        function()
-        seconds.append(time.perf_counter() - started)
-    return statistics.median(seconds)
+    """The median of ``repeats`` timed calls, after a warm-up call."""
+    return statistics.median(interleaved_seconds({"call": function}, repeats)["call"])
 
 
 def training_step(batch: int, size: int) -> tuple[Callable[[], None], list[torch.Tensor]]:
