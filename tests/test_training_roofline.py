@@ -2,14 +2,23 @@
 torch's profiler reports for the trainer's step, so its shares are the step's, not "other"."""
 from __future__ import annotations
 
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 from torch.profiler import profile
 
 from counteraudit.evaluate.benchmarks.training_roofline import (OPERATOR_CLASSES, seconds_by_class,
                                                                  step_flops, training_step)
 
+SCRIPT = Path(__file__).resolve().parents[1] / "evaluate" / "benchmarks" / "training_roofline.py"
+
 
 def test_the_steps_kernels_fall_in_their_classes_and_its_flops_are_the_models():
-    step, normalised = training_step(batch=4, size=32)
+    step, normalised, _ = training_step(batch=4, size=32)
     with profile() as profiler:
         step()
     reported = {event.key for event in profiler.key_averages()}
@@ -30,3 +39,20 @@ def test_the_steps_kernels_fall_in_their_classes_and_its_flops_are_the_models():
     # every BatchNorm2d of the model, once each: the stem's and three per block of the 7, and each
     # stage's downsampling
     assert len(normalised) == 1 + 3 * 7 + 4
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc thresholds")
+def test_the_step_is_timed_with_its_memory_reused_as_the_trainer_reuses_it():
+    # glibc's defaults give a short-lived process's activations back to the kernel each step,
+    # which faults them in again: a step the trainer's long-running process does not take
+    def printed(*options: str) -> tuple[str, int]:
+        done = subprocess.run([sys.executable, str(SCRIPT), "--batch-size", "16", "--repeats", "1",
+                               *options], capture_output=True, text=True, check=True)
+        header = next(line for line in done.stdout.splitlines() if line.startswith("CPU:"))
+        step = next(line for line in done.stdout.splitlines() if line.startswith("step:"))
+        return header, int(re.search(r"(\d+) page faults", step).group(1))
+
+    header, faults = printed()
+    assert header.endswith("memory reused") and faults < 100, (header, faults)
+    header, faults = printed("--glibc-malloc-defaults")
+    assert header.endswith("glibc malloc's defaults") and faults > 1000, (header, faults)
