@@ -25,6 +25,7 @@ import counteraudit.train  # noqa: E402, F401, I001
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,13 +80,26 @@ def measure(suite: Suite, runs_root: str | Path | None,
             "sha256": {name: file_sha256(path) for name, path in files.items() if path.is_file()}}
 
 
-def differences(expected: dict[str, Any], measured: dict[str, Any]) -> list[str]:
-    """One line per file whose digest differs from the expected one (or is not expected)."""
+def writing_command(name: str, suite: Suite, runs_root: str | Path | None,
+                    only_methods: list[str] | None = None) -> str:
+    """The command that writes a digested file a run lacks: Table 1's stage for a detection
+    table, Table 2's for a localization one, of the digested methods."""
+    from counteraudit.train.core.artifacts import runs_dir
+
+    script = "localize.py" if name.startswith("tables/localization") else "detect.py"
+    methods = "".join(f" --method {method}" for method in only_methods or [])
+    return f"python evaluate/{script} --suite {suite.name} --runs-dir {runs_dir(runs_root)}{methods}"
+
+
+def differences(expected: dict[str, Any], measured: dict[str, Any],
+                missing_hint: Callable[[str], str]) -> list[str]:
+    """One line per file whose digest differs from the expected one (or is not expected); a file
+    the run lacks says which command writes it (``missing_hint``)."""
     lines = []
     for name in sorted(set(expected["sha256"]) | set(measured["sha256"])):
         want, got = expected["sha256"].get(name), measured["sha256"].get(name)
         if want != got:
-            lines.append(f"  {name}: SHA-256 {got or '(not in this run: run localize.py for Table 2)'}, "
+            lines.append(f"  {name}: SHA-256 {got or f'(not in this run: {missing_hint(name)})'}, "
                          f"expected {want or '(not expected)'}")
     return lines
 
@@ -148,13 +162,15 @@ def main(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"no digest file {args.digests} for the {suite.name} suite; give one "
                                 "with --digests, or write one with: counteraudit reproducibility write")
     expected = read_digests(args.digests) if args.action == "check" else {}
-    measured = measure(suite, args.runs_dir, chosen_methods(args.method, expected, args.digests))
+    methods = chosen_methods(args.method, expected, args.digests)
+    measured = measure(suite, args.runs_dir, methods)
     if args.action == "write":
         atomic_write_json(args.digests, measured, chosen_by_user=True)
         print(f"wrote the digests of {len(measured['sha256'])} files of the {suite.name} suite to {args.digests}")
         return 0
     machine = measured["made_on"]
-    lines = differences(expected, measured)
+    lines = differences(expected, measured,
+                        lambda name: writing_command(name, suite, args.runs_dir, methods))
     if lines:
         made = expected.get("made_on", {})
         print(f"{len(lines)} of {len(expected['sha256'])} files of the {suite.name} suite differ from "

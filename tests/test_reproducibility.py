@@ -11,7 +11,8 @@ from conftest import ONE_PROCESS, REPO, run_in_process, run_script
 
 import pytest
 
-from counteraudit.evaluate.reproducibility import chosen_methods, measure, run_files
+from counteraudit.evaluate.reproducibility import (chosen_methods, differences, measure, run_files,
+                                                 writing_command)
 from counteraudit.evaluate.scoring.stage import tables_dir
 from counteraudit.train.core import numerics
 from counteraudit.train.core.suite import load_suite
@@ -71,3 +72,21 @@ def test_a_digest_files_methods_must_be_registered_names(methods, tmp_path):
     assert chosen_methods(None, {"methods": ["gradcam"]}, digests) == ["gradcam"]
     assert chosen_methods(["outputs_only"], {"methods": methods}, digests) == ["outputs_only"]
     assert chosen_methods(None, {}, digests) is None
+
+
+def test_a_table_the_run_lacks_is_named_with_the_command_that_writes_it(tmp_path):
+    """A digest file of a --method run covers that run's tables: the check that finds one missing
+    says which stage writes it and with which methods, not just 'run localize.py'."""
+    suite = load_suite("quick")
+    expected = {"sha256": {"tables/detection-per-model-l2.csv": "a" * 64,
+                           "tables/localization-per-model-l2.csv": "b" * 64,
+                           "weights/reference-00": "c" * 64}}
+    measured = {"sha256": {"weights/reference-00": "c" * 64}}
+    lines = differences(expected, measured,
+                        lambda name: writing_command(name, suite, tmp_path, ["gradcam", "outputs_only"]))
+    methods = "--method gradcam --method outputs_only"
+    assert lines == [
+        f"  tables/detection-per-model-l2.csv: SHA-256 (not in this run: python evaluate/detect.py "
+        f"--suite quick --runs-dir {tmp_path} {methods}), expected {'a' * 64}",
+        f"  tables/localization-per-model-l2.csv: SHA-256 (not in this run: python "
+        f"evaluate/localize.py --suite quick --runs-dir {tmp_path} {methods}), expected {'b' * 64}"]
