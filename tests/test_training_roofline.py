@@ -18,7 +18,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "evaluate" / "benchmarks" / "trai
 
 
 def test_the_steps_kernels_fall_in_their_classes_and_its_flops_are_the_models():
-    step, normalised, _ = training_step(batch=4, size=32)
+    step, normalised = training_step(batch=4, size=32)
     with profile() as profiler:
         step()
     reported = {event.key for event in profiler.key_averages()}
@@ -44,15 +44,18 @@ def test_the_steps_kernels_fall_in_their_classes_and_its_flops_are_the_models():
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc thresholds")
 def test_the_step_is_timed_with_its_memory_reused_as_the_trainer_reuses_it():
     # glibc's defaults give a short-lived process's activations back to the kernel each step,
-    # which faults them in again: a step the trainer's long-running process does not take
+    # which faults them in again: a step the trainer's long-running process does not take. At the
+    # demo's batch of 64 (the default) glibc faulted 7,000-20,000 pages a step in every run; at 16
+    # its moving threshold sometimes settles, and a step faults only a few hundred. Memory reused,
+    # a step faulted 0-171 pages.
     def printed(*options: str) -> tuple[str, int]:
-        done = subprocess.run([sys.executable, str(SCRIPT), "--batch-size", "16", "--repeats", "1",
-                               *options], capture_output=True, text=True, check=True)
+        done = subprocess.run([sys.executable, str(SCRIPT), "--repeats", "1", *options],
+                              capture_output=True, text=True, check=True)
         header = next(line for line in done.stdout.splitlines() if line.startswith("CPU:"))
         step = next(line for line in done.stdout.splitlines() if line.startswith("step:"))
         return header, int(re.search(r"(\d+) page faults", step).group(1))
 
     header, faults = printed()
-    assert header.endswith("memory reused") and faults < 100, (header, faults)
+    assert header.endswith("memory reused") and faults < 1000, (header, faults)
     header, faults = printed("--glibc-malloc-defaults")
-    assert header.endswith("glibc malloc's defaults") and faults > 1000, (header, faults)
+    assert header.endswith("glibc malloc's defaults") and faults > 5000, (header, faults)

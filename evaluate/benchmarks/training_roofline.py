@@ -23,8 +23,8 @@ epochs, another model: a change of protocol), not faster kernels. Nothing is wri
 
 The step is measured with its memory reused, as the trainer's long-running process mostly reuses
 it: in this short-lived process glibc malloc's default thresholds hand each step's activations
-back to the kernel, which faults them in again (8,000-11,000 minor page faults a step on the demo's
-step, 12-20% of its time, inside whichever operator first writes a fresh tensor: mostly batch norm
+back to the kernel, which faults them in again (7,000-20,000 minor page faults a step on the demo's
+step, making it 1.1-1.5x slower, inside whichever operator first writes a fresh tensor: mostly batch norm
 and ReLU), while the trainer under the same defaults faulted 2,000-4,000 times a step, averaged
 over its whole process, and ran its epoch at the reused-memory step's speed. So this process fixes
 malloc's thresholds (``mallopt``, glibc only); ``--glibc-malloc-defaults`` measures the faulting
@@ -111,9 +111,9 @@ def median_seconds(function: Callable[[], object], repeats: int) -> float:
     return statistics.median(interleaved_seconds({"call": function}, repeats)["call"])
 
 
-def training_step(batch: int, size: int) -> tuple[Callable[[], None], list[torch.Tensor], nn.Module]:
-    """One SGD step of the demo's model as the trainer takes it (taken once), every tensor its
-    batch norms normalise (recorded by a forward hook, for their sizes), and the model."""
+def training_step(batch: int, size: int) -> tuple[Callable[[], None], list[torch.Tensor]]:
+    """One SGD step of the demo's model as the trainer takes it (taken once), and every tensor its
+    batch norms normalise (recorded by a forward hook, for their sizes)."""
     torch.manual_seed(0)
     model = SmallResNet(10).to(memory_format=torch.channels_last).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
@@ -131,7 +131,7 @@ def training_step(batch: int, size: int) -> tuple[Callable[[], None], list[torch
     step()
     for hook in hooks:
         hook.remove()
-    return step, normalised, model
+    return step, normalised
 
 
 def step_flops(step: Callable[[], None]) -> int:
@@ -175,7 +175,7 @@ def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     memory = "glibc malloc's defaults" if args.glibc_malloc_defaults else (
         "memory reused" if reuse_freed_memory() else "memory reuse unavailable (not glibc)")
-    step, normalised, _ = training_step(args.batch_size, args.image_size)
+    step, normalised = training_step(args.batch_size, args.image_size)
     flops = step_flops(step)
     seconds = median_seconds(step, args.repeats)
     faults = page_faults_per_call(step)
