@@ -7,11 +7,13 @@
 
 A digest file holds the SHA-256 of every model's weights, the world's cached images and the
 suite's per-model Tables 1 and 2 and per-model verdicts (the files a verdict rests on), with the
-machine and numeric mode that made them, and the methods when the run had --method. ``check``
-compares a run with it and names each file that differs, with both digests and this machine's
-instruction set: in portable numerics (the default) a mismatch is a bug or a change of the code,
-never the CPU (train/README.md, "Portable numerics"). CI checks the quick suite's on whatever
-CPU runs it.
+machine and numeric mode that made them, the methods when the run had --method, and each model's
+key. ``check`` compares a run with it and names each file that differs, with both digests and this
+machine's instruction set: in portable numerics (the default) a mismatch is a bug or a change of
+the code, never the CPU (train/README.md, "Portable numerics"). A model whose key differs is named
+first: the store holds it as another model, and what is drawn from its key (Caricatures' per-model
+noise) is drawn again, so its tables may differ with the same weights. CI checks the quick suite's
+on whatever CPU runs it, and the tests check that every shipped file's keys are this code's.
 """
 from __future__ import annotations
 
@@ -77,7 +79,31 @@ def measure(suite: Suite, runs_root: str | Path | None,
     return {"version": DIGESTS_VERSION, "suite": suite.name,
             **({"methods": list(only_methods)} if only_methods else {}),
             "made_on": {name: facts[name] for name in ("mode", "cpu", "instruction_set", "torch", "numpy")},
+            "model_keys": model_keys(suite),
             "sha256": {name: file_sha256(path) for name, path in files.items() if path.is_file()}}
+
+
+def model_keys(suite: Suite) -> dict[str, str]:
+    """Each model's key (its store folder, and the seed of what is drawn per model), by name."""
+    return {spec.name: spec.key for spec in suite.models}
+
+
+def key_differences(expected: dict[str, Any], keys: dict[str, str]) -> list[str]:
+    """One line per model whose key is not the digest file's (none for a file without keys)."""
+    want_keys = expected.get("model_keys")
+    if want_keys is None:
+        return []
+    lines = []
+    for name in sorted(set(want_keys) | set(keys)):
+        want, got = want_keys.get(name), keys.get(name)
+        if want != got:
+            lines.append(f"  model {name}: key {got or '(not in this suite)'}, expected "
+                         f"{want or '(not expected)'}: this code keys it otherwise (its recipe, the "
+                         "numeric mode or the key's form changed), so the store holds it as another "
+                         "model and what is drawn from its key (Caricatures' per-model noise) is "
+                         "drawn again; if the change is meant, run the suite again and write the "
+                         "digests")
+    return lines
 
 
 def writing_command(name: str, suite: Suite, runs_root: str | Path | None,
@@ -93,9 +119,10 @@ def writing_command(name: str, suite: Suite, runs_root: str | Path | None,
 
 def differences(expected: dict[str, Any], measured: dict[str, Any],
                 missing_hint: Callable[[str], str]) -> list[str]:
-    """One line per file whose digest differs from the expected one (or is not expected); a file
-    the run lacks says which command writes it (``missing_hint``)."""
-    lines = []
+    """One line per model whose key differs, then one per file whose digest differs from the
+    expected one (or is not expected); a file the run lacks says which command writes it
+    (``missing_hint``)."""
+    lines = key_differences(expected, measured.get("model_keys", {}))
     for name in sorted(set(expected["sha256"]) | set(measured["sha256"])):
         want, got = expected["sha256"].get(name), measured["sha256"].get(name)
         if want != got:
@@ -125,10 +152,19 @@ def shipped_digests(suite: Suite) -> Path:
 
 
 def read_digests(path: Path) -> dict[str, Any]:
+    """A digest file, from anyone: JSON whose ``model_keys``, where there are some, map names to
+    keys (strings both)."""
     try:
-        return json.loads(path.read_text())
+        digests = json.loads(path.read_text())
     except (OSError, ValueError) as error:
         raise ValueError(f"cannot read the digest file {path}: {error}") from None
+    keys = digests.get("model_keys") if isinstance(digests, dict) else None
+    if keys is not None and not (isinstance(keys, dict)
+                                 and all(isinstance(v, str) for v in [*keys, *keys.values()])):
+        raise ValueError(f"the digest file {path}, key 'model_keys', must map model names to "
+                         f"keys (strings), got {keys!r}; write the file again with: counteraudit "
+                         "reproducibility write")
+    return digests
 
 
 def chosen_methods(given: list[str] | None, expected: dict[str, Any],
@@ -163,7 +199,14 @@ def main(args: argparse.Namespace) -> int:
                                 "with --digests, or write one with: counteraudit reproducibility write")
     expected = read_digests(args.digests) if args.action == "check" else {}
     methods = chosen_methods(args.method, expected, args.digests)
-    measured = measure(suite, args.runs_dir, methods)
+    try:
+        measured = measure(suite, args.runs_dir, methods)
+    except FileNotFoundError as error:
+        rekeyed = key_differences(expected, model_keys(suite)) if args.action == "check" else []
+        if not rekeyed:
+            raise
+        raise FileNotFoundError("\n".join([f"{error}; the digest file {args.digests} keys "
+                                           f"{len(rekeyed)} models otherwise:", *rekeyed])) from None
     if args.action == "write":
         atomic_write_json(args.digests, measured, chosen_by_user=True)
         print(f"wrote the digests of {len(measured['sha256'])} files of the {suite.name} suite to {args.digests}")
@@ -173,7 +216,9 @@ def main(args: argparse.Namespace) -> int:
                         lambda name: writing_command(name, suite, args.runs_dir, methods))
     if lines:
         made = expected.get("made_on", {})
-        print(f"{len(lines)} of {len(expected['sha256'])} files of the {suite.name} suite differ from "
+        keys = len(key_differences(expected, measured["model_keys"]))
+        print(f"{len(lines) - keys} of {len(expected['sha256'])} files"
+              f"{f' and {keys} model keys' if keys else ''} of the {suite.name} suite differ from "
               f"{args.digests} (made on {made.get('cpu')}, {made.get('instruction_set')}, "
               f"{made.get('mode')} numerics, torch {made.get('torch')}); this machine: {machine['cpu']}, "
               f"{machine['instruction_set']}, {machine['mode']} numerics, torch {machine['torch']}:",

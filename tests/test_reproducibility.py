@@ -11,8 +11,10 @@ from conftest import ONE_PROCESS, REPO, run_in_process, run_script
 
 import pytest
 
-from counteraudit.evaluate.reproducibility import (chosen_methods, differences, measure, run_files,
-                                                 writing_command)
+from counteraudit.evaluate.reproducibility import (chosen_methods, differences, get_args_parser,
+                                                 key_differences, measure, model_keys, read_digests,
+                                                 run_files, writing_command)
+from counteraudit.evaluate.reproducibility import main as reproducibility_main
 from counteraudit.evaluate.scoring.stage import tables_dir
 from counteraudit.train.core import numerics
 from counteraudit.train.core.suite import load_suite
@@ -31,6 +33,7 @@ def test_a_run_matches_its_own_digests_and_a_changed_table_is_named(finished_run
             "tables/localization-per-model-l2.csv"} <= names
     assert any(name.startswith("world/") for name in names)
     assert written["made_on"]["mode"] == "portable"
+    assert written["model_keys"] == model_keys(load_suite(suite))
     ok = run_script("evaluate/reproducibility.py", "check", "--digests", digests, "--suite", suite, "--runs-dir", runs)
     assert f"all {len(names)} files of the e2e suite match" in ok
 
@@ -90,3 +93,45 @@ def test_a_table_the_run_lacks_is_named_with_the_command_that_writes_it(tmp_path
         f"--suite quick --runs-dir {tmp_path} {methods}), expected {'a' * 64}",
         f"  tables/localization-per-model-l2.csv: SHA-256 (not in this run: python "
         f"evaluate/localize.py --suite quick --runs-dir {tmp_path} {methods}), expected {'b' * 64}"]
+
+
+@pytest.mark.parametrize("digests", sorted((REPO / "train" / "suites").glob("*.digests.json")),
+                         ids=lambda path: path.name)
+def test_every_shipped_digest_file_keys_its_models_as_this_code_does(digests):
+    """A change of a model's key (its recipe, the numeric tag, the key's form) makes it another
+    model and redraws what is seeded from the key (Caricatures' per-model noise), so the shipped
+    tables would no longer be this code's: the change fails here, not in a user's check."""
+    suite = load_suite(digests.name.removesuffix(".digests.json"))
+    expected = read_digests(digests)
+    assert set(expected["model_keys"]) == {spec.name for spec in suite.models}
+    assert key_differences(expected, model_keys(suite)) == []
+
+
+def test_a_changed_model_key_is_named_before_the_files(tmp_path):
+    """The key lines come first and say why the tables may differ with the same weights; a run
+    whose weights are not where this code keys them says that the digest file keys them otherwise."""
+    suite = load_suite("quick")
+    keys = model_keys(suite)
+    expected = {"model_keys": {**keys, "reference-00": "0" * 10}, "sha256": {"weights/reference-00": "c" * 64}}
+    measured = {"model_keys": keys, "sha256": {"weights/reference-00": "d" * 64}}
+    lines = differences(expected, measured, lambda name: "")
+    assert len(lines) == 2
+    assert lines[0].startswith(f"  model reference-00: key {keys['reference-00']}, expected {'0' * 10}: ")
+    assert "Caricatures' per-model noise" in lines[0]
+    assert lines[1].startswith("  weights/reference-00: SHA-256 " + "d" * 64)
+    assert differences({"sha256": {}}, {"model_keys": keys, "sha256": {}}, lambda name: "") == []
+
+    digests = tmp_path / "quick.digests.json"
+    digests.write_text(json.dumps(expected))
+    with pytest.raises(FileNotFoundError, match=r"(?s)lacks weights/reference-00.*keys 1 models otherwise:\n"
+                                                r"  model reference-00: key "):
+        reproducibility_main(get_args_parser().parse_args(
+            ["check", "--suite", "quick", "--digests", str(digests), "--runs-dir", str(tmp_path / "runs")]))
+
+
+@pytest.mark.parametrize("keys", [["reference-00"], {"reference-00": 3}, {"reference-00": None}])
+def test_a_digest_files_model_keys_must_map_names_to_strings(keys, tmp_path):
+    digests = tmp_path / "theirs.digests.json"
+    digests.write_text(json.dumps({"sha256": {}, "model_keys": keys}))
+    with pytest.raises(ValueError, match=r"theirs\.digests\.json, key 'model_keys'"):
+        read_digests(digests)
