@@ -28,6 +28,14 @@ leaves out the slices a suite already plants, to draw more for it with another s
 printed is one slice with its val and training image counts."""
 from __future__ import annotations
 
+import sys
+
+if __package__ in (None, ""):
+    sys.path.pop(0)
+
+# First, before torch and NumPy load: the numeric mode (train/core/numerics.py).
+import counteraudit.train  # noqa: E402, F401, I001
+
 import argparse
 import itertools
 import json

@@ -11,6 +11,9 @@ stage (and no torch).
 """
 from __future__ import annotations
 
+# First, before torch and NumPy load: the numeric mode (train/core/numerics.py).
+import counteraudit.train  # noqa: F401, I001
+
 import argparse
 import importlib
 import sys

@@ -2,11 +2,13 @@
 a process whose libraries loaded too early starts again rather than compute other bits."""
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from conftest import REPO, write_suite
@@ -127,3 +129,33 @@ def test_a_command_whose_numpy_loaded_too_early_starts_again_once(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["ran, capped: True"]
     assert "starting the command again" in result.stderr
+
+
+def _runnable_modules() -> list[Path]:
+    """Every module of the project that runs as a command (an ``if __name__ == "__main__"``)."""
+    folders = ("anomalies", "evaluate", "explain", "slurm", "train")
+    return sorted(path for folder in folders for path in (REPO / folder).rglob("*.py")
+                  if '__name__ == "__main__"' in path.read_text())
+
+
+def _first_outside_import(path: Path) -> str | None:
+    """The first module-level import of something outside Python's standard library."""
+    for node in ast.parse(path.read_text()).body:
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        outside = [name for name in names if name.split(".")[0] not in sys.stdlib_module_names
+                   and name != "__future__"]
+        if outside:
+            return outside[0]
+    return None
+
+
+@pytest.mark.parametrize("path", _runnable_modules(), ids=lambda path: str(path.relative_to(REPO)))
+def test_every_command_sets_the_numeric_mode_before_numpy_or_torch_loads(path):
+    """Its first import beyond the standard library is counteraudit.train (which sets the mode),
+    so the command runs once, not started again on every AVX-512 machine with a warning (NumPy
+    would otherwise load its AVX-512 loops, as run_cli then finds)."""
+    first = _first_outside_import(path)
+    assert first is None or first == "counteraudit.train" or first.startswith("counteraudit.train."), (
+        f"{path.relative_to(REPO)} imports {first} first; put `import counteraudit.train  # noqa: "
+        "E402, F401, I001` above its other imports, as evaluate/benchmarks/cli_help.py does")

@@ -15,6 +15,14 @@ load on a shared machine falls on both, and prints the ratio. Nothing is written
 """
 from __future__ import annotations
 
+import sys
+
+if __package__ in (None, ""):
+    sys.path.pop(0)
+
+# First, before torch and NumPy load: the numeric mode (train/core/numerics.py).
+import counteraudit.train  # noqa: E402, F401, I001
+
 import argparse
 import contextlib
 import statistics

@@ -12,6 +12,14 @@ made at the same moment, for the ratio (compare ratios, not absolute figures, ac
 """
 from __future__ import annotations
 
+import sys
+
+if __package__ in (None, ""):
+    sys.path.pop(0)
+
+# First, before torch and NumPy load: the numeric mode (train/core/numerics.py).
+import counteraudit.train  # noqa: E402, F401, I001
+
 import argparse
 import tempfile
 import time

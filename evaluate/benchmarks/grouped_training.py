@@ -24,6 +24,14 @@ interleaved rounds. Nothing is written. ``--profile`` prints where one model's s
 """
 from __future__ import annotations
 
+import sys
+
+if __package__ in (None, ""):
+    sys.path.pop(0)
+
+# First, before torch and NumPy load: the numeric mode (train/core/numerics.py).
+import counteraudit.train  # noqa: E402, F401, I001
+
 import argparse
 import copy
 import statistics

@@ -16,6 +16,14 @@ on the demo, hours of CPU; name a few models, or use a small suite.
 """
 from __future__ import annotations
 
+import sys
+
+if __package__ in (None, ""):
+    sys.path.pop(0)
+
+# First, before torch and NumPy load: the numeric mode (train/core/numerics.py).
+import counteraudit.train  # noqa: E402, F401, I001
+
 import argparse
 import statistics
 from dataclasses import replace

@@ -16,6 +16,14 @@ does not depend on them. explain/README.md holds this script's table.
 """
 from __future__ import annotations
 
+import sys
+
+if __package__ in (None, ""):
+    sys.path.pop(0)
+
+# First, before torch and NumPy load: the numeric mode (train/core/numerics.py).
+import counteraudit.train  # noqa: E402, F401, I001
+
 import argparse
 import dataclasses
 import datetime

@@ -10,6 +10,14 @@ function's output on the demo tables stored in tests/data/demo_tables/.
 """
 from __future__ import annotations
 
+import sys
+
+if __package__ in (None, ""):
+    sys.path.pop(0)
+
+# First, before torch and NumPy load: the numeric mode (train/core/numerics.py).
+import counteraudit.train  # noqa: E402, F401, I001
+
 import argparse
 from pathlib import Path
 
