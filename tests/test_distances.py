@@ -190,3 +190,25 @@ def test_half_precision_cache_is_close_and_features_can_be_subset():
     np.testing.assert_allclose(exact.paired(reordered, exact.features(b[[2, 0]])), expected[[2, 0]], atol=1e-7)
     with pytest.raises(ValueError, match="feature_dtype"):
         build_distance("lpips-alex", random_backbone=True, feature_dtype="int8")
+
+
+@pytest.mark.parametrize("name", DISTANCES.names())
+def test_every_distance_gives_the_same_bits_on_any_number_of_threads(name):
+    """A score table must not depend on the machine's cores: at 96 px lpips-squeeze and lpips-vgg
+    summed and convolved otherwise on 3 threads than on 1 until distances ran on one thread. The
+    caller's thread count is left as it was."""
+    options = {"random_backbone": True} if DISTANCES.get(name).needs_weights else {}
+    distance = build_distance(name, **options)
+    images, others = renders(2, size=96, seed=1), renders(2, size=96, seed=2)
+    results = {}
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            features = distance.features(images), distance.features(others)
+            results[threads] = (distance.paired(*features).tobytes(),
+                                distance.pairwise(*features).tobytes())
+            assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+    assert results[1] == results[3]

@@ -35,6 +35,7 @@ import torch
 from counteraudit.evaluate.benchmarks import benchmark_parser
 from counteraudit.evaluate.reporting.tables import to_markdown
 from counteraudit.evaluate.scoring.distances import DISTANCES, build_distance
+from counteraudit.evaluate.scoring.distances.base import DISTANCE_THREADS
 from counteraudit.evaluate.scoring.distances.lpips_features import LPIPSDistance
 from counteraudit.evaluate.scoring.scores import anomaly_scores
 from counteraudit.train.core.artifacts import atomic_write_json
@@ -56,8 +57,6 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="renders per model (50: the paper's detection images)")
     parser.add_argument("--net", default="alex", choices=lpips_nets(),
                         help="LPIPS backbone (alex: the distance the paper scores with)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (1: steady figures on a shared machine)")
     parser.add_argument("--baseline-calls", type=int, default=None,
                         help="time only this many per-pair LPIPS calls and extrapolate; leave "
                              "unset to time them all and compare the two sides' scores")
@@ -150,11 +149,11 @@ def lpips_nets() -> list[str]:
 
 
 def main(args: argparse.Namespace) -> list[dict]:
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(DISTANCE_THREADS)  # both sides on the threads every distance runs on
     warnings.filterwarnings("ignore", category=UserWarning, module="torchvision")
     results = [run(size, args.references, args.anomalous, args.images, args.net, args.seed,
                    args.baseline_calls) for size in (args.size or [64])]
-    print(f"torch {torch.__version__}, {args.threads} CPU thread(s), LPIPS-{args.net} with a "
+    print(f"torch {torch.__version__}, {DISTANCE_THREADS} CPU thread(s), LPIPS-{args.net} with a "
           "random backbone")
     print(to_markdown(pd.DataFrame(results), float_format="{:.3g}"))
     if args.json:

@@ -7,7 +7,10 @@ pass dozens of times; here a distance first turns a batch of rendered images int
 """
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
@@ -68,11 +71,49 @@ class Features:
                         first.image_size)
 
 
+# The CPU threads every distance computes on. Its bits must not depend on the machine's cores: with
+# more threads, ATen splits a sum over an image's values into per-thread partial sums and oneDNN
+# splits some convolutions, so lpips-squeeze and lpips-vgg gave other distances on 2, 3, 4, 8 ...
+# threads than on one (96 px and up; lpips-alex, l2 and ssim the same there). The score stage's
+# workers spread the tables over the cores instead.
+DISTANCE_THREADS = 1
+
+
+@contextmanager
+def distance_threads() -> Iterator[None]:
+    """torch on ``DISTANCE_THREADS`` threads inside, the caller's count restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(DISTANCE_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _on_distance_threads(method: Callable) -> Callable:
+    @functools.wraps(method)
+    def wrapped(*args, **kwargs):
+        with distance_threads():
+            return method(*args, **kwargs)
+    wrapped.on_distance_threads = True
+    return wrapped
+
+
 class Distance(ABC):
-    """An image distance d(z, z'). Subclasses register themselves in ``DISTANCES`` under ``name``."""
+    """An image distance d(z, z'). Subclasses register themselves in ``DISTANCES`` under ``name``.
+
+    ``features``, ``paired`` and ``pairwise`` of every subclass (a plug-in's too) run on
+    ``DISTANCE_THREADS`` CPU threads, so one commit gives the same distances on any machine."""
 
     name: ClassVar[str]
     needs_weights: ClassVar[bool] = False  # True when the distance needs downloadable backbone weights
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in ("features", "paired", "pairwise"):
+            method = cls.__dict__.get(name)
+            if callable(method) and not getattr(method, "on_distance_threads", False):
+                setattr(cls, name, _on_distance_threads(method))
 
     @classmethod
     def available(cls, weights_dir: str | None = None, download: bool = False) -> bool:
