@@ -44,8 +44,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import torch
-
 from counteraudit.anomalies.image_sets import (CLASSES, DETECTION, IMAGE_SET, IMPLANT_DETAILS,
                                                ImageSet, abnormal_recipe, abnormal_set_name,
                                                build_image_sets, classes_set, classes_set_id,
@@ -67,6 +65,7 @@ from counteraudit.train.core.stage import (RunOptions, StageItem, StagePlan, exe
                                            resolved_runs_dir, run_stage)
 from counteraudit.train.core.model_spec import ModelSpec
 from counteraudit.train.core.suite import Suite
+from counteraudit.train.core.threads import torch_threads
 from counteraudit.train.implant_checks import read_implant
 from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds import build_world
@@ -267,16 +266,10 @@ def method_run_context(spec: ModelSpec, device) -> Iterator[None]:
     """Library notices quiet; on the CPU, the model's ``recipe.cpu_threads`` threads (module
     docstring), restored on exit."""
 
-    threads = torch.get_num_threads()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), torch_threads(spec.recipe.cpu_threads if device.type == "cpu" else None):
         for action, message, category in QUIET:
             warnings.filterwarnings(action, message=message, category=category)
-        if device.type == "cpu":
-            torch.set_num_threads(spec.recipe.cpu_threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(threads)
+        yield
 
 
 @contextmanager

@@ -5,7 +5,7 @@ link, and nothing outside the runs folder is read or written. Suites named like 
 own folders are refused when read."""
 from __future__ import annotations
 
-import functools
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from counteraudit.train.core.runs_folder import runs_folder_bound
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.suite_schema import SuiteFileError
 from counteraudit.train.core.command_line import run_cli
-from counteraudit.train.core.stage import StagePlan, run_stage
+from counteraudit.train.core.stage import StageItem, StagePlan, run_stage
 from counteraudit.train.train import get_args_parser as train_parser
 from counteraudit.train.train import main as train_main
 from test_runs_folder_safety import _listing
@@ -115,6 +115,15 @@ def test_a_planted_link_that_leads_outside_is_refused_and_nothing_outside_change
     assert _listing(victim) == before  # nothing written there, not even an empty lock file
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PathItem(StageItem):
+    path: Path
+
+
+def write_in_worker(item: PathItem) -> None:
+    atomic_write_text(item.path, "written by a worker\n")
+
+
 def test_work_items_in_worker_processes_keep_to_the_commands_runs_folder(tmp_path):
     """A stage's items run in spawned workers (--jobs 2) are checked against the runs folder of
     the command that started them, like the command's own writes."""
@@ -122,10 +131,12 @@ def test_work_items_in_worker_processes_keep_to_the_commands_runs_folder(tmp_pat
     victim.mkdir()
     (runs / "suite").mkdir(parents=True)
     (runs / "suite" / "tables").symlink_to(victim)
-    write = functools.partial(atomic_write_text, text="written by a worker\n")
+    suite = load_suite("quick")
     with runs_folder_bound(runs), pytest.raises(ItemsFailedError) as caught:
-        run_stage("probe", write, StagePlan([runs / "suite" / "kept.txt", runs / "suite" / "tables" / "x.txt"]),
-                  ExecutorConfig(local_jobs=2))
+        run_stage("probe", write_in_worker,
+                  StagePlan([runs / "suite" / "kept.txt", runs / "suite" / "tables" / "x.txt"]),
+                  ExecutorConfig(local_jobs=2), item_name=lambda item: str(item.path),
+                  to_items=lambda paths: [PathItem(suite=suite, runs_dir=None, path=path) for path in paths])
     assert caught.value.failed_item_names[0].endswith("x.txt") and len(caught.value.failures) == 1
     assert "outside the runs folder" in caught.value.failures[0].reason
     assert (runs / "suite" / "kept.txt").read_text() == "written by a worker\n"  # the workers ran

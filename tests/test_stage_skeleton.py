@@ -3,35 +3,48 @@ missing, most expensive first, a rerun runs none, and a dry run runs none but sa
 run. The toy stage stores one file per item, as every stage stores its artifacts."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+import torch
+
 from counteraudit.slurm.executor import ExecutorConfig
-from counteraudit.train.core.stage import StageOutcome, plan_stage, run_stage
+from counteraudit.train.core.stage import StageItem, StageOutcome, plan_stage, run_stage
+from counteraudit.train.core.suite import load_suite
 
 COSTS = {"small": 1.0, "large": 3.0, "medium": 2.0}
 
 
-def make_artifact(item: dict) -> dict:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ToyItem(StageItem):
+    name: str
+    path: str
+
+
+def make_artifact(item: ToyItem) -> dict:
     """Work function of the toy stage (module level: picklable, as Slurm needs)."""
-    Path(item["path"]).write_text(json.dumps({"name": item["name"]}))
-    return {"computed": 1, "name": item["name"]}
+    Path(item.path).write_text(json.dumps({"name": item.name}))
+    return {"computed": 1, "name": item.name, "threads": torch.get_num_threads()}
 
 
-def run_toy_stage(folder: Path, dry_run: bool = False) -> StageOutcome:
+def run_toy_stage(folder: Path, dry_run: bool = False, jobs: int = 1, suite=None) -> StageOutcome:
+    suite = suite or load_suite("quick")
     names = list(COSTS)
     plan = plan_stage(names, lambda name: (folder / f"{name}.json").exists(), cost=COSTS.get)
-    return run_stage("toy", make_artifact, plan, ExecutorConfig(local_jobs=1, dry_run=dry_run),
-                     to_items=lambda missing: [{"name": name, "path": str(folder / f"{name}.json")}
+    return run_stage("toy", make_artifact, plan, ExecutorConfig(local_jobs=jobs, dry_run=dry_run),
+                     to_items=lambda missing: [ToyItem(suite=suite, runs_dir=None, name=name,
+                                                       path=str(folder / f"{name}.json"))
                                                for name in missing],
-                     item_name=lambda item: item["name"],
+                     item_name=lambda item: item.name,
                      describe=lambda missing: f"[dry-run] toy: {len(missing)} to make")
 
 
 def test_a_stage_runs_only_what_is_missing_longest_first(tmp_path):
     (tmp_path / "medium.json").write_text("{}")  # stored by an earlier run
     outcome = run_toy_stage(tmp_path)
-    assert [item["name"] for item in outcome.items] == ["large", "small"]
+    assert [item.name for item in outcome.items] == ["large", "small"]
     assert [result["name"] for result in outcome.results] == ["large", "small"]
     assert outcome.total("computed") == 2 and outcome.stored == 1 and not outcome.dry_run
     assert (tmp_path / "medium.json").read_text() == "{}"  # not computed again
@@ -56,3 +69,20 @@ def test_a_dry_run_runs_nothing_and_says_what_it_would_run(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert printed.index("[dry-run] toy: 2 to make") < printed.index("would run 2 items locally")
     assert "    large\n    medium\n" in printed  # longest first
+
+
+@pytest.mark.parametrize(("jobs", "cpu_threads"), [(1, 1), (1, 2), (2, 2)])
+def test_every_item_computes_on_its_suites_threads_not_the_machines(tmp_path, jobs, cpu_threads):
+    """A model's logits on 3 CPU threads were not those on 1, 2 or 8: an item runs on the suite's
+    recipe.cpu_threads whatever the driver, the worker or the Slurm allocation has, and the
+    driver's own count is back afterwards."""
+    quick = load_suite("quick")
+    suite = dataclasses.replace(quick, recipe=dataclasses.replace(quick.recipe, cpu_threads=cpu_threads))
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        outcome = run_toy_stage(tmp_path, jobs=jobs, suite=suite)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+    assert [result["threads"] for result in outcome.results] == [cpu_threads] * 3

@@ -32,6 +32,7 @@ from counteraudit.train.architectures import build_model
 from counteraudit.train.core.artifacts import atomic_write_json, inside_runs, read_json, stable_hash, store_dir
 from counteraudit.train.core import numerics
 from counteraudit.train.core.registries import WORLDS
+from counteraudit.train.core.threads import torch_threads
 
 # Warn when the other precision trains more than this many times faster. Not lower: on one AMD
 # EPYC the probe's fp32 figure alone varied 640-890 images/s from run to run (bf16 1085-1180), so
@@ -52,31 +53,26 @@ def measure_precisions(architecture: str, num_classes: int, image_size: int, bat
     precision's figure is its fastest step. Stops early after ``max_seconds`` of timed rounds (a
     large model on a slow CPU), with at least one round. The caller's RNG and threads are kept.
     """
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            images = torch.rand(batch_size, 3, image_size, image_size).contiguous(
-                memory_format=torch.channels_last)
-            labels = torch.randint(num_classes, (batch_size,))
-            precisions = {"fp32": contextlib.nullcontext,
-                          "bf16": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}
-            steps_of = {name: _training_step(architecture, num_classes, images, labels, autocast)
-                        for name, autocast in precisions.items()}
-            for step in steps_of.values():
-                step()  # warm-up
-            best = {name: math.inf for name in steps_of}
-            started = time.perf_counter()
-            for _ in range(steps):
-                for name, step in steps_of.items():
-                    tic = time.perf_counter()
-                    step()
-                    best[name] = min(best[name], time.perf_counter() - tic)
-                if time.perf_counter() - started > max_seconds:
-                    break
-    finally:
-        torch.set_num_threads(previous_threads)
+    with torch_threads(threads), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        images = torch.rand(batch_size, 3, image_size, image_size).contiguous(
+            memory_format=torch.channels_last)
+        labels = torch.randint(num_classes, (batch_size,))
+        precisions = {"fp32": contextlib.nullcontext,
+                      "bf16": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}
+        steps_of = {name: _training_step(architecture, num_classes, images, labels, autocast)
+                    for name, autocast in precisions.items()}
+        for step in steps_of.values():
+            step()  # warm-up
+        best = {name: math.inf for name in steps_of}
+        started = time.perf_counter()
+        for _ in range(steps):
+            for name, step in steps_of.items():
+                tic = time.perf_counter()
+                step()
+                best[name] = min(best[name], time.perf_counter() - tic)
+            if time.perf_counter() - started > max_seconds:
+                break
     return {"fp32_images_per_second": batch_size / best["fp32"],
             "bf16_images_per_second": batch_size / best["bf16"],
             "architecture": architecture, "num_classes": num_classes, "image_size": image_size,

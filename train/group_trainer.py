@@ -43,6 +43,7 @@ from counteraudit.train.checkpoint import (SPEC_NAME, finite_weights, is_trained
                                            read_metrics, save_training_state, training_lock)
 from counteraudit.train.core.artifacts import atomic_write_json, derive_seed
 from counteraudit.train.core.model_spec import ModelSpec
+from counteraudit.train.core.threads import torch_threads
 from counteraudit.train.grouped import (GroupedClassifier, MemberView,
                                         load_member_optimizer_states, member_optimizer_state)
 from counteraudit.train.training_parts import (EpochMeter, Processes, TrainingProgress, build_family,
@@ -96,27 +97,22 @@ def train_group(specs: Sequence[ModelSpec], directories: Sequence[Path], world: 
                 or spec.architecture != specs[0].architecture:
             raise ValueError(f"{spec.name} cannot share a group with {specs[0].name}: grouped "
                              "models need one world, architecture and recipe")
-    threads = torch.get_num_threads()
-    if device.type == "cpu":
-        torch.set_num_threads(recipe.cpu_threads)
-    try:
-        with contextlib.ExitStack() as locks:
-            if lock:  # in one order, so two processes locking overlapping groups never deadlock
-                for directory in sorted(set(map(str, directories))):
-                    locks.enter_context(training_lock(Path(directory)))
-            results: dict[str, dict[str, Any]] = {}
-            members = []
-            for spec, directory in zip(specs, directories):
-                if is_trained(directory):
-                    results[spec.key] = read_metrics(directory)
-                elif spec.key not in {member.spec.key for member in members}:
-                    members.append(_member(spec, Path(directory), world))
-            for group in subgroups(members, recipe.group_size):
-                results.update(_train_members(group, recipe.group_size, world, device, progress,
-                                              stop_after_epoch))
-            return [results[spec.key] for spec in specs]
-    finally:
-        torch.set_num_threads(threads)
+    with torch_threads(recipe.cpu_threads if device.type == "cpu" else None), \
+            contextlib.ExitStack() as locks:
+        if lock:  # in one order, so two processes locking overlapping groups never deadlock
+            for directory in sorted(set(map(str, directories))):
+                locks.enter_context(training_lock(Path(directory)))
+        results: dict[str, dict[str, Any]] = {}
+        members = []
+        for spec, directory in zip(specs, directories):
+            if is_trained(directory):
+                results[spec.key] = read_metrics(directory)
+            elif spec.key not in {member.spec.key for member in members}:
+                members.append(_member(spec, Path(directory), world))
+        for group in subgroups(members, recipe.group_size):
+            results.update(_train_members(group, recipe.group_size, world, device, progress,
+                                          stop_after_epoch))
+        return [results[spec.key] for spec in specs]
 
 
 def subgroups(members: Sequence[Member], size: int) -> list[list[Member]]:

@@ -42,6 +42,7 @@ from counteraudit.train.checkpoint import (CHECKPOINT_EVERY_EPOCHS, CHECKPOINT_N
                                            save_training_state, training_lock)
 from counteraudit.train.core.model_spec import ModelSpec, REFERENCE
 from counteraudit.train.core.published_recipes import provenance
+from counteraudit.train.core.threads import torch_threads
 from counteraudit.train.core.weights import load_backbone_weights, load_weights_only
 from counteraudit.train.training_parts import (EpochMeter, Processes, TrainingProgress,
                                                build_family, diverged_error,
@@ -123,17 +124,11 @@ def train_model(spec: ModelSpec, directory: str | Path, world: World | None = No
     # One process trains a model at a time (two suites' runs may need it at once); the ranks of
     # one distributed run train it together, so they take no lock (they would wait on each other).
     lock = training_lock(directory) if distributed_rank_and_size()[1] == 1 else contextlib.nullcontext()
-    threads = torch.get_num_threads()
-    if device.type == "cpu":
-        torch.set_num_threads(spec.recipe.cpu_threads)
-    try:
-        with lock:
-            if is_trained(directory):  # trained by the process this one waited for
-                return read_metrics(directory)
-            return _train(spec, directory, world, device, progress, stop_after_epoch, runs_root,
-                          emulate_processes)
-    finally:
-        torch.set_num_threads(threads)
+    with torch_threads(spec.recipe.cpu_threads if device.type == "cpu" else None), lock:
+        if is_trained(directory):  # trained by the process this one waited for
+            return read_metrics(directory)
+        return _train(spec, directory, world, device, progress, stop_after_epoch, runs_root,
+                      emulate_processes)
 
 
 def _train(spec: ModelSpec, directory: Path, world: World | None, device: torch.device,

@@ -41,6 +41,7 @@ from counteraudit.train.core.artifacts import (atomic_write_json, read_json, sta
                                                store_dir)
 from counteraudit.train.core.keyed_store import as_stored
 from counteraudit.train.core.payloads import json_fields, read_json_object
+from counteraudit.train.core.threads import torch_threads
 from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds.synthetic_images import map_in_processes
 
@@ -83,12 +84,14 @@ def evaluate_every_subdomain(auditor, model, world) -> dict[str, Any]:
 
 
 def exhaustive_table(suite, spec, world, auditor, runs_root, device=None) -> dict[str, Any]:
-    """The stored reference of one model (evaluated now when missing)."""
+    """The stored reference of one model (evaluated now when missing, on the suite's
+    ``recipe.cpu_threads``, as a work item would be: train/core/threads.py)."""
     key = exhaustive_key(auditor, spec, suite.world, world)
     directory = exhaustive_dir(runs_root, key)
     if not EXHAUSTIVE_TABLE.is_stored(directory, key):
         model = load_trained_model(model_dir(runs_root, spec), spec, world, pick_device(device))
-        table = evaluate_every_subdomain(auditor, model, world)
+        with torch_threads(suite.recipe.cpu_threads):
+            table = evaluate_every_subdomain(auditor, model, world)
         EXHAUSTIVE_TABLE.save(directory, key, lambda path: atomic_write_json(path, table))
     return {**read_json(EXHAUSTIVE_TABLE.payload_path(directory)), "key": key}
 

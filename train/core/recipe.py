@@ -31,12 +31,13 @@ class Recipe:
         "epochs of linear warmup, at most epochs (0: none, the paper's)"))] = 0.0
     eval_batch_size: Annotated[int, Field(ge=1, le=bounds.BATCH.limit, json_schema_extra=bounds.BATCH.extra,
                                           description="images per evaluation batch")] = 100
-    # Intra-op threads for CPU training. Part of the recipe because some CPU kernels reduce in a
-    # thread-dependent order, so the thread count changes the weights' bits: fixing it makes the
-    # same seed give the same weights on any machine and executor. Parallelism comes from
-    # training several models at once (--jobs, Slurm arrays). Ignored on GPUs.
+    # Intra-op threads on a CPU: of each model's training and explanations, and (the suite's
+    # recipe) of every other work item. Part of the recipe because some CPU kernels reduce in a
+    # thread-dependent order, so the thread count changes the bits: fixing it makes the same seed
+    # give the same results on any machine and executor (train/core/threads.py). Parallelism
+    # comes from running several items at once (--jobs, Slurm arrays). Ignored on GPUs.
     cpu_threads: Annotated[int, Field(ge=1, le=bounds.THREADS.limit, json_schema_extra=bounds.THREADS.extra,
-                                      description="threads per CPU training (1)")] = 1
+                                      description="threads per CPU training, explanation or work item (1)")] = 1
     # bfloat16 autocast for CPU training, as the recipe always does on GPUs: 1.8x the fp32
     # throughput of the small ResNet on a CPU with native bf16 (AVX512-BF16 or AMX, e.g. AMD Zen 4,
     # Intel Sapphire Rapids); older CPUs emulate it, so leave it off there. Changes the weights.

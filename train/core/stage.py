@@ -15,6 +15,7 @@ were stored before.
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from counteraudit.train.core.runs_folder import bound_to_runs_folder
 from counteraudit.train.core.plugin_files import sealed_item
 from counteraudit.train.core.model_spec import ModelSpec
 from counteraudit.train.core.suite import Suite
+from counteraudit.train.core.threads import torch_threads
 
 
 @dataclass(frozen=True)
@@ -133,9 +135,20 @@ def run_stage(name: str, work: Callable[[Any], Any], plan: StagePlan, config, *,
               f"[dry-run] stage '{name}': {plan.stored} already stored (not run again), "
               f"{len(plan.missing)} missing", flush=True)
     items = to_items(plan.missing)
-    results = run_items(bound_to_runs_folder(work), items, config, name, item_name=item_name,
-                        space_needed=space_needed)
+    results = run_items(bound_to_runs_folder(functools.partial(on_suite_threads, work)), items,
+                        config, name, item_name=item_name, space_needed=space_needed)
     return StageOutcome(items, results, plan.stored, config.dry_run)
+
+
+def on_suite_threads(work: Callable[[Any], Any], item: StageItem) -> Any:
+    """``work(item)`` on the item's suite's ``recipe.cpu_threads`` CPU threads (the process's
+    count restored after), not on as many as the worker, the driver or the Slurm allocation has:
+    a model's forward pass gave other logits on 3 threads than on 1, 2 or 8 (oneDNN and MKL split
+    their work by the thread count), so an implant figure, a discovery finding or a detector's
+    score would depend on the machine's cores and the --jobs given. Training and explanations
+    then set their model's own count (train/trainer.py, explain/stage.py)."""
+    with torch_threads(item.suite.recipe.cpu_threads):
+        return work(item)
 
 
 def resolved_runs_dir(runs_root) -> str | None:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 
 from counteraudit.train.core.registry import Registry
+from counteraudit.train.core.threads import torch_threads
 
 # Image distances: one module each in this package, imported on the first lookup.
 DISTANCES: Registry = Registry("distance", plugins="counteraudit.evaluate.scoring.distances")
@@ -79,21 +79,10 @@ class Features:
 DISTANCE_THREADS = 1
 
 
-@contextmanager
-def distance_threads() -> Iterator[None]:
-    """torch on ``DISTANCE_THREADS`` threads inside, the caller's count restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(DISTANCE_THREADS)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _on_distance_threads(method: Callable) -> Callable:
     @functools.wraps(method)
     def wrapped(*args, **kwargs):
-        with distance_threads():
+        with torch_threads(DISTANCE_THREADS):
             return method(*args, **kwargs)
     wrapped.on_distance_threads = True
     return wrapped
