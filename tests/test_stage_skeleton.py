@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from counteraudit.slurm.executor import ExecutorConfig
 from counteraudit.train.core.stage import StageItem, StageOutcome, plan_stage, run_stage
@@ -26,7 +27,9 @@ class ToyItem(StageItem):
 def make_artifact(item: ToyItem) -> dict:
     """Work function of the toy stage (module level: picklable, as Slurm needs)."""
     Path(item.path).write_text(json.dumps({"name": item.name}))
-    return {"computed": 1, "name": item.name, "threads": torch.get_num_threads()}
+    pools = {pool["user_api"]: pool["num_threads"] for pool in threadpool_info()}
+    return {"computed": 1, "name": item.name, "threads": torch.get_num_threads(),
+            "blas": pools["blas"], "openmp": pools.get("openmp")}
 
 
 def run_toy_stage(folder: Path, dry_run: bool = False, jobs: int = 1, suite=None) -> StageOutcome:
@@ -73,16 +76,21 @@ def test_a_dry_run_runs_nothing_and_says_what_it_would_run(tmp_path, capsys):
 
 @pytest.mark.parametrize(("jobs", "cpu_threads"), [(1, 1), (1, 2), (2, 2)])
 def test_every_item_computes_on_its_suites_threads_not_the_machines(tmp_path, jobs, cpu_threads):
-    """A model's logits on 3 CPU threads were not those on 1, 2 or 8: an item runs on the suite's
+    """A model's logits on 3 CPU threads were not those on 1, 2 or 8, and scikit-learn's PCA and
+    2-means others on 1 and 2: an item runs torch, BLAS and OpenMP on the suite's
     recipe.cpu_threads whatever the driver, the worker or the Slurm allocation has, and the
-    driver's own count is back afterwards."""
+    driver's own counts are back afterwards."""
     quick = load_suite("quick")
     suite = dataclasses.replace(quick, recipe=dataclasses.replace(quick.recipe, cpu_threads=cpu_threads))
     before = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        outcome = run_toy_stage(tmp_path, jobs=jobs, suite=suite)
-        assert torch.get_num_threads() == 3
+        with threadpool_limits(limits=3, user_api="blas"):
+            outcome = run_toy_stage(tmp_path, jobs=jobs, suite=suite)
+            assert torch.get_num_threads() == 3
+            assert {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"} == {3}
     finally:
         torch.set_num_threads(before)
-    assert [result["threads"] for result in outcome.results] == [cpu_threads] * 3
+    for result in outcome.results:
+        assert (result["threads"], result["blas"]) == (cpu_threads, cpu_threads)
+        assert result["openmp"] in (None, cpu_threads)

@@ -41,7 +41,7 @@ from counteraudit.train.core.artifacts import (atomic_write_json, read_json, sta
                                                store_dir)
 from counteraudit.train.core.keyed_store import as_stored
 from counteraudit.train.core.payloads import json_fields, read_json_object
-from counteraudit.train.core.threads import torch_threads
+from counteraudit.train.core.threads import compute_threads
 from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds.synthetic_images import map_in_processes
 
@@ -90,7 +90,7 @@ def exhaustive_table(suite, spec, world, auditor, runs_root, device=None) -> dic
     directory = exhaustive_dir(runs_root, key)
     if not EXHAUSTIVE_TABLE.is_stored(directory, key):
         model = load_trained_model(model_dir(runs_root, spec), spec, world, pick_device(device))
-        with torch_threads(suite.recipe.cpu_threads):
+        with compute_threads(suite.recipe.cpu_threads):
             table = evaluate_every_subdomain(auditor, model, world)
         EXHAUSTIVE_TABLE.save(directory, key, lambda path: atomic_write_json(path, table))
     return {**read_json(EXHAUSTIVE_TABLE.payload_path(directory)), "key": key}

@@ -60,6 +60,10 @@ NUMPY_ENVIRONMENT = {
                                 "AVX512_ICL AVX512_SPR",
     # NumPy's BLAS (OpenBLAS picks a kernel per CPU model).
     "OPENBLAS_CORETYPE": "Haswell",
+    # and splits a product by its thread count, each split rounding its own way (a float32 product
+    # differed on each of 1, 2, 3, 4 and 8 threads): one thread, whatever the machine has. A work
+    # item runs on its suite's recipe.cpu_threads instead (train/core/threads.py).
+    "OPENBLAS_NUM_THREADS": "1",
 }
 # Part of every portable artifact's key: bump it when a change of the caps changes what is computed.
 PORTABLE_VERSION = 1

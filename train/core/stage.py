@@ -28,7 +28,7 @@ from counteraudit.train.core.runs_folder import bound_to_runs_folder
 from counteraudit.train.core.plugin_files import sealed_item
 from counteraudit.train.core.model_spec import ModelSpec
 from counteraudit.train.core.suite import Suite
-from counteraudit.train.core.threads import torch_threads
+from counteraudit.train.core.threads import compute_threads
 
 
 @dataclass(frozen=True)
@@ -141,13 +141,14 @@ def run_stage(name: str, work: Callable[[Any], Any], plan: StagePlan, config, *,
 
 
 def on_suite_threads(work: Callable[[Any], Any], item: StageItem) -> Any:
-    """``work(item)`` on the item's suite's ``recipe.cpu_threads`` CPU threads (the process's
-    count restored after), not on as many as the worker, the driver or the Slurm allocation has:
-    a model's forward pass gave other logits on 3 threads than on 1, 2 or 8 (oneDNN and MKL split
-    their work by the thread count), so an implant figure, a discovery finding or a detector's
-    score would depend on the machine's cores and the --jobs given. Training and explanations
-    then set their model's own count (train/trainer.py, explain/stage.py)."""
-    with torch_threads(item.suite.recipe.cpu_threads):
+    """``work(item)`` on the item's suite's ``recipe.cpu_threads`` CPU threads, torch's and the
+    BLAS and OpenMP pools' (the process's counts restored after), not on as many as the worker,
+    the driver or the Slurm allocation has: a model's forward pass gave other logits on 3 threads
+    than on 1, 2 or 8, and scikit-learn's PCA and 2-means others on 1 and 2 (train/core/threads.py),
+    so an implant figure, a discovery finding or a detector's score would depend on the machine's
+    cores and the --jobs given. Training and explanations then set their model's own torch count
+    (train/trainer.py, explain/stage.py)."""
+    with compute_threads(item.suite.recipe.cpu_threads):
         return work(item)
 
 

@@ -112,6 +112,9 @@ def split_class(features: np.ndarray, method: str, dims: int, seed: int) -> Clas
 @DETECTORS.register
 class ActivationClustering(Detector):
     name = "activation_clustering"
+    # 2: BLAS and OpenMP on the suite's recipe.cpu_threads, not the machine's cores (its PCA,
+    # 2-means and products rounded by the thread count: train/core/threads.py)
+    version = 2
     needs_training_data = True
     mechanism = "latent separability: 2-means per class"
 

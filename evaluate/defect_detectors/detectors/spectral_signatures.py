@@ -81,6 +81,9 @@ def class_direction(features: np.ndarray) -> ClassDirection:
 @DETECTORS.register
 class SpectralSignatures(Detector):
     name = "spectral_signatures"
+    # 2: BLAS and OpenMP on the suite's recipe.cpu_threads, not the machine's cores (its PCA,
+    # 2-means and products rounded by the thread count: train/core/threads.py)
+    version = 2
     needs_training_data = True
     scores_inputs = True
     mechanism = "latent separability: top singular direction per class"
