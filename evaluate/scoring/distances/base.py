@@ -84,7 +84,6 @@ def _on_distance_threads(method: Callable) -> Callable:
     def wrapped(*args, **kwargs):
         with torch_threads(DISTANCE_THREADS):
             return method(*args, **kwargs)
-    wrapped.on_distance_threads = True
     return wrapped
 
 
@@ -100,8 +99,8 @@ class Distance(ABC):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         for name in ("features", "paired", "pairwise"):
-            method = cls.__dict__.get(name)
-            if callable(method) and not getattr(method, "on_distance_threads", False):
+            method = cls.__dict__.get(name)  # its own: an inherited one is wrapped already
+            if callable(method):
                 setattr(cls, name, _on_distance_threads(method))
 
     @classmethod
