@@ -142,13 +142,15 @@ def load_checked_suite(name_or_path: str | Path) -> Suite:
 
 
 def scoring_suite(name: str, *, distance: str | None = None, p_value: str | None = None,
-                  chunk_images: int | None = None) -> Suite:
+                  chunk_images: int | None = None, model_group: int | None = None) -> Suite:
     """The suite, its plug-in tables checked, with the command line's overrides of what it
-    computes merged in once (--distance, --p-value, --chunk-images; None: the suite's own) and
-    checked as the file's own values are."""
+    computes merged in once (--distance, --p-value, --chunk-images, --model-group; None: the
+    suite's own) and checked as the file's own values are."""
     suite = load_checked_suite(name).with_settings(
-        {"distance": "--distance", "p_value": "--p-value", "chunk_images": "--chunk-images"},
-        evaluate={"distance": distance, "p_value": p_value}, explain={"chunk_images": chunk_images})
+        {"distance": "--distance", "p_value": "--p-value", "chunk_images": "--chunk-images",
+         "model_group": "--model-group"},
+        evaluate={"distance": distance, "p_value": p_value},
+        explain={"chunk_images": chunk_images, "model_group": model_group})
     # the file's own values were checked when it was read: only what the command line changed
     problems = named_problems([distance], DISTANCES, "--distance") if distance else []
     problems += (null_test_problems(suite.settings.references, p_value, "--p-value") if p_value
@@ -209,7 +211,7 @@ def scoring_run(args: argparse.Namespace) -> Prepared:
     suite with its overrides, --method and its parameters, the distance built), with no upstream
     work run: for a script that reads a finished run and runs nothing missing."""
     suite = scoring_suite(args.suite, distance=args.distance, p_value=args.p_value,
-                          chunk_images=args.chunk_images)
+                          chunk_images=args.chunk_images, model_group=args.model_group)
     options = run_options(args)
     distance, source = scoring_distance(suite, options, requested=args.distance is not None)
     names = run_methods(args.method, not args.no_control)

@@ -9,7 +9,7 @@ import argparse
 
 from counteraudit.slurm.executor_config import add_executor_args
 from counteraudit.train.core.command_line import ScriptHelpFormatter, add_common_args
-from counteraudit.train.core.explain_options import CONTROL_METHOD, METHOD_HELP, add_chunk_images_arg, add_method_args
+from counteraudit.train.core.explain_options import CONTROL_METHOD, METHOD_HELP, add_explain_stage_args, add_method_args
 
 
 def pipeline_parser(prog: str, add_help: bool = True) -> argparse.ArgumentParser:
@@ -40,7 +40,7 @@ def add_pipeline_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                              "evaluate/scoring/null_tests/; evaluate/README.md, 'Null models', "
                              "compares them; a name not registered is answered with the list); "
                              "default: the suite's [evaluate] p_value, else the paper's rule alone")
-    add_chunk_images_arg(parser)  # the explain stage's work items
+    add_explain_stage_args(parser)  # the explain stage's work items and model groups
     return parser
 
 

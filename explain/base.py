@@ -240,6 +240,10 @@ class ExplanationMethod(ABC):
     # canvas the method never looks at) and explains each row's class, its label; detection
     # scores those rows, and localization does not apply to it (explain/stage.py, ``sets_for``).
     model_level: ClassVar[bool] = False
+    # True for a method whose ``attribute`` draws no random numbers and whose every forward pass
+    # sees whole copies of its batch, in order: it can explain k models on the same images in one
+    # grouped pass ([explain] model_group; explain/model_groups.py).
+    groups_models: ClassVar[bool] = False
 
     def __init__(self, params: Mapping[str, Any] | Any | None = None):
         self.params = parse_params(self.Params, params, f"method {self.name!r}")

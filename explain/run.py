@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from counteraudit.slurm.executor_config import add_executor_args
 from counteraudit.train.core.command_line import ScriptHelpFormatter, add_common_args, run_cli
-from counteraudit.train.core.explain_options import add_chunk_images_arg, add_method_args
+from counteraudit.train.core.explain_options import add_explain_stage_args, add_method_args
 
 if TYPE_CHECKING:
     from counteraudit.train.core.suite import Suite
@@ -51,7 +51,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="only this model (repeatable); default: every model of the suite")
     parser.add_argument("--device", default=None,
                         help="cpu, cuda or cuda:N; default: cuda when available, else cpu")
-    add_chunk_images_arg(parser)
+    add_explain_stage_args(parser)
     add_executor_args(parser)
     return parser
 
@@ -61,8 +61,9 @@ def explain_overrides(suite: Suite, args: argparse.Namespace) -> Suite:
     in, once."""
     from counteraudit.explain.method_choice import run_methods, with_method_parameters
 
-    suite = suite.with_settings({"chunk_images": "--chunk-images"},
-                                explain={"chunk_images": args.chunk_images})
+    suite = suite.with_settings({"chunk_images": "--chunk-images", "model_group": "--model-group"},
+                                explain={"chunk_images": args.chunk_images,
+                                         "model_group": args.model_group})
     return with_method_parameters(suite, run_methods(args.method, not args.no_control),
                                   args.method_params)
 

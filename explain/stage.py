@@ -29,6 +29,11 @@ and explains only its other images; a chunked run stores them as the parts they 
 the model's ``recipe.cpu_threads`` threads, as training does, since some CPU kernels reduce in a
 thread-dependent order: local, ``--jobs`` and Slurm runs store the same bits.
 
+Model groups. With ``[explain] model_group`` k, a method that can group models
+(``groups_models``) gets items of up to k models each (``grouped_items``), explained in grouped
+passes (explain/model_groups.py) and stored as each model's own results, keyed with the group
+size; everything above holds for them (ranges, shared rows, locks).
+
 Two runs at once (two suites, two shells on one runs folder) compute each result, or part, once:
 it is computed under a lock (``result_lock``, ``part_lock``); the second run to need it waits,
 then finds it stored. A full disk stops the stage at the first write that fails (slurm/executor.py);
@@ -36,10 +41,11 @@ the message says about how much the unfinished items need (``space_needed``).
 """
 from __future__ import annotations
 
+import copy
 import time
 import warnings
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -50,6 +56,7 @@ from counteraudit.anomalies.image_sets import (CLASSES, DETECTION, IMAGE_SET, IM
                                                detection_recipe, localizable, normal_set_name,
                                                same_lineage, set_sizes)
 from counteraudit.explain.base import METHODS, Explanation, ExplanationMethod
+from counteraudit.explain.model_groups import grouped_description, grouping_key, run_models
 from counteraudit.explain.settings import MethodSpec, method_specs
 from counteraudit.explain.store import (ARRAYS_FILE, PARAMS_FILE, VISUALIZATION, concatenate, gather_parts, is_stored,
                                         load_explanation, part_dir, part_key, result_key, row_range,
@@ -176,6 +183,20 @@ def chunk_images(suite: Suite) -> int | None:
     return suite.explain.chunk_images or None
 
 
+def model_group(suite: Suite, method: ExplanationMethod) -> int:
+    """Models per grouped pass of ``method`` in ``suite``: [explain] model_group for a method that
+    can group models (``groups_models``; explain/model_groups.py), else 1 (alone)."""
+    return suite.explain.model_group if method.groups_models else 1
+
+
+def stage_description(suite: Suite, method: ExplanationMethod, architecture: str | None,
+                      batch_size: int | None) -> dict[str, Any]:
+    """What the suite's results of ``method`` record and are keyed by: ``describe``, with the
+    model group a grouped run computes them in."""
+    return grouped_description(method.describe(architecture, batch_size),
+                               model_group(suite, method))
+
+
 def part_size(method: ExplanationMethod, batch_size: int | None, chunk: int) -> int:
     """Images per part: ``chunk`` rounded up to a multiple of the batch size the method runs with.
 
@@ -195,6 +216,16 @@ def image_ranges(count: int, size: int | None) -> list[tuple[int, int]]:
     return [(start, min(start + size, count)) for start in range(0, count, size)]
 
 
+def check_aligned(method: ExplanationMethod, start: int, batch_size: int | None) -> int:
+    """The batch size ``method`` runs with, once ``start`` is checked to be a multiple of it."""
+    batch_size = batch_size or method.default_batch_size
+    if start % batch_size:
+        raise ValueError(f"a range of images starting at {start} is not a multiple of the batch "
+                         f"size {batch_size} of {method.name}; its batches would differ from an "
+                         "unchunked run's (see part_size)")
+    return batch_size
+
+
 def run_range(method: ExplanationMethod, model, images, start: int,
               batch_size: int | None = None, labels=None, model_id: str | None = None
               ) -> Explanation:
@@ -202,11 +233,7 @@ def run_range(method: ExplanationMethod, model, images, start: int,
     those rows of ``method.run`` on the whole set. ``start`` must be a multiple of the batch size
     (see ``part_size``); then the batches hold the same images, and ``first_position`` seeds
     each batch's RNG from its position in the whole set, as the unchunked run does."""
-    batch_size = batch_size or method.default_batch_size
-    if start % batch_size:
-        raise ValueError(f"a range of images starting at {start} is not a multiple of the batch "
-                         f"size {batch_size} of {method.name}; its batches would differ from an "
-                         "unchunked run's (see part_size)")
+    batch_size = check_aligned(method, start, batch_size)
     return method.run(model, images, batch_size, first_position=start, labels=labels,
                       model_id=model_id)
 
@@ -286,7 +313,8 @@ def timed(images: int) -> Iterator[dict[str, float]]:
 @dataclass(frozen=True, kw_only=True)
 class ExplainItem(StageItem):
     """One model and one method: all of the model's image sets (``detection_only``: its detection
-    set), or with ``image_set`` (a chunked run) the images [start, stop) of that set."""
+    set), or with ``image_set`` (a chunked run) the images [start, stop) of that set.
+    ``companions``: models explained with ``model`` in grouped passes ([explain] model_group)."""
     model: str
     method: MethodSpec
     device: str | None = None
@@ -294,10 +322,22 @@ class ExplainItem(StageItem):
     image_set: str | None = None
     start: int = 0
     stop: int = 0
+    companions: tuple[str, ...] = ()
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return (self.model, *self.companions)
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the item's models are explained in grouped passes (even one model alone: its
+        group is filled up, so it gets the bits it has in any group)."""
+        return self.suite.explain.model_group > 1 and METHODS.get(self.method.name).groups_models
 
     @property
     def name(self) -> str:
-        pair = f"{self.model}/{self.method.name}"
+        more = f"+{len(self.companions)}" if self.companions else ""
+        pair = f"{self.model}{more}/{self.method.name}"
         return pair if self.image_set is None else f"{pair}/{self.image_set}/{self.start}-{self.stop}"
 
 
@@ -329,7 +369,17 @@ class _Work:
 
     @property
     def description(self) -> dict[str, Any]:
-        return self.method.describe(self.spec.architecture, self.batch_size)
+        return stage_description(self.suite, self.method, self.spec.architecture, self.batch_size)
+
+    def for_models(self, names: tuple[str, ...]) -> list["_Work"]:
+        """This work for each of the models ``names`` (the first is this one's), sharing its
+        world, image sets and method."""
+        works = [self]
+        for name in names[1:]:
+            other = copy.copy(self)
+            other.spec, other._model = self.suite.model(name), None
+            works.append(other)
+        return works
 
     def run_from(self, image_set: ImageSet, start: int, stop: int | None = None) -> Explanation:
         """The method on images [start, stop) of a set, as rows of the whole set's result."""
@@ -360,6 +410,8 @@ def part_lock(folder: Path, what: str) -> AbstractContextManager[None]:
 
 def explain_one(item: ExplainItem) -> dict[str, int]:
     """Work item: one model, one method, all of that model's image sets (missing ones only)."""
+    if item.grouped:
+        return explain_group(item)
     work = _Work(item)
     counts = {"computed": 0, "stored": 0, "explained_images": 0, "reused_images": 0}
     batch = work.batch_size or work.method.default_batch_size
@@ -389,6 +441,8 @@ def explain_one(item: ExplainItem) -> dict[str, int]:
 def explain_part(item: ExplainItem) -> dict[str, int]:
     """Work item of a chunked run: one model, one method, images [start, stop) of one image set,
     stored as a part (or as the full result when the range is the whole set)."""
+    if item.grouped:
+        return explain_group_part(item)
     work = _Work(item)
     start, stop = item.start, item.stop
     image_set, directory, key = work.target(item.image_set)
@@ -412,6 +466,132 @@ def explain_part(item: ExplainItem) -> dict[str, int]:
     lock = (result_lock(directory, what) if whole
             else part_lock(folder, f"{what}, images {start}-{stop}"))
     return find_or_make(stored, explain_range, lock)
+
+
+def explain_together(works: list[_Work], image_set: ImageSet, start: int,
+                     stop: int | None = None) -> list[Explanation]:
+    """The method on images [start, stop) of a set for each work's model, as rows of the whole
+    set's results: in grouped passes of the suite's model group, each of models that can share a
+    grouped network (``grouping_key``), in the works' order."""
+    lead = works[0]
+    size = model_group(lead.suite, lead.method)
+    batch = check_aligned(lead.method, start, lead.batch_size)
+    images, labels = image_set.tensor()[start:stop], image_set.labels[start:stop]
+    kinds: dict[Any, list[int]] = {}
+    for index, work in enumerate(works):
+        kinds.setdefault(grouping_key(work.model), []).append(index)
+    results: list[Explanation | None] = [None] * len(works)
+    for indices in kinds.values():
+        for first in range(0, len(indices), size):
+            group = indices[first:first + size]
+            explanations = run_models(lead.method, [works[i].model for i in group], images, size,
+                                      batch, first_position=start, labels=labels)
+            for index, explanation in zip(group, explanations):
+                results[index] = explanation
+    return results
+
+
+@contextmanager
+def still_missing(works: list[_Work], missing: list[int], stored: Callable[[int], bool],
+                  lock: Callable[[int], AbstractContextManager[None]]) -> Iterator[list[int]]:
+    """Of the members ``missing``, those still missing once their locks are held (another run
+    may have made some meanwhile); the locks are taken in the order of the works' model keys, so
+    two grouped runs never wait on each other, and held until exit."""
+    with ExitStack() as locks:
+        for index in sorted(missing, key=lambda index: works[index].spec.key):
+            locks.enter_context(lock(index))
+        yield [index for index in missing if not stored(index)]
+
+
+def share_of(timing: dict[str, float], images: int, total: int) -> dict[str, float]:
+    """A member's part of a grouped pass's ``timed`` record: its images, and the pass's seconds
+    in proportion to them."""
+    part = images / total
+    return {"images": images, "seconds": round(timing["seconds"] * part, 3),
+            "cpu_seconds": round(timing["cpu_seconds"] * part, 3)}
+
+
+def explain_group(item: ExplainItem) -> dict[str, int]:
+    """Work item: one method, several models of one architecture, all of their image sets
+    (missing ones only), computed in grouped passes (explain/model_groups.py)."""
+    works = _Work(item).for_models(item.models)
+    lead = works[0]
+    counts = {"computed": 0, "stored": 0, "explained_images": 0, "reused_images": 0}
+    batch = lead.batch_size or lead.method.default_batch_size
+    with method_run_context(lead.spec, lead.device):
+        for set_name in item_sets(lead.suite, lead.spec, lead.method.name, item.detection_only):
+            image_set, count = lead.image_sets[set_name], len(lead.image_sets[set_name].images)
+            targets = [work.target(set_name) for work in works]
+
+            def stored(index: int) -> bool:
+                return is_stored(targets[index][1], targets[index][2])
+
+            def lock(index: int) -> AbstractContextManager[None]:
+                return result_lock(targets[index][1], works[index].what(set_name))
+            missing = [index for index in range(len(works)) if not stored(index)]
+            with still_missing(works, missing, stored, lock) as missing:
+                prefixes = [shared_rows(lead.runs_root, works[index].description,
+                                        works[index].spec.key, image_set, batch)
+                            for index in missing]
+                reused = [0 if prefix is None else len(prefix.targets) for prefix in prefixes]
+                needing = [place for place, rows in enumerate(reused) if rows < count]
+                start = min((reused[place] for place in needing), default=count)
+                with timed(sum(count - rows for rows in reused)) as timing:
+                    fresh = dict(zip(needing, explain_together(
+                        [works[missing[place]] for place in needing], image_set, start)
+                        if needing else []))
+                for place, (index, prefix, rows) in enumerate(zip(missing, prefixes, reused)):
+                    rest = fresh.get(place)
+                    explanation = explain_after(
+                        prefix, count, lambda first, rest=rest: row_range(rest, first - start,
+                                                                          count - start))
+                    _, directory, key = targets[index]
+                    save_explanation(directory, explanation, works[index].spec.key, image_set.id,
+                                     timing=share_of(timing, count - rows, timing["images"])
+                                     if rows < count else None)
+                    gather_parts(directory, key, [])  # removes parts a chunked run may have left
+                counts["computed"] += len(missing)
+                counts["stored"] += len(works) - len(missing)
+                counts["reused_images"] += sum(reused)
+                counts["explained_images"] += sum(count - rows for rows in reused)
+    return counts
+
+
+def explain_group_part(item: ExplainItem) -> dict[str, int]:
+    """Work item of a chunked run: one method, several models of one architecture, images
+    [start, stop) of one image set, computed in grouped passes, each model's stored as a part
+    (or as its full result when the range is the whole set)."""
+    works = _Work(item).for_models(item.models)
+    lead = works[0]
+    start, stop = item.start, item.stop
+    targets = [work.target(item.image_set) for work in works]
+    image_set = targets[0][0]
+    whole = (start, stop) == (0, len(image_set.images))
+
+    def folder(index: int) -> tuple[Path, dict[str, Any]]:
+        _, directory, key = targets[index]
+        return (directory, key) if whole else (part_dir(directory, start, stop),
+                                               part_key(key, start, stop))
+
+    def stored(index: int) -> bool:
+        return is_stored(*targets[index][1:]) or is_stored(*folder(index))
+
+    def lock(index: int) -> AbstractContextManager[None]:
+        what = works[index].what(item.image_set)
+        return (result_lock(targets[index][1], what) if whole
+                else part_lock(folder(index)[0], f"{what}, images {start}-{stop}"))
+    missing = [index for index in range(len(works)) if not stored(index)]
+    with still_missing(works, missing, stored, lock) as missing:
+        if missing:
+            with method_run_context(lead.spec, lead.device), \
+                    timed((stop - start) * len(missing)) as timing:
+                fresh = explain_together([works[index] for index in missing], image_set, start, stop)
+            for index, explanation in zip(missing, fresh):
+                save_explanation(folder(index)[0], explanation, works[index].spec.key,
+                                 image_set.id, image_range=None if whole else (start, stop),
+                                 timing=share_of(timing, stop - start, timing["images"]))
+    return {"computed": len(missing), "stored": len(works) - len(missing),
+            "explained_images": (stop - start) * len(missing)}
 
 
 class MissingResult(NamedTuple):
@@ -457,16 +637,16 @@ def plan_explanations(suite: Suite, methods: list[MethodSpec], specs: list[Model
         method = method_spec.build()
         # A model-level result (one row per class) is small: one part, written whole.
         size = part_size(method, batch_size, chunk) if chunk and not method.model_level else None
-        items_before = len(items)
+        method_items: list[ExplainItem] = []
         for spec in specs:
             cost[(name, spec.name)] = method.passes_per_image(spec.architecture)
-            description = method.describe(spec.architecture, batch_size)
+            description = stage_description(suite, method, spec.architecture, batch_size)
             missing, already = _missing_results(suite, name, description, spec, image_sets,
                                                 runs_root, linked_sets or {}, detection_only)
             item = ExplainItem(suite=suite, runs_dir=resolved_runs_dir(runs_root), device=device,
                                model=spec.name, method=method_spec, detection_only=detection_only)
             if not chunk:  # one item for the (model, method); it counts the stored sets itself
-                items += [item] if missing else []
+                method_items += [item] if missing else []
                 stored += 0 if missing else already
                 continue
             stored += already
@@ -477,14 +657,36 @@ def plan_explanations(suite: Suite, methods: list[MethodSpec], specs: list[Model
                     runs_root, description, spec.key, image_sets[result.image_set],
                     result.directory, result.key, ranges, batch_size or method.default_batch_size)
                 reused += covered
-                items += [replace(item, image_set=result.image_set, start=start, stop=stop)
-                          for start, stop in _parts_to_compute(result, ranges, covered)]
-        if size and size != chunk and len(items) > items_before:
+                method_items += [replace(item, image_set=result.image_set, start=start, stop=stop)
+                                 for start, stop in _parts_to_compute(result, ranges, covered)]
+        items += grouped_items(suite, method, method_items, detection_only)
+        if size and size != chunk and method_items:
             say("explain", f"{name}: parts of {size} images (chunk_images={chunk} rounded up to "
                            f"a multiple of its batch size {batch_size or method.default_batch_size}, "
                            "so its batches are those of an unchunked run)")
-    return ExplainPlan(longest_first(items, lambda item: cost[(item.method.name, item.model)]),
-                       stored, gathers, reused)
+    return ExplainPlan(longest_first(items, lambda item: cost[(item.method.name, item.model)]
+                                     * len(item.models)), stored, gathers, reused)
+
+
+def grouped_items(suite: Suite, method: ExplanationMethod, items: list[ExplainItem],
+                  detection_only: bool) -> list[ExplainItem]:
+    """One method's work items, those of models that can share a grouped pass (one architecture
+    and thread count, the same image sets or range) joined ``model_group`` at a time, in order;
+    unchanged for a method explained alone. The item runs the models that turn out to differ
+    (e.g. in output classes) in separate grouped passes."""
+    size = model_group(suite, method)
+    if size == 1:
+        return items
+    kinds: dict[Any, list[ExplainItem]] = {}
+    for item in items:
+        spec = suite.model(item.model)
+        sets = tuple(item_sets(suite, spec, method.name, detection_only))
+        kind = (spec.architecture, spec.recipe.cpu_threads, sets, item.image_set, item.start,
+                item.stop)
+        kinds.setdefault(kind, []).append(item)
+    return [replace(group[0], companions=tuple(other.model for other in group[1:]))
+            for same in kinds.values()
+            for group in (same[first:first + size] for first in range(0, len(same), size))]
 
 
 def _missing_results(suite: Suite, method: str, description: dict[str, Any], spec: ModelSpec,
@@ -636,14 +838,15 @@ def _images_left(suite: Suite, image_sets: dict[str, ImageSet], runs_root, item:
     """Images a work item has left to explain: its range (a chunked run's part), or the images of
     the sets of its (model, method) that are not stored."""
     if item.image_set is not None:
-        return item.stop - item.start
-    spec = suite.model(item.model)
-    description = item.method.build().describe(spec.architecture, item.method.batch_size)
+        return (item.stop - item.start) * len(item.models)
+    method = item.method.build()
     left = 0
-    for set_name in sets_for(suite, spec, item.method.name):
-        key = result_key(description, spec.key, image_sets[set_name].id)
-        if not is_stored(stored_result_dir(runs_root, key), key):
-            left += len(image_sets[set_name].images)
+    for spec in map(suite.model, item.models):
+        description = stage_description(suite, method, spec.architecture, item.method.batch_size)
+        for set_name in sets_for(suite, spec, item.method.name):
+            key = result_key(description, spec.key, image_sets[set_name].id)
+            if not is_stored(stored_result_dir(runs_root, key), key):
+                left += len(image_sets[set_name].images)
     return left
 
 

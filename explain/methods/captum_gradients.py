@@ -65,6 +65,7 @@ class Saliency(AttributionMethod):
     """captum's ``Saliency``: |d f_c / d x| (module docstring)."""
     name = "saliency"
     default_batch_size = 32
+    groups_models = True
 
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:
@@ -77,6 +78,7 @@ class InputXGradient(AttributionMethod):
     """captum's ``InputXGradient``: x * d f_c / d x, x in the gradient space (module docstring)."""
     name = "input_x_gradient"
     default_batch_size = 32
+    groups_models = True
 
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:
@@ -90,6 +92,7 @@ class Deconvolution(AttributionMethod):
     a ReLU of the incoming gradient (module docstring)."""
     name = "deconvolution"
     default_batch_size = 32
+    groups_models = True
 
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:

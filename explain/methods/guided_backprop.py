@@ -17,6 +17,7 @@ from counteraudit.explain.input_space import in_gradient_space
 class GuidedBackprop(AttributionMethod):
     name = "guided_backprop"
     default_batch_size = 32
+    groups_models = True
 
     def attribute(self, model: nn.Module, images: torch.Tensor,
                   targets: torch.Tensor) -> torch.Tensor:

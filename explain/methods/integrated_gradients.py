@@ -26,6 +26,7 @@ from counteraudit.train.core import size_bounds as bounds
 class IntegratedGradients(AttributionMethod):
     name = "integrated_gradients"
     default_batch_size = 16
+    groups_models = True
 
     @dataclass(frozen=True)
     class Params(SaliencyParams):

@@ -1,6 +1,6 @@
 """The options of the commands that explain (explain/run.py and the scoring scripts): --method
-NAME[:key=value,...] with the outputs-only control brought along (--no-control), and
---chunk-images. The syntax of --method is checked as it is parsed; the names and the parameters
+NAME[:key=value,...] with the outputs-only control brought along (--no-control),
+--chunk-images and --model-group. The syntax of --method is checked as it is parsed; the names and the parameters
 once the suite is read (explain/method_choice.py), against the method registry.
 
 They live here, under train/core, beside the options every script shares: the scoring scripts
@@ -74,7 +74,7 @@ def add_method_args(parser: argparse.ArgumentParser, help_text: str = METHOD_HEL
     return parser
 
 
-def add_chunk_images_arg(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def add_explain_stage_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--chunk-images", type=int, default=None, metavar="N",
         help="split the explain stage into work items of one (model, method, image set, image "
@@ -84,6 +84,12 @@ def add_chunk_images_arg(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
              "chunking (one item per (model, method): one model load each, best locally); 0: no "
              "chunking. On Slurm 16 is a good start (four batches of Caricatures, the slow "
              "method; cheap methods, whose batches are larger, stay one item per image set)")
+    parser.add_argument(
+        "--model-group", type=int, default=None, metavar="K",
+        help="explain K models of one architecture in one grouped pass with the methods that "
+             "allow it (the gradient methods: explain/README.md, \"Explaining models in "
+             "groups\"); their results are keyed apart from solo ones; default: the suite's "
+             "[explain] model_group, else 1 (each model alone, best on a CPU)")
     return parser
 
 

@@ -110,6 +110,10 @@ class ExplainTable(StrictTable):
                                      json_schema_extra=bounds.SET_IMAGES.extra, description=(
         "images per work item of the explain stage (0 or absent: one item per model and method; "
         "16 is a good start on Slurm)"))
+    model_group: int = Field(1, ge=1, le=bounds.GROUP.limit,
+                             json_schema_extra=bounds.GROUP.extra, description=(
+        "models of one architecture explained in one grouped pass by the methods that allow it "
+        "(explain/model_groups.py; 1: each model alone); grouped results are keyed apart"))
 
 
 # How discovered subgroups are ranked (evaluate/discovery/relative.py); `discover --score` offers these.
