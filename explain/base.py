@@ -312,7 +312,7 @@ class ExplanationMethod(ABC):
                 with seeded_rng(derive_seed(seed, first_position + start)):
                     output = self.explain_batch(safe_model, images[start:stop].to(device),
                                                 targets[start:stop].to(device), context)
-                outputs.append(self._checked(output, images[start:stop]))
+                outputs.append(self.checked_output(output, images[start:stop]))
         return Explanation(
             images=np.concatenate([o.images for o in outputs], axis=-4),
             targets=targets.numpy().astype(np.int64),
@@ -322,7 +322,9 @@ class ExplanationMethod(ABC):
             diagnostics={key: np.concatenate([o.diagnostics[key] for o in outputs], axis=-1)
                          for key in outputs[0].diagnostics})
 
-    def _checked(self, output: BatchOutput, images: torch.Tensor) -> BatchOutput:
+    def checked_output(self, output: BatchOutput, images: torch.Tensor) -> BatchOutput:
+        """``output`` for ``images``, once its shapes and dtype are checked: a ValueError naming
+        the method otherwise."""
         n = len(images)
         expected = "(L, n, H, W, 3)" if output.layers is not None else "(n, H, W, 3)"
         rank = 5 if output.layers is not None else 4

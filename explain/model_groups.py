@@ -141,8 +141,9 @@ def run_models(method: ExplanationMethod, models: Sequence[nn.Module],
                for model in models]
     targets += [targets[0]] * (group_size - len(models))
     outputs: list[list[BatchOutput]] = [[] for _ in models]
-    rows = MemberRows(members).eval()
-    with explainable(rows) as safe_rows, warnings.catch_warnings():
+    rows = MemberRows(members).eval()  # one row per model: the example below
+    example = images[:1].repeat(group_size, 1, 1, 1).to(device)
+    with explainable(rows, example) as safe_rows, warnings.catch_warnings():
         # captum's notice that a pass holds at least one whole copy of the k x n rows, more than
         # an internal_batch_size set for one model: the group's pass is meant to
         warnings.filterwarnings("ignore", message="Internal batch size cannot be less than",
@@ -160,7 +161,7 @@ def run_models(method: ExplanationMethod, models: Sequence[nn.Module],
             pixels = batch.cpu().numpy()
             for index, own in enumerate(np.split(raw, group_size)[:len(models)]):
                 output = BatchOutput(images=method.render(own, pixels), raw=own)
-                outputs[index].append(method._checked(output, batch))
+                outputs[index].append(method.checked_output(output, batch))
     return [Explanation(images=np.concatenate([o.images for o in own]),
                         targets=targets[index].numpy().astype(np.int64), params=description,
                         raw=np.concatenate([o.raw for o in own]))

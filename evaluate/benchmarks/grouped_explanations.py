@@ -38,7 +38,7 @@ from counteraudit.train.core.command_line import add_common_args, run_cli
 from counteraudit.train.core.numerics import cpu_model
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.threads import torch_threads
-from counteraudit.train.trainer import load_trained_model
+from counteraudit.train.trainer import load_trained_model, pick_device
 from counteraudit.train.worlds import build_world
 
 
@@ -51,6 +51,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="method that can group models (repeatable; default: all of them)")
     parser.add_argument("--images", type=int, default=32, help="validation images per model")
     parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
+    parser.add_argument("--device", default="cpu",
+                        help="where the models run: cpu, cuda, cuda:1, ... (each result comes "
+                             "back to the CPU, so a GPU's timings include its synchronisation)")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds after a warm-up")
     return parser
 
@@ -64,10 +67,11 @@ def main(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: suite {suite.name!r} has {len(suite.models)} models; "
                          f"--k {max(counts)} needs as many")
     world = build_world(suite.world, runs_root=args.runs_dir)
-    models = [load_trained_model(model_dir(args.runs_dir, spec), spec, world)
+    device = pick_device(args.device)
+    models = [load_trained_model(model_dir(args.runs_dir, spec), spec, world, device)
               for spec in suite.models[:max(counts)]]
     images = next(iter(world.split("val").eval_batches(args.images))).images
-    print(f"CPU: {cpu_model()}; suite {suite.name}, {args.images} val images per model, "
+    print(f"CPU: {cpu_model()}; device {device}; suite {suite.name}, {args.images} val images per model, "
           f"{args.threads} thread(s), median of {args.repeats} interleaved rounds")
     print(f"{'method':<22} {'k':>3} {'alone img/s':>12} {'grouped img/s':>14} {'ratio':>6} "
           f"{'rendered values differing':>21} {'max levels':>10}")
