@@ -82,7 +82,6 @@ class MemberRows(Classifier):
                          first.architecture, first.num_classes,
                          None if first.output_classes is None else first.output_classes.tolist())
         self.to(model_device(first))
-        self.count = len(members)
 
     def set_rows_per_model(self, count: int) -> None:
         self.backbone.rows_per_model = count
@@ -118,9 +117,9 @@ def grouped_description(description: dict[str, Any], group_size: int) -> dict[st
 def run_models(method: ExplanationMethod, models: Sequence[nn.Module],
                images: torch.Tensor | np.ndarray, group_size: int, batch_size: int | None = None,
                first_position: int = 0, labels: Any = None) -> list[Explanation]:
-    """``method.run`` for each of ``models`` on the same images, ``group_size`` models per
-    grouped pass (the last group filled up with copies of its first model); one Explanation per
-    model, each recording ``model_group``. Each model's targets are its own (``method.run``'s),
+    """``method.run`` for each of ``models`` (at most ``group_size``) on the same images, in one
+    grouped pass of ``group_size`` models (filled up with copies of the first); one Explanation
+    per model, each recording ``model_group``. Each model's targets are its own (``method.run``'s),
     and each batch runs under the seed a solo run gives it."""
     if not method.groups_models:
         raise ValueError(f"method {method.name!r} cannot explain models in groups (its passes "

@@ -183,7 +183,7 @@ def chunk_images(suite: Suite) -> int | None:
     return suite.explain.chunk_images or None
 
 
-def model_group(suite: Suite, method: ExplanationMethod) -> int:
+def model_group(suite: Suite, method: ExplanationMethod | type[ExplanationMethod]) -> int:
     """Models per grouped pass of ``method`` in ``suite``: [explain] model_group for a method that
     can group models (``groups_models``; explain/model_groups.py), else 1 (alone)."""
     return suite.explain.model_group if method.groups_models else 1
@@ -332,7 +332,7 @@ class ExplainItem(StageItem):
     def grouped(self) -> bool:
         """Whether the item's models are explained in grouped passes (even one model alone: its
         group is filled up, so it gets the bits it has in any group)."""
-        return self.suite.explain.model_group > 1 and METHODS.get(self.method.name).groups_models
+        return model_group(self.suite, METHODS.get(self.method.name)) > 1
 
     @property
     def name(self) -> str:
@@ -520,8 +520,9 @@ def explain_group(item: ExplainItem) -> dict[str, int]:
     batch = lead.batch_size or lead.method.default_batch_size
     with method_run_context(lead.spec, lead.device):
         for set_name in item_sets(lead.suite, lead.spec, lead.method.name, item.detection_only):
-            image_set, count = lead.image_sets[set_name], len(lead.image_sets[set_name].images)
             targets = [work.target(set_name) for work in works]
+            image_set = targets[0][0]
+            count = len(image_set.images)
 
             def stored(index: int) -> bool:
                 return is_stored(targets[index][1], targets[index][2])

@@ -88,9 +88,9 @@ def test_a_grouped_pass_gives_each_model_its_solo_explanation(name, params, imag
 
 
 def test_grouping_needs_a_method_that_allows_it_and_models_that_can_share_a_network(images):
-    caricature = build_method("gradcam")
+    gradcam = build_method("gradcam")
     with pytest.raises(ValueError, match="cannot explain models in groups"):
-        run_models(caricature, models(2), images, group_size=2)
+        run_models(gradcam, models(2), images, group_size=2)
     method = build_method("saliency")
     missing = models(1, output_classes=range(1, CLASSES))
     assert grouping_problem(models(2)) is None
