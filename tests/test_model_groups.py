@@ -2,11 +2,13 @@
 method that allows it gives each model its solo attributions up to float rounding and the same
 rendered images; a member's bits do not depend on its companions or its place; the explain stage
 keys grouped results apart, joins models into groups, stores each model's result, and gives a
-chunked run the unchunked run's bits."""
+chunked run, a Slurm run and two runs at once the bits of one local run."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -15,19 +17,22 @@ import torch
 
 import counteraudit.train.core.stage as stage_skeleton
 from counteraudit.explain.base import METHODS, build_method
-from counteraudit.explain.model_groups import MODEL_GROUP, grouping_problem, run_models
+from counteraudit.explain.model_groups import (MODEL_GROUP, grouped_description, grouping_problem,
+                                               run_models)
 from counteraudit.explain.method_choice import run_methods
 from counteraudit.explain.run import explain_overrides, get_args_parser
 from counteraudit.explain.settings import method_specs
 from counteraudit.evaluate.pipeline import scoring_suite
 from counteraudit.evaluate.pipeline_options import pipeline_parser
-from counteraudit.explain.stage import explain_suite, result_dir, sets_for
-from counteraudit.explain.store import ARRAYS_FILE, PARAMS_FILE
+from counteraudit.explain.stage import (explain_suite, load_image_sets, result_dir, result_lock,
+                                        sets_for, stored_result_dir)
+from counteraudit.explain.store import ARRAYS_FILE, PARAMS_FILE, result_key
 from counteraudit.train.architectures import build_model
 from counteraudit.train.core.stage import run_options
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.suite_schema import SuiteFileError
-from tests.conftest import trained_suite, write_suite
+from tests.conftest import REPO, trained_suite, write_suite
+from tests.test_concurrent_runs import finish, start, wait_until_all_say
 
 GROUPED = [name for name in METHODS.names() if METHODS.get(name).groups_models]
 CLASSES, SIDE = 10, 32
@@ -235,16 +240,56 @@ def test_grouped_items_join_models_and_a_model_alone_gets_its_bits_in_any_group(
 
 @pytest.mark.slurm
 @pytest.mark.timeout(300)
-def test_grouped_items_on_slurm_store_the_local_runs_bits(trained, grouped_run, tmp_path,
-                                                          monkeypatch):
+def test_grouped_chunked_items_on_slurm_store_the_local_runs_bits(trained, grouped_run, tmp_path,
+                                                                  monkeypatch):
+    """Each part of an image set is one grouped item of both models, run as a Slurm array task;
+    the gathered results are the unchunked local run's bits."""
     suite_path, runs = trained
     runs = Path(shutil.copytree(runs, tmp_path / "runs", symlinks=True))
     names = submitted_items(monkeypatch)
     done = explain(suite_path, runs, "--executor", "slurm", "--cpus-per-task", 1, "--time", 10,
                    "--log-dir", tmp_path / "logs", "--method", "guided_backprop", "--no-control",
-                   models=["reference-00", "reference-01"])
-    assert names == ["reference-00+1/guided_backprop"] and done["computed"] == 2
+                   "--chunk-images", 4, models=["reference-00", "reference-01"])
+    assert done["computed"] == 2
+    # parts are whole batches (3 images): 4 becomes 6
+    assert sorted(names) == ["reference-00+1/guided_backprop/detection/0-6",
+                             "reference-00+1/guided_backprop/detection/6-8"]
     for model in ("reference-00", "reference-01"):
+        want = stored(suite_path, grouped_run, "guided_backprop", model)[1]
+        got = stored(suite_path, runs, "guided_backprop", model)[1]
+        for set_name, arrays in want.items():
+            for name, array in arrays.items():
+                assert np.array_equal(got[set_name][name], array), (model, name)
+
+
+def test_two_grouped_runs_at_once_over_overlapping_groups_explain_each_model_once(
+        trained, grouped_run, tmp_path):
+    """Run A groups reference-00 with -01 (then -02 alone), run B -01 with -02; both start while
+    every result's lock is held, so both wait; then each result is computed once, by one of them,
+    with the bits it has in any group."""
+    suite_path, runs = trained
+    runs = Path(shutil.copytree(runs, tmp_path / "runs", symlinks=True))
+    suite = load_suite(suite_path)
+    models = ("reference-00", "reference-01", "reference-02")
+    method, image_sets = method_specs(suite)["guided_backprop"], load_image_sets(suite, runs)
+    description = grouped_description(method.build().describe("small_resnet", method.batch_size), 2)
+    folders = [stored_result_dir(runs, result_key(description, suite.model(model).key,
+                                                  image_sets[set_name].id))
+               for model in models for set_name in sets_for(suite, suite.model(model))]
+    common = (REPO / "explain/run.py", "--suite", suite_path, "--runs-dir", runs, "--no-progress",
+              "--jobs", "1", "--method", "guided_backprop", "--no-control")
+    logs = [tmp_path / f"run-{n}.log" for n in range(2)]
+    with ExitStack() as held:
+        for folder in folders:
+            held.enter_context(result_lock(folder, "a test's"))
+        processes = [start(logs[0], *common),
+                     start(logs[1], *common, "--model", "reference-01", "--model", "reference-02")]
+        wait_until_all_say(processes, logs, "another process is explaining")
+    both = finish(processes, logs)
+    computed = [int(n) for n in re.findall(r": (\d+) visualization set\(s\) computed", both)]
+    assert len(computed) == 2 and sum(computed) == len(folders), both
+    print(f"visualization sets computed by each run: {computed}")
+    for model in models:
         want = stored(suite_path, grouped_run, "guided_backprop", model)[1]
         got = stored(suite_path, runs, "guided_backprop", model)[1]
         for set_name, arrays in want.items():
