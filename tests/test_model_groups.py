@@ -17,15 +17,14 @@ import torch
 
 import counteraudit.train.core.stage as stage_skeleton
 from counteraudit.explain.base import METHODS, build_method
-from counteraudit.explain.model_groups import (MODEL_GROUP, grouped_description, grouping_problem,
-                                               run_models)
+from counteraudit.explain.model_groups import MODEL_GROUP, grouping_problem, run_models
 from counteraudit.explain.method_choice import run_methods
 from counteraudit.explain.run import explain_overrides, get_args_parser
 from counteraudit.explain.settings import method_specs
 from counteraudit.evaluate.pipeline import scoring_suite
 from counteraudit.evaluate.pipeline_options import pipeline_parser
 from counteraudit.explain.stage import (explain_suite, load_image_sets, result_dir, result_lock,
-                                        sets_for, stored_result_dir)
+                                        sets_for, stage_description, stored_result_dir)
 from counteraudit.explain.store import ARRAYS_FILE, PARAMS_FILE, result_key
 from counteraudit.train.architectures import build_model
 from counteraudit.train.core.stage import run_options
@@ -169,6 +168,15 @@ def stored(suite_path: Path, runs: Path, method: str, model: str) -> tuple[dict,
     return params, arrays
 
 
+def assert_same_arrays(suite_path: Path, want: Path, got: Path, method: str, models) -> None:
+    """Each model's stored arrays of ``method`` in runs folder ``got`` are ``want``'s, bit for bit."""
+    for model in models:
+        wanted, found = stored(suite_path, want, method, model)[1], stored(suite_path, got, method, model)[1]
+        for set_name, arrays in wanted.items():
+            for name, array in arrays.items():
+                assert np.array_equal(found[set_name][name], array), (model, set_name, name)
+
+
 @pytest.fixture(scope="module")
 def grouped_run(trained, tmp_path_factory) -> Path:
     suite_path, runs = trained
@@ -254,12 +262,8 @@ def test_grouped_chunked_items_on_slurm_store_the_local_runs_bits(trained, group
     # parts are whole batches (3 images): 4 becomes 6
     assert sorted(names) == ["reference-00+1/guided_backprop/detection/0-6",
                              "reference-00+1/guided_backprop/detection/6-8"]
-    for model in ("reference-00", "reference-01"):
-        want = stored(suite_path, grouped_run, "guided_backprop", model)[1]
-        got = stored(suite_path, runs, "guided_backprop", model)[1]
-        for set_name, arrays in want.items():
-            for name, array in arrays.items():
-                assert np.array_equal(got[set_name][name], array), (model, name)
+    assert_same_arrays(suite_path, grouped_run, runs, "guided_backprop",
+                       ("reference-00", "reference-01"))
 
 
 def test_two_grouped_runs_at_once_over_overlapping_groups_explain_each_model_once(
@@ -272,7 +276,7 @@ def test_two_grouped_runs_at_once_over_overlapping_groups_explain_each_model_onc
     suite = load_suite(suite_path)
     models = ("reference-00", "reference-01", "reference-02")
     method, image_sets = method_specs(suite)["guided_backprop"], load_image_sets(suite, runs)
-    description = grouped_description(method.build().describe("small_resnet", method.batch_size), 2)
+    description = stage_description(suite, method.build(), "small_resnet", method.batch_size)
     folders = [stored_result_dir(runs, result_key(description, suite.model(model).key,
                                                   image_sets[set_name].id))
                for model in models for set_name in sets_for(suite, suite.model(model))]
@@ -289,12 +293,7 @@ def test_two_grouped_runs_at_once_over_overlapping_groups_explain_each_model_onc
     computed = [int(n) for n in re.findall(r": (\d+) visualization set\(s\) computed", both)]
     assert len(computed) == 2 and sum(computed) == len(folders), both
     print(f"visualization sets computed by each run: {computed}")
-    for model in models:
-        want = stored(suite_path, grouped_run, "guided_backprop", model)[1]
-        got = stored(suite_path, runs, "guided_backprop", model)[1]
-        for set_name, arrays in want.items():
-            for name, array in arrays.items():
-                assert np.array_equal(got[set_name][name], array), (model, name)
+    assert_same_arrays(suite_path, grouped_run, runs, "guided_backprop", models)
 
 
 def test_a_grouped_suite_with_more_images_explains_only_the_images_it_adds(trained, grouped_run,
