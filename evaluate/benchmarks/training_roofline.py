@@ -28,7 +28,8 @@ step, making it 1.1-1.5x slower, inside whichever operator first writes a fresh 
 and ReLU), while the trainer under the same defaults faulted 2,000-4,000 times a step, averaged
 over its whole process, and ran its epoch at the reused-memory step's speed. So this process fixes
 malloc's thresholds (``mallopt``, glibc only); ``--glibc-malloc-defaults`` measures the faulting
-step instead. The page faults a timed step took are printed.
+step instead. The median step's page faults are printed: a mean of a few steps would count a
+one-off growth of the heap as every step's.
 """
 from __future__ import annotations
 
@@ -97,13 +98,16 @@ def reuse_freed_memory() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
-def page_faults_per_call(function: Callable[[], object], calls: int = 3) -> float:
-    """Minor page faults (fresh pages the kernel zeroed) per call, after a warm-up call."""
+def page_faults_per_call(function: Callable[[], object], calls: int = 5) -> float:
+    """Minor page faults (fresh pages the kernel zeroed) of the median call of ``calls``, after a
+    warm-up call."""
     function()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    faults = []
     for _ in range(calls):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         function()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return statistics.median(faults)
 
 
 def median_seconds(function: Callable[[], object], repeats: int) -> float:
@@ -189,7 +193,7 @@ def main(args: argparse.Namespace) -> None:
     print(f"step: small_resnet, batch {args.batch_size}, {args.image_size} px: {seconds * 1e3:.1f} "
           f"ms, {args.batch_size / seconds:.0f} images/s, {flops / 1e9:.2f} GFLOP "
           f"({flops / args.batch_size / 3e6:.1f} MFLOP per image forward), {faults:.0f} page "
-          "faults")
+          "faults (the median step)")
     for kind, spent in shares.items():
         print(f"  {kind:26s} {spent * 1e3:6.1f} ms  {spent / profiled:5.1%} of the profiled step")
     convolution = shares["convolution"]
