@@ -47,7 +47,7 @@ def test_the_step_is_timed_with_its_memory_reused_as_the_trainer_reuses_it():
     # which faults them in again: a step the trainer's long-running process does not take. At the
     # demo's batch of 64 (the default) glibc faulted 7,000-24,000 pages a step in every run. Memory
     # reused, the median step faulted none on the AVX-512 EPYC, and on the AVX2-only one none or,
-    # in one process of six, a steady 1,024 (4 MiB a step) against the defaults' 18,600-24,200
+    # in one process of six, a steady 1,024 (4 MiB a step) against the defaults' 17,400-24,200
     # there: a breakage leaves the two alike.
     def printed(*options: str) -> tuple[str, int]:
         done = subprocess.run([sys.executable, str(SCRIPT), "--repeats", "1", *options],
