@@ -170,7 +170,7 @@ SchedulerParameters=sched_interval=2,bf_interval=2
 JobRequeue=1
 ReturnToService=2
 # Short timers: a test cluster should react in seconds, not minutes.
-KillWait=5
+KillWait=2
 MinJobAge=300
 InactiveLimit=0
 SlurmctldTimeout=30

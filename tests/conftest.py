@@ -19,6 +19,7 @@ import torch
 from filelock import FileLock
 
 from counteraudit.slurm.cluster import REQUIRE_SLURM_ENV, why_slurm_unavailable
+from counteraudit.train.core.command_line import run_cli
 from counteraudit.train.core.plugin_files import command_line_plugin, load_plugin_file
 from counteraudit.train.core.runs_folder import runs_folder_bound
 
@@ -26,6 +27,10 @@ from counteraudit.train.core.runs_folder import runs_folder_bound
 # threads: the small models gain little from more, and the workers would oversubscribe.
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, len(os.sched_getaffinity(0)) // WORKERS)))
+# Every test trains in a new runs folder, where the trainer's precision probe (train/cpu_probe.py,
+# cached per runs folder) would time fp32 and bf16 again: 3 s at 32 px on a CPU that emulates
+# bf16, in about 40 tests. Its own tests turn it back on (tests/test_cpu_probe.py, fresh_probe).
+os.environ.setdefault("COUNTERAUDIT_CPU_PROBE", "off")
 # At most this many pytest-xdist workers for `-n auto`: each loads torch and trains in its own
 # processes (about 1.5 GB each), and the test files share a few expensive fixtures.
 MAX_WORKERS = 4
@@ -188,6 +193,22 @@ def in_process(script, *args) -> subprocess.CompletedProcess:
             contextlib.redirect_stderr(err):
         module.main(parsed)
     return subprocess.CompletedProcess([script, *argv], 0, out.getvalue(), err.getvalue())
+
+
+def command_in_process(script, *args) -> subprocess.CompletedProcess:
+    """``script`` run as its command runs it (``run_cli``: a user's mistake is one message on
+    stderr and exit status 2), in this process: for the tests of a command's refusals, which
+    come before any work, without the interpreter and imports a subprocess pays for."""
+    module = importlib.import_module("counteraudit." + str(script).removesuffix(".py").replace("/", "."))
+    argv = [str(arg) for arg in args]
+    parser = module.get_args_parser()
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            run_cli(module.main, parser, parser.parse_args(argv))
+        except SystemExit as exited:
+            code = exited.code
+    return subprocess.CompletedProcess([script, *argv], code, out.getvalue(), err.getvalue())
 
 
 def run_in_process(script, *args) -> str:

@@ -23,6 +23,7 @@ from counteraudit.train.core.runs_folder import runs_folder_bound
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.core.suite_schema import SuiteFileError
 from counteraudit.train.core.command_line import run_cli
+from counteraudit.train import cpu_probe
 from counteraudit.train.core.stage import StageItem, StagePlan, run_stage
 from counteraudit.train.train import get_args_parser as train_parser
 from counteraudit.train.train import main as train_main
@@ -99,8 +100,11 @@ def hostile(finished_run, tmp_path) -> tuple[Path, Path, Path]:
 
 
 @pytest.mark.parametrize("where", list(PLANTED))
-def test_a_planted_link_that_leads_outside_is_refused_and_nothing_outside_changes(hostile, capsys, where):
+def test_a_planted_link_that_leads_outside_is_refused_and_nothing_outside_changes(hostile, capsys, monkeypatch,
+                                                                                 where):
     suite, runs, victim = hostile
+    if where == "store/cpu-probe":  # the probe writes there only where it is on (conftest turns it off)
+        monkeypatch.delenv(cpu_probe.ENV_VAR, raising=False)
     plant, command, extra = PLANTED[where]
     link = plant(runs, load_suite(suite).name, victim)
     before = _listing(victim)

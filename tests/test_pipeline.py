@@ -129,7 +129,7 @@ localization_images = 2
 """
     suite = write_suite(tmp_path / "fresh.toml", body=body, references=3, epochs=1)
     runs = tmp_path / "runs"
-    out = run_script("explain/run.py", "--suite", suite, "--runs-dir", runs, "--no-progress", *ONE_PROCESS)
+    out = run_in_process("explain/run.py", "--suite", suite, "--runs-dir", runs, "--no-progress", *ONE_PROCESS)
     assert "Implant checks" in out
     assert "8 visualization set(s) computed" in out  # 4 models on detection + 4 on the abnormal set
     assert len(list((runs / "fresh" / "models").glob("*/metrics.json"))) == 4

@@ -24,7 +24,7 @@ from counteraudit.evaluate.release.sources import ReleaseError, opened_release
 from counteraudit.evaluate.release.verify import verify_release
 from counteraudit.train.checkpoint import is_trained, model_dir, read_metrics
 from counteraudit.train.core.suite import load_suite
-from conftest import ONE_PROCESS, REPO, in_process
+from conftest import ONE_PROCESS, REPO, command_in_process, in_process
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -44,6 +44,12 @@ def release(finished_run, tmp_path_factory):
 def population(source, runs, *args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "evaluate/population.py"), "import", str(source),
                            "--runs-dir", str(runs), *args], capture_output=True, text=True, timeout=300)
+
+
+def population_in_process(source, runs, *args) -> subprocess.CompletedProcess:
+    """``population`` in this process: for what an import stores (``population`` starts the
+    command, and the Hub's tests need a process that reads HF_HUB_OFFLINE as it starts)."""
+    return command_in_process("evaluate/population.py", "import", source, "--runs-dir", runs, *args)
 
 
 def tree(root: Path) -> list[str]:
@@ -88,14 +94,14 @@ def test_import_from_a_folder_trains_nothing_and_scores_the_same(release, tmp_pa
     # the same weights and image sets: the same per-model Table 1, bit for bit
     table = "tables/detection-per-model-l2.csv"
     assert (runs / suite.name / table).read_bytes() == (exporter_runs / suite.name / table).read_bytes()
-    again = population(folder, runs)  # a second import keeps what is there
+    again = population_in_process(folder, runs)  # a second import keeps what is there
     assert again.returncode == 0 and f"kept: {len(suite.models)} models" in again.stdout
 
 
 def test_import_from_an_archive(release, tmp_path):
     suite_path, _, _, archive = release
     runs = tmp_path / "runs"
-    done = population(archive, runs)
+    done = population_in_process(archive, runs)
     assert done.returncode == 0, done.stderr
     assert all(is_trained(model_dir(runs, spec)) for spec in load_suite(suite_path).models)
 

@@ -21,7 +21,8 @@ from counteraudit.evaluate.records.schema import RecordError, RecordV1, sha256_o
 from counteraudit.evaluate.records.store import read_record, read_records, record_id
 from counteraudit.evaluate.reporting.leaderboard import (CONTROL, board_table, boards, leaderboard_html,
                                                          leaderboard_markdown)
-from tests.conftest import ONE_PROCESS, REPO, run_in_process, run_script, with_nulls, write_suite
+from tests.conftest import (ONE_PROCESS, REPO, command_in_process, run_in_process, run_script, with_nulls,
+                            write_suite)
 from tests.test_report import chromium, render
 
 LEADERBOARD = REPO / "evaluate" / "leaderboard"
@@ -167,9 +168,8 @@ def test_a_records_verdicts_do_not_depend_on_the_methods_run_beside_it(recorded_
 def refusal(suite: Path, folder: Path) -> str:
     """`counteraudit record`'s error on ``suite`` with an empty runs folder, once it checked that
     nothing was trained or written."""
-    result = subprocess.run([sys.executable, str(REPO / "evaluate/record.py"), "--suite", suite,
-                             "--runs-dir", folder / "runs", "--out", folder / "records"],
-                            capture_output=True, text=True, timeout=300)
+    result = command_in_process("evaluate/record.py", "--suite", suite, "--runs-dir", folder / "runs",
+                                "--out", folder / "records")
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert not (folder / "records").exists() and not (folder / "runs" / suite.stem).exists()
     return result.stderr

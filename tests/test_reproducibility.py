@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import sys
 
-from conftest import ONE_PROCESS, REPO, run_in_process, run_script
+from conftest import ONE_PROCESS, REPO, run_in_process
 
 import pytest
 
@@ -34,7 +34,8 @@ def test_a_run_matches_its_own_digests_and_a_changed_table_is_named(finished_run
     assert any(name.startswith("world/") for name in names)
     assert written["made_on"]["mode"] == "portable"
     assert written["model_keys"] == model_keys(load_suite(suite))
-    ok = run_script("evaluate/reproducibility.py", "check", "--digests", digests, "--suite", suite, "--runs-dir", runs)
+    ok = run_in_process("evaluate/reproducibility.py", "check", "--digests", digests, "--suite", suite,
+                        "--runs-dir", runs)
     assert f"all {len(names)} files of the e2e suite match" in ok
 
     # A copy of the run with one byte of a table changed: the check fails and says where.

@@ -53,8 +53,6 @@ from counteraudit.train.training_parts import (EpochMeter, Processes, TrainingPr
 from counteraudit.train.worlds import Batch, World, build_world
 
 
-
-
 def pick_device(requested: str | None = None) -> torch.device:
     if requested:
         if requested.startswith("cuda") and not torch.cuda.is_available():
@@ -62,12 +60,6 @@ def pick_device(requested: str | None = None) -> torch.device:
                              "machine; use --device cpu")
         return torch.device(requested)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-
-
-
-
 
 
 def load_trained_model(directory: Path, spec: ModelSpec, world: World,
@@ -82,12 +74,6 @@ def load_trained_model(directory: Path, spec: ModelSpec, world: World,
     # channels_last, as in training: on one CPU core the small ResNet's eval forward runs 1.3x
     # faster in it at batch 100, and 2x at batch 500 (evaluate/benchmarks/explain-style timing, 64 px).
     return model.to(device).to(memory_format=torch.channels_last).eval()
-
-
-
-
-
-
 
 
 def _processes(emulate_processes: int) -> Processes:
@@ -233,8 +219,6 @@ class TrainingRun:
     progress: bool          # show a progress bar
 
 
-
-
 def _resume(directory: Path, spec: ModelSpec, model: Classifier, optimizer: torch.optim.Optimizer,
             scheduler, processes: Processes) -> TrainingProgress:
     """Restore the last checkpoint's model, optimizer, schedule and torch RNG; its progress (none
@@ -291,8 +275,6 @@ def _training_run(spec: ModelSpec, model: Classifier, family, split, optimizer, 
                        autocast, nn.CrossEntropyLoss(), derive_seed(spec.seed, "data"),
                        steps_per_epoch, int(round(recipe.lr_warmup_epochs * steps_per_epoch)),
                        progress)
-
-
 
 
 # ---------------------------------------------------------------- one epoch, one step
@@ -394,11 +376,7 @@ def _slice_inputs(run: TrainingRun, part: Batch, generator: torch.Generator,
     return images.contiguous(memory_format=torch.channels_last), labels
 
 
-
-
 # ---------------------------------------------------------------- evaluate and save
-
-
 
 
 def summarize_references(metrics: list[dict[str, Any]]) -> dict[str, float]:

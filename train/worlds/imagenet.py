@@ -32,7 +32,6 @@ from typing import Annotated, Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 from PIL import Image
-from imagenet_x import FACTORS, load_annotations
 from pydantic import Field
 from torchvision import transforms as T
 from torchvision.datasets import ImageFolder
@@ -309,12 +308,16 @@ class ImageNetWorld(World):
     IMAGENET_X_ANNOTATIONS = "top"  # the package's default: each image's most salient factors
 
     def factors(self) -> dict[str, list[str]]:
+        # Here, not at the top: imagenet_x loads pandas and scipy.stats (1.5 s on a slow core),
+        # and every process that lists the worlds imports this module.
+        from imagenet_x import FACTORS  # noqa: PLC0415
         return {factor: ["present", "absent"] for factor in FACTORS}
 
     def imagenet_x_annotations(self) -> dict[str, dict[str, int]]:
         """val file name (ILSVRC2012_val_00000001.JPEG) -> {factor: 0 or 1}, as
         ``imagenet_x.load_annotations`` reads them (prototype images left out, as it does)."""
         if getattr(self, "_imagenet_x", None) is None:
+            from imagenet_x import FACTORS, load_annotations  # noqa: PLC0415  (as in factors)
             table = load_annotations(which_factor=self.IMAGENET_X_ANNOTATIONS,
                                      partition="val").set_index("file_name")
             self._imagenet_x = table[FACTORS].to_dict("index")
