@@ -104,6 +104,20 @@ def test_every_detector_inspects_models_deterministically(name, inspected):
     json.dumps(detector.describe())  # part of a stored key
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_an_inspection_leaves_the_model_as_it_found_it(name, inspected):
+    """In training mode with trainable parameters before, the same after, and no gradient left
+    on them: the model is inspected frozen, in evaluation mode."""
+    model, evidence = inspected[3]["backdoor"]
+    model.train()
+    try:
+        build_detector(name, {"steps": 2} if name in FEWER_STEPS else None).run(model, evidence)
+        assert model.training
+        assert all(p.requires_grad and p.grad is None for p in model.parameters())
+    finally:
+        model.eval()
+
+
 @pytest.mark.parametrize("name", [n for n in NAMES if DETECTORS.get(n).needs_training_data])
 def test_a_detector_that_reads_training_data_refuses_evidence_without_it(name, inspected):
     suite, _, _, loaded = inspected

