@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import counteraudit.train  # noqa: F401, I001  (first: the numeric mode, before torch and NumPy load)
 import pytest
@@ -178,6 +179,11 @@ def run_script(script, *args, timeout: float = 600):
     return result.stdout
 
 
+def script_module(script) -> ModuleType:
+    """The module of a repository script (``evaluate/detect.py``: counteraudit.evaluate.detect)."""
+    return importlib.import_module("counteraudit." + str(script).removesuffix(".py").replace("/", "."))
+
+
 def in_process(script, *args) -> subprocess.CompletedProcess:
     """``script``'s parser and ``main`` run in this process, bound to its runs folder as run_cli
     binds a command (the numeric mode is this process's, set by the first import above), what it
@@ -185,7 +191,7 @@ def in_process(script, *args) -> subprocess.CompletedProcess:
     command line (each entry script keeps tests that start it as a command). Saves the
     interpreter and the imports a subprocess pays for (about 5 s: torch, torchvision with
     torch._dynamo, scipy, captum), most of a small stage's time."""
-    module = importlib.import_module("counteraudit." + str(script).removesuffix(".py").replace("/", "."))
+    module = script_module(script)
     argv = [str(arg) for arg in args]
     parsed = module.get_args_parser().parse_args(argv)
     out, err = io.StringIO(), io.StringIO()
@@ -199,7 +205,7 @@ def command_in_process(script, *args) -> subprocess.CompletedProcess:
     """``script`` run as its command runs it (``run_cli``: a user's mistake is one message on
     stderr and exit status 2), in this process: for the tests of a command's refusals, which
     come before any work, without the interpreter and imports a subprocess pays for."""
-    module = importlib.import_module("counteraudit." + str(script).removesuffix(".py").replace("/", "."))
+    module = script_module(script)
     argv = [str(arg) for arg in args]
     parser = module.get_args_parser()
     out, err, code = io.StringIO(), io.StringIO(), 0

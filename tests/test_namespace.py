@@ -15,7 +15,7 @@ import pytest
 
 from counteraudit.evaluate.benchmarks import benchmark_parser
 from counteraudit.evaluate.cli import STAGE_SCRIPTS as COMMANDS, get_args_parser
-from tests.conftest import REPO, write_suite
+from tests.conftest import REPO, script_module, write_suite
 from tests.test_cli import REQUIRED_ARGUMENTS
 
 # every subcommand's script file: counteraudit.evaluate.detect -> evaluate/detect.py
@@ -157,8 +157,7 @@ def test_every_benchmark_script_keeps_the_convention_and_runs_from_another_folde
         assert shown["code"] == 0, (script, shown)
         usage = shown["out"].splitlines()[0]
         assert re.match(r"usage: counteraudit [\w ]+ benchmark \[-h\]", usage), (script, usage)
-        module = importlib.import_module(
-            "counteraudit." + script.removesuffix(".py").replace("/", "."))
+        module = script_module(script)
         assert module.__doc__.strip().splitlines()[0] in shown["out"], script
         assert f"python {script}" in module.__doc__, f"{script}: its docstring shows no command"
         assert module.get_args_parser(add_help=False).add_help is False, script
