@@ -2,15 +2,16 @@
 and any changed file is named with both digests and this machine's instruction set."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
-import subprocess
-import sys
 
-from conftest import ONE_PROCESS, REPO, run_in_process
+from conftest import ONE_PROCESS, REPO, command_in_process, run_in_process
 
 import pytest
 
+from counteraudit.evaluate import cli
 from counteraudit.evaluate.reproducibility import (chosen_methods, differences, get_args_parser,
                                                  key_differences, measure, model_keys, read_digests,
                                                  run_files, writing_command)
@@ -44,13 +45,17 @@ def test_a_run_matches_its_own_digests_and_a_changed_table_is_named(finished_run
     table = copy / "e2e" / "tables" / "detection-per-model-l2.csv"
     text = table.read_text()
     table.write_text(text.replace("0", "1", 1))
-    result = subprocess.run([sys.executable, str(REPO / "evaluate/reproducibility.py"), "check",
-                             "--digests", str(digests), "--suite", str(suite), "--runs-dir", str(copy)],
-                            capture_output=True, text=True)
+    result = command_in_process("evaluate/reproducibility.py", "check", "--digests", digests,
+                                "--suite", suite, "--runs-dir", copy)
     assert result.returncode == 1
     assert "1 of" in result.stderr and "tables/detection-per-model-l2.csv: SHA-256 " in result.stderr
     assert f"expected {written['sha256']['tables/detection-per-model-l2.csv']}" in result.stderr
     assert numerics.instruction_set() in result.stderr
+    # the command's form exits as the script does: CI's `counteraudit reproducibility check` fails
+    with contextlib.redirect_stderr(io.StringIO()) as said, pytest.raises(SystemExit) as exited:
+        cli.main(["reproducibility", "check", "--digests", str(digests), "--suite", str(suite),
+                  "--runs-dir", str(copy)])
+    assert exited.value.code == 1 and "tables/detection-per-model-l2.csv: SHA-256 " in said.getvalue()
 
 
 def test_a_run_of_some_methods_is_digested_from_its_own_tables(finished_run):
