@@ -13,19 +13,28 @@ with the same item again: nothing needs to be carried in the pickle.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import submitit
-import torch
 
 
 def limit_threads_to_allocation() -> None:
     """Inside a Slurm job, use as many torch threads as the task was given CPUs. torch otherwise
     takes every core of the node, and jobs sharing a node then oversubscribe it: OpenMP threads
-    spinning against each other made two 1-CPU training jobs on a 2-core node 10x slower."""
+    spinning against each other made two 1-CPU training jobs on a 2-core node 10x slower.
+
+    This module does not import torch: a job whose callable never computes with it (a job that
+    only moves files) would pay seconds of CPU for the import alone. A callable's module is
+    imported when the job unpickles it, so a stage's torch is loaded by the time this runs and
+    is set here; a torch loaded later starts on ``OMP_NUM_THREADS``, exported here first."""
     cpus = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("SLURM_CPUS_ON_NODE")
-    if cpus and cpus.isdigit() and int(cpus) > 0:
+    if not (cpus and cpus.isdigit() and int(cpus) > 0):
+        return
+    os.environ.setdefault("OMP_NUM_THREADS", cpus)
+    torch = sys.modules.get("torch")
+    if torch is not None:
         torch.set_num_threads(int(cpus))
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
+import torch
 
 from tests.conftest import require_slurm_cluster
 from counteraudit.slurm.cluster import DEFAULT_MAX_ARRAY_SIZE, max_array_size
@@ -68,6 +69,19 @@ def write_number(job: tuple[str, int]) -> str:
 
 def read_and_double(path: str) -> int:
     return 2 * json.loads(Path(path).read_text())["number"]
+
+
+def threads_of_a_torch_loaded_before_the_call(_: int) -> int:
+    return torch.get_num_threads()  # a global of the function: the job loads torch to unpickle it
+
+
+def threads_of_a_torch_loaded_in_the_call(_: int) -> int:
+    import torch as loaded_late  # noqa: PLC0415  (the point: torch loads after the job started)
+    return loaded_late.get_num_threads()
+
+
+def torch_loaded(_: int) -> bool:
+    return "torch" in sys.modules
 
 
 def test_job_array_gives_the_same_results_as_the_local_executor(tmp_path):
@@ -142,6 +156,18 @@ def test_a_stage_submitted_after_another_starts_once_it_succeeded(tmp_path):
 
     assert reading.results() == [0, 2, 4]
     assert writing.results() == paths
+
+
+def test_a_job_computes_on_its_allocations_cpus_and_loads_torch_only_when_its_callable_does(
+        tmp_path):
+    """The node has 2 CPUs and leaves a task all of them (TaskPlugin=task/none): a 1-CPU job's
+    torch runs on 1 thread, whether it was loaded to unpickle the callable or by the callable; a
+    job whose callable never uses torch does not import it (seconds of CPU a job)."""
+    config = slurm_config(tmp_path, cpus_per_task=1)
+    stages = [submit_items(function, [0], config, unique_stage(name)) for function, name in
+              [(threads_of_a_torch_loaded_before_the_call, "threads-early"),
+               (threads_of_a_torch_loaded_in_the_call, "threads-late"), (torch_loaded, "no-torch")]]
+    assert [stage.results() for stage in stages] == [[1], [1], [False]]
 
 
 def fail_loudly(number: int) -> int:
