@@ -229,11 +229,11 @@ def finished_run(tmp_path_factory):
     session, shared by the tests of the pipeline and of the report."""
     def build(base: Path) -> str:
         suite = write_suite(base / "e2e.toml", body=E2E_BODY, references=3, epochs=2)
-        out = run_script("evaluate/detect.py", "--suite", suite, "--runs-dir", base / "runs",
-                         "--distance", "l2", "--no-progress", *ONE_PROCESS)
+        out = run_in_process("evaluate/detect.py", "--suite", suite, "--runs-dir", base / "runs",
+                             "--distance", "l2", "--no-progress", *ONE_PROCESS)
         # detect.py explains the detection sets; localize.py the abnormal ones: the run is finished
-        run_script("evaluate/localize.py", "--suite", suite, "--runs-dir", base / "runs",
-                   "--distance", "l2", "--no-progress", *ONE_PROCESS)
+        run_in_process("evaluate/localize.py", "--suite", suite, "--runs-dir", base / "runs",
+                       "--distance", "l2", "--no-progress", *ONE_PROCESS)
         return out
     base, out = built_once(tmp_path_factory, "e2e", build)
     return base / "e2e.toml", base / "runs", out

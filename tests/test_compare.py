@@ -22,7 +22,7 @@ from counteraudit.evaluate.scoring.pairwise import (ADDS, LESS, NEITHER, SAME, d
 from counteraudit.evaluate.scoring.stage import detection_scores, localization_scores
 from counteraudit.evaluate.scoring.verdicts import DETECTED, IMPLANT_FAILED, INCONCLUSIVE, NOT_DETECTED
 from counteraudit.train.core.artifacts import derive_seed
-from tests.conftest import ONE_PROCESS, run_in_process, run_script
+from tests.conftest import ONE_PROCESS, run_in_process
 from tests.test_baseline import REFERENCES, per_image_scores, scores_frame
 
 
@@ -209,7 +209,7 @@ def test_the_outputs_only_tables_are_the_pairwise_tables_against_the_control(fin
 def test_compare_end_to_end_on_a_finished_run_and_in_the_report(finished_run, tmp_path):
     suite, runs, _ = finished_run
     runs = Path(shutil.copytree(runs, tmp_path / "runs", symlinks=True))
-    out = run_script("evaluate/compare.py", "--suite", suite, "--runs-dir", runs, "--distance",
+    out = run_in_process("evaluate/compare.py", "--suite", suite, "--runs-dir", runs, "--distance",
                      "l2", "--method", "guided_backprop", "--no-progress", *ONE_PROCESS)  # --against: the control
     assert "guided_backprop vs outputs_only" in out and "McNemar's exact" in out
     assert "need a suite with null models" in out  # said, not silently skipped

@@ -8,7 +8,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from counteraudit.evaluate import detect
-from tests.conftest import ONE_PROCESS, REPO, run_in_process, run_script  # the finished_run fixture is in conftest.py
+from tests.conftest import ONE_PROCESS, REPO, run_in_process  # the finished_run fixture is in conftest.py
 from tests.conftest import write_suite
 
 
@@ -90,7 +90,7 @@ def test_reference_count_recomputes_table2_at_the_full_reference_set(finished_ru
     suite, runs, _ = finished_run
     run_in_process("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
                    "--no-progress", *ONE_PROCESS)
-    out = run_script("evaluate/reference_count.py", "--suite", suite, "--runs-dir", runs,
+    out = run_in_process("evaluate/reference_count.py", "--suite", suite, "--runs-dir", runs,
                      "--subsets", "3")
     assert "n=2 |" in out and "n=3 |" in out
     table2 = pd.read_csv(runs / "e2e" / "tables" / "localization-per-model-l2.csv")

@@ -9,7 +9,6 @@ import copy
 import json
 import shutil
 import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -443,9 +442,8 @@ def test_leaderboard_command_refuses_a_bad_record_naming_file_and_key(recorded_r
     folder.mkdir()
     bad = folder / f"{'1' * 64}.json"
     bad.write_text(json.dumps(data))
-    result = subprocess.run([sys.executable, str(REPO / "evaluate/leaderboard.py"), folder,
-                             "--populations", recorded_run[2], "--markdown", tmp_path / "LB.md"],
-                            capture_output=True, text=True, timeout=300)
+    result = command_in_process("evaluate/leaderboard.py", folder, "--populations", recorded_run[2],
+                                "--markdown", tmp_path / "LB.md")
     assert result.returncode == 2
     assert str(bad) in result.stderr and "families.0.rate" in result.stderr
     assert not (tmp_path / "LB.md").exists()

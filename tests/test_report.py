@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.conftest import REPO, run_in_process, run_script
+from tests.conftest import REPO, run_in_process
 
 CHROMIUM = "/usr/bin/chromium"
 SECTIONS = ["summary", "detection", "localization", "implants", "detection-examples", "localization-examples",
@@ -37,7 +37,7 @@ def report_args(suite, runs, *extra):
 @pytest.fixture(scope="module")
 def report(finished_run):
     suite, runs, _ = finished_run
-    out = run_script("evaluate/report.py", *report_args(suite, runs, "--distance", "l2"))
+    out = run_in_process("evaluate/report.py", *report_args(suite, runs, "--distance", "l2"))
     path = runs / "e2e" / "report" / "report.html"  # the default --output
     return path, out
 

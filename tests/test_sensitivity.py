@@ -14,7 +14,7 @@ from counteraudit.explain.base import METHODS
 from counteraudit.explain.settings import method_specs, suite_method
 from counteraudit.train.core.registry import UnknownNameError
 from counteraudit.train.core.suite import load_suite, write_derived_suite
-from tests.conftest import ONE_PROCESS, run_in_process, run_script
+from tests.conftest import ONE_PROCESS, run_in_process
 
 ALL_METHODS = METHODS.names()
 
@@ -102,7 +102,7 @@ def test_compare_marks_exactly_the_changed_verdicts():
 def test_sensitivity_on_a_finished_run_agrees_with_the_main_job_on_the_derived_suite(finished_run):
     suite, runs, _ = finished_run
     args = ("--suite", suite, "--runs-dir", runs, "--distance", "l2", "--no-progress", *ONE_PROCESS)
-    out = run_script("evaluate/sensitivity.py", *args, "--choice", "explained_class")
+    out = run_in_process("evaluate/sensitivity.py", *args, "--choice", "explained_class")
     assert "explained_class = label: explaining guided_backprop" in out  # outputs-only untouched
     tables = runs / "e2e" / "tables"
     det = pd.read_csv(tables / "sensitivity-detection-l2.csv")
