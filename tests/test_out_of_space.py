@@ -86,11 +86,16 @@ def test_a_full_disk_stops_the_explain_stage_and_says_what_it_needs(trained_pair
 
 
 def write_unless_the_disk_is_full(item: tuple[str, int]) -> int:
-    """A work item that marks when it starts; item 1 finds the disk full, the others take a while."""
+    """A work item that marks when it starts; item 1 finds the disk full, the others finish a
+    second after item 1 started: timed from their own start, item 0 could finish first on a
+    loaded machine, whose second worker can take longer than that to start."""
     folder, number = item
     (Path(folder) / f"started-{number}").touch()
     if number == 1:
         raise OSError(errno.ENOSPC, NO_SPACE, str(Path(folder) / "result-1.npz"))
+    deadline = time.monotonic() + 120
+    while not (Path(folder) / "started-1").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     time.sleep(1)
     return number
 
