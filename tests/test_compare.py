@@ -210,7 +210,7 @@ def test_compare_end_to_end_on_a_finished_run_and_in_the_report(finished_run, tm
     suite, runs, _ = finished_run
     runs = Path(shutil.copytree(runs, tmp_path / "runs", symlinks=True))
     out = run_in_process("evaluate/compare.py", "--suite", suite, "--runs-dir", runs, "--distance",
-                     "l2", "--method", "guided_backprop", "--no-progress", *ONE_PROCESS)  # --against: the control
+                         "l2", "--method", "guided_backprop", "--no-progress", *ONE_PROCESS)  # --against: the control
     assert "guided_backprop vs outputs_only" in out and "McNemar's exact" in out
     assert "need a suite with null models" in out  # said, not silently skipped
     folder = runs / "e2e" / "tables" / "method-guided_backprop+outputs_only"

@@ -91,7 +91,7 @@ def test_reference_count_recomputes_table2_at_the_full_reference_set(finished_ru
     run_in_process("evaluate/localize.py", "--suite", suite, "--runs-dir", runs, "--distance", "l2",
                    "--no-progress", *ONE_PROCESS)
     out = run_in_process("evaluate/reference_count.py", "--suite", suite, "--runs-dir", runs,
-                     "--subsets", "3")
+                         "--subsets", "3")
     assert "n=2 |" in out and "n=3 |" in out
     table2 = pd.read_csv(runs / "e2e" / "tables" / "localization-per-model-l2.csv")
     for _, row in table2.iterrows():  # with all 3 references it is Table 2's own AUROC
