@@ -17,6 +17,11 @@ def carry(*names: str) -> None:
     _CARRIED.extend(name for name in names if name not in _CARRIED)
 
 
+def carried() -> tuple[str, ...]:
+    """The names ``carry`` was given."""
+    return tuple(_CARRIED)
+
+
 def export_lines() -> list[str]:
     """One ``export NAME='value'`` line per carried variable set in this process."""
     return [f"export {name}={shlex.quote(os.environ[name])}" for name in _CARRIED

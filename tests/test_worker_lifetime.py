@@ -3,6 +3,7 @@ process, or Ctrl-C, no worker is left computing or waiting (they used to outlive
 good). Both kinds of pool: a stage's local items (--jobs) and the synthetic world's generation."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -125,3 +126,50 @@ def test_no_worker_outlives_its_run(tmp_path, pool, stop):
     assert len(list(tmp_path.glob("started-*"))) == JOBS, "a worker started another item"
     if stop == "Ctrl-C":
         assert "KeyboardInterrupt" in log.read_text(), log.read_text()[-2000:]
+
+
+def worker_facts(_item: int) -> dict:
+    """What a worker says of itself: its parent, the CPU it spent before its item, and the
+    environment it runs in."""
+    time.sleep(1)  # every worker of the pool gets an item
+    return {"pid": os.getpid(), "parent": os.getppid(), "cpu": time.process_time(),
+            "marker": os.environ.get("WORKER_TEST_MARKER")}
+
+
+def preloaded_pools() -> list[list[dict]]:
+    """Three preloaded pools of a run, one after the other: the second after an environment
+    change, the third after a change of a variable a library reads when it loads."""
+    from counteraudit.slurm import job_environment  # noqa: PLC0415  (in the run only)
+    from counteraudit.slurm.worker_pool import PRELOADED, worker_pool  # noqa: PLC0415
+    pools = []
+    for marker, carried in (("first", "1"), ("second", "1"), ("third", "2")):
+        os.environ["WORKER_TEST_MARKER"] = marker
+        os.environ["WORKER_TEST_CARRIED"] = carried
+        job_environment.carry("WORKER_TEST_CARRIED")
+        with worker_pool(JOBS, PRELOADED, preload=(__name__,)) as pool:
+            pools.append(list(pool.map(worker_facts, range(JOBS))))
+    return pools
+
+
+def test_preloaded_workers_fork_from_one_server_in_the_runs_environment_of_the_moment():
+    """A stage's workers (PRELOADED) are forks of one server the run started, which had imported
+    torch and the stage: they start in a fraction of a CPU-second where a spawned worker takes
+    seconds. Each sees the run's environment when its pool started; where a variable that a
+    library reads once at load has changed since the server started, the pool is spawned."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import json, os, counteraudit.train, counteraudit.slurm.executor; "
+                               "from tests.test_worker_lifetime import preloaded_pools; "
+                               "print(json.dumps({'run': os.getpid(), 'pools': preloaded_pools()}))"],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    facts = json.loads(done.stdout.splitlines()[-1])
+    first, second, third = facts["pools"]
+    servers = {worker["parent"] for worker in first + second}
+    assert len(servers) == 1 and facts["run"] not in servers, facts
+    for worker in first + second:
+        assert worker["cpu"] < 1.0, worker  # forked with torch loaded: no interpreter start
+    assert {worker["marker"] for worker in first} == {"first"}
+    assert {worker["marker"] for worker in second} == {"second"}
+    assert {worker["parent"] for worker in third} == {facts["run"]}, third  # spawned
+    assert {worker["marker"] for worker in third} == {"third"}
+    assert min(worker["cpu"] for worker in third) > max(worker["cpu"] for worker in first + second)
