@@ -36,7 +36,7 @@ things differ from spawn, and are handled here:
   slurm/job_environment.py's carried variables), so a pool whose carried values differ from those
   the server started with is spawned instead.
 
-Where there is no forkserver or no pidfd (not Linux), ``PRELOADED`` spawns.
+Where there is no forkserver or no pidfd (not Linux, or Linux before 5.3), ``PRELOADED`` spawns.
 """
 from __future__ import annotations
 
@@ -149,6 +149,16 @@ def _carried_values() -> dict[str, str | None]:
     return {name: os.environ.get(name) for name in job_environment.carried()}
 
 
+def _kernel_has_pidfd() -> bool:
+    """Whether this Python and this kernel give pidfds (Linux 5.3 on; a cluster's older kernel
+    refuses the call that Python has)."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
 def start_context(start_method: str, preload: tuple[str, ...] = ()) -> multiprocessing.context.BaseContext:
     """The multiprocessing context ``worker_pool`` starts its workers from: ``start_method``'s, or
     for ``PRELOADED`` the forkserver's, preloading ``__main__`` and ``preload`` the first time,
@@ -156,7 +166,7 @@ def start_context(start_method: str, preload: tuple[str, ...] = ()) -> multiproc
     global _server_environment
     if start_method != PRELOADED:
         return multiprocessing.get_context(start_method)
-    if "forkserver" not in multiprocessing.get_all_start_methods() or not hasattr(os, "pidfd_open"):
+    if "forkserver" not in multiprocessing.get_all_start_methods() or not _kernel_has_pidfd():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
     if _server_environment is None:

@@ -3,6 +3,7 @@ process, or Ctrl-C, no worker is left computing or waiting (they used to outlive
 good). Both kinds of pool: a stage's local items (--jobs) and the synthetic world's generation."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from counteraudit.slurm.worker_pool import PRELOADED, start_context
 from tests.conftest import REPO
 
 JOBS = 2
@@ -173,3 +175,12 @@ def test_preloaded_workers_fork_from_one_server_in_the_runs_environment_of_the_m
     assert {worker["parent"] for worker in third} == {facts["run"]}, third  # spawned
     assert {worker["marker"] for worker in third} == {"third"}
     assert min(worker["cpu"] for worker in third) > max(worker["cpu"] for worker in first + second)
+
+
+def test_a_kernel_without_pidfds_gets_spawned_workers(monkeypatch):
+    """A forked worker watches its run through a pidfd; where the kernel has none (Linux before
+    5.3, still on some clusters), the pool is spawned rather than broken."""
+    def refused(pid):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+    monkeypatch.setattr(os, "pidfd_open", refused)
+    assert start_context(PRELOADED).get_start_method() == "spawn"
