@@ -159,7 +159,7 @@ def _outcomes_in_workers(fn: Callable[[Any], Any], items: list[Any], stage_name:
     stop_scheduling = multiprocessing.get_context("spawn").Event()
     outcomes: dict[int, tuple[str, Any]] = {}
     with worker_pool(jobs, PRELOADED, _start_worker, (threads, stop_scheduling),
-                     preload=(__name__, getattr(fn, "__module__", None) or __name__)) as pool:
+                     preload=(getattr(fn, "__module__", None) or "__main__",)) as pool:
         futures = {pool.submit(_call_with_traceback, fn, item): index for index, item in enumerate(items)}
         for future in as_completed(futures):
             if future.cancelled():
