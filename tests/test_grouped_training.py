@@ -9,6 +9,7 @@ import counteraudit.train  # noqa: F401, I001  (first: the numeric mode)
 import torch
 from torch import nn
 
+from counteraudit.evaluate.benchmarks.grouped_training import ENGINES, STEPS, _step_functions
 from counteraudit.train.grouped import GroupedClassifier, MemberView, PerModelLogits, grouped_network
 from counteraudit.train.architectures import SmallResNet, build_model
 
@@ -102,3 +103,14 @@ def test_a_member_view_computes_with_the_groups_current_weights_and_statistics()
     for name, value in alone.backbone.state_dict().items():
         if name.endswith("running_mean") or name.endswith("running_var"):
             torch.testing.assert_close(after[name], value, rtol=1e-12, atol=1e-12)
+
+
+def test_every_engine_of_the_benchmark_steps_wholly_on_the_requested_device():
+    """The benchmark's GPU figures need every weight, input and attack draw on the GPU. On the
+    meta device, anything left on the CPU (a grouped network built from the models after they
+    moved, a PGD start drawn with a CPU generator) fails the step as it would on CUDA."""
+    for kind in STEPS:
+        steps = _step_functions(2, 4, 16, kind, list(ENGINES), torch.device("meta"), "fp32")
+        assert sorted(steps) == sorted(ENGINES)
+        for step in steps.values():
+            step()

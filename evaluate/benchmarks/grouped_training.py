@@ -21,6 +21,11 @@ The adversarial step runs the adversarial family's PGD (2 steps, L-inf 8/255: th
 the update, on each model alone or on the grouped network at once. The three run interleaved, so a
 load on a shared machine falls on all of them; the figure is the median over ``--repeats``
 interleaved rounds. Nothing is written. ``--profile`` prints where one model's step spends its time.
+
+On a GPU (``--device cuda``) each timed call runs ``--steps`` steps and then waits for the GPU,
+and ``--precision bf16`` runs each step under bf16 autocast, as the trainer does on CUDA:
+
+    python evaluate/benchmarks/grouped_training.py --device cuda --precision fp32 --precision bf16
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ if __package__ in (None, ""):
 import counteraudit.train  # noqa: E402, F401, I001
 
 import argparse
+import contextlib
 import copy
 import statistics
 from collections.abc import Callable
@@ -47,10 +53,12 @@ from counteraudit.evaluate.benchmarks import benchmark_parser, interleaved_secon
 from counteraudit.train.architectures import SmallResNet
 from counteraudit.train.grouped import PerModelLogits, grouped_network
 from counteraudit.train.core.numerics import cpu_model
+from counteraudit.train.trainer import pick_device
 from counteraudit.train.core.command_line import run_cli
 
 ENGINES = ("alone", "grouped", "vmap")
 STEPS = ("plain", "adversarial", "gradient")
+PRECISIONS = ("fp32", "bf16")
 EPS, PGD_STEPS = 8 / 255, 2
 
 
@@ -66,6 +74,14 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                         help="steps to time (repeatable; default all): a plain or an adversarial "
                              "training step, or the input gradient of every model on the same "
                              "images (what a saliency method computes, the models in eval mode)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, cuda or cuda:N (on a GPU, --threads sets only the host's threads)")
+    parser.add_argument("--precision", action="append", choices=PRECISIONS, default=None,
+                        help="fp32, or bf16 autocast as the trainer's on CUDA and with cpu_bf16 "
+                             "(repeatable; default fp32)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps per timed call (default 1 on the CPU, 20 on a GPU, where one "
+                             "small step is shorter than the wait for its result)")
     parser.add_argument("--batch-size", type=int, default=64, help="images per model per step")
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved timed rounds")
@@ -79,14 +95,15 @@ def _sgd(parameters) -> torch.optim.SGD:
     return torch.optim.SGD(parameters, lr=0.01, momentum=0.9, weight_decay=1e-4)
 
 
-def _step_functions(k: int, batch: int, size: int, kind: str,
-                    engines: list[str]) -> dict[str, Callable[[], None]]:
+def _step_functions(k: int, batch: int, size: int, kind: str, engines: list[str],
+                    device: torch.device = torch.device("cpu"),
+                    precision: str = "fp32") -> dict[str, Callable[[], None]]:
     """One step of each engine on k models: ``kind`` is "plain", "adversarial" (PGD, then the
     update) or "gradient" (every model's input gradient on the same images, no update)."""
     torch.manual_seed(0)
-    models = [SmallResNet(10) for _ in range(k)]
-    images = [torch.rand(batch, 3, size, size) for _ in range(k)]
-    labels = [torch.randint(0, 10, (batch,)) for _ in range(k)]
+    models = [SmallResNet(10) for _ in range(k)]  # on the CPU: each engine moves its own copy
+    images = [torch.rand(batch, 3, size, size).to(device) for _ in range(k)]
+    labels = [torch.randint(0, 10, (batch,)).to(device) for _ in range(k)]
     if kind == "gradient":  # a saliency method's case: every model explains the same images
         images, labels = [images[0]] * k, [labels[0]] * k
         for model in models:
@@ -115,7 +132,7 @@ def _step_functions(k: int, batch: int, size: int, kind: str,
         optimizer.step()
 
     if "alone" in engines:
-        alone = [m.to(memory_format=torch.channels_last) for m in copy.deepcopy(models)]
+        alone = [m.to(device, memory_format=torch.channels_last) for m in copy.deepcopy(models)]
         optimizers = [_sgd(m.parameters()) for m in alone]
         inputs = [x.contiguous(memory_format=torch.channels_last) for x in images]
 
@@ -125,7 +142,7 @@ def _step_functions(k: int, batch: int, size: int, kind: str,
         steps["alone"] = step_alone
 
     if "grouped" in engines:
-        grouped = PerModelLogits(grouped_network(models)).to(memory_format=torch.channels_last)
+        grouped = PerModelLogits(grouped_network(models)).to(device, memory_format=torch.channels_last)
         optimizer = _sgd(grouped.parameters())
         side_by_side = torch.cat(images, 1).contiguous(memory_format=torch.channels_last)
         interleaved = torch.stack(labels, 1).reshape(-1)  # row b * k + i: model i's image b
@@ -133,7 +150,7 @@ def _step_functions(k: int, batch: int, size: int, kind: str,
 
     if "vmap" in engines:
         template = copy.deepcopy(models[0]).to("meta")
-        parameters, buffers = stack_module_state(models)
+        parameters, buffers = stack_module_state([m.to(device) for m in copy.deepcopy(models)])
         optimizer = _sgd(list(parameters.values()))
         stacked, stacked_labels = torch.stack(images), torch.stack(labels)
 
@@ -152,7 +169,7 @@ def _step_functions(k: int, batch: int, size: int, kind: str,
                 return
             x = stacked
             if kind == "adversarial":  # PGD on every model at once: the summed losses' gradient
-                delta = torch.empty_like(stacked).uniform_(-EPS, EPS, generator=generator)
+                delta = ((torch.rand(stacked.shape, generator=generator) * 2 - 1) * EPS).to(device)
                 for _ in range(PGD_STEPS):
                     delta.requires_grad_(True)
                     grad, = torch.autograd.grad(batched_loss(parameters, buffers,
@@ -164,15 +181,37 @@ def _step_functions(k: int, batch: int, size: int, kind: str,
             batched_loss(parameters, buffers, x, stacked_labels).sum().backward()
             optimizer.step()
         steps["vmap"] = step_vmap
-    return steps
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16"
+                else contextlib.nullcontext())
+
+    def under_autocast(step: Callable[[], None]) -> Callable[[], None]:
+        def run():
+            with autocast:
+                step()
+        return run
+    return {name: under_autocast(step) for name, step in steps.items()}
+
+
+def _repeated(step: Callable[[], None], count: int, device: torch.device) -> Callable[[], None]:
+    """``count`` steps, then the wait for the device: a GPU runs asynchronously, and only the
+    finished work counts."""
+    def run():
+        for _ in range(count):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return run
 
 
 def measure(k: int, threads: int, batch: int, size: int, kind: str, repeats: int,
-            engines: list[str]) -> dict[str, float]:
+            engines: list[str], device: torch.device = torch.device("cpu"),
+            precision: str = "fp32", steps: int = 1) -> dict[str, float]:
     """Images per second per model of each engine: the median over interleaved rounds."""
     torch.set_num_threads(threads)
-    seconds = interleaved_seconds(_step_functions(k, batch, size, kind, engines), repeats)
-    return {name: batch / statistics.median(times) for name, times in seconds.items()}
+    functions = _step_functions(k, batch, size, kind, engines, device, precision)
+    seconds = interleaved_seconds({name: _repeated(step, steps, device)
+                                   for name, step in functions.items()}, repeats)
+    return {name: batch * steps / statistics.median(times) for name, times in seconds.items()}
 
 
 def _profile(batch: int, size: int) -> None:
@@ -186,21 +225,29 @@ def _profile(batch: int, size: int) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
-    ks, threads = args.k or [1, 2, 4, 8, 16], args.threads or [1, 2]
+    device = pick_device(args.device)
+    gpu = device.type == "cuda"
+    # on a GPU the host's threads only launch kernels: one setting, not a sweep
+    ks, threads = args.k or [1, 2, 4, 8, 16], args.threads or ([1] if gpu else [1, 2])
     engines = args.engine or list(ENGINES)
-    print(f"CPU: {cpu_model()}; small_resnet, batch {args.batch_size} per model, "
-          f"{args.image_size} px, median of {args.repeats} interleaved rounds")
+    steps = args.steps or (20 if gpu else 1)
+    where = f"GPU: {torch.cuda.get_device_name(device)}, torch {torch.__version__}" if gpu \
+        else f"CPU: {cpu_model()}"
+    print(f"{where}; small_resnet, batch {args.batch_size} per model, {args.image_size} px, "
+          f"{steps} step(s) per timed call, median of {args.repeats} interleaved rounds")
     print("images/s per model (ratio: grouped or vmap / alone)")
-    for kind in args.step or list(STEPS):
-        for thread_count in threads:
-            for k in ks:
-                rates = measure(k, thread_count, args.batch_size, args.image_size, kind,
-                                args.repeats, engines)
-                cells = "  ".join(
-                    f"{name} {rate:7.1f}" + (f" ({rate / rates['alone']:.2f}x)"
-                                             if name != "alone" and "alone" in rates else "")
-                    for name, rate in rates.items())
-                print(f"{kind:11s} threads={thread_count} k={k:2d}: {cells}", flush=True)
+    for precision in args.precision or ["fp32"]:
+        for kind in args.step or list(STEPS):
+            for thread_count in threads:
+                for k in ks:
+                    rates = measure(k, thread_count, args.batch_size, args.image_size, kind,
+                                    args.repeats, engines, device, precision, steps)
+                    cells = "  ".join(
+                        f"{name} {rate:7.1f}" + (f" ({rate / rates['alone']:.2f}x)"
+                                                 if name != "alone" and "alone" in rates else "")
+                        for name, rate in rates.items())
+                    print(f"{precision} {kind:11s} threads={thread_count} k={k:2d}: {cells}",
+                          flush=True)
     if args.profile:
         _profile(args.batch_size, args.image_size)
 
