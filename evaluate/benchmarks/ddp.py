@@ -175,7 +175,8 @@ def _local_process(rank: int, world_size: int, port: int, args: argparse.Namespa
 def report(figures: dict, args: argparse.Namespace) -> None:
     n = figures["world_size"]
     seconds = figures["all_reduce_seconds"]
-    bus = figures["gradient_bytes"] * 2 * (n - 1) / n / seconds / 1e9
+    bus = (f"bus bandwidth {figures['gradient_bytes'] * 2 * (n - 1) / n / seconds / 1e9:.1f} GB/s"
+           if n > 1 else "one process: nothing crosses a link")
     print(f"{figures['where']}; torch {torch.__version__}; {args.architecture}, "
           f"{args.image_size} px, batch {args.batch_size} per process, {figures['precision']}, "
           f"{args.step} step; {n} process(es), {figures['backend']}; median of {args.repeats} "
@@ -184,7 +185,7 @@ def report(figures: dict, args: argparse.Namespace) -> None:
           f"({figures['ddp'] / figures['plain']:.3f}x); all processes with ddp: "
           f"{figures['ddp'] * n:.1f}")
     print(f"  all-reduce of the gradients ({figures['gradient_bytes'] / 1e6:.1f} MB fp32): "
-          f"{seconds * 1e3:.3f} ms, bus bandwidth {bus:.1f} GB/s", flush=True)
+          f"{seconds * 1e3:.3f} ms, {bus}", flush=True)
 
 
 def main(args: argparse.Namespace) -> None:
