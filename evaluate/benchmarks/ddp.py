@@ -17,7 +17,9 @@ autocast. Timed, as medians of ``--repeats`` interleaved rounds of ``--steps`` s
 - ``ddp``: the model wrapped in DistributedDataParallel, whose gradient buckets are all-reduced
   over the process group during the backward pass, as the trainer wraps it;
 - ``all-reduce``: ``torch.distributed.all_reduce`` of one flat tensor the size of the model's
-  gradients (fp32), alone; NCCL's bus bandwidth is its size x 2(n-1)/n per second.
+  gradients (fp32), alone; NCCL's bus bandwidth is its size x 2(n-1)/n per second;
+- ``pgd-start`` (adversarial steps): PGD's random start drawn on the host as the family draws it,
+  alone, and its share of the step.
 
 The process group is the trainer's (slurm/distributed.py: env:// from torchrun's or Slurm's
 variables; NCCL on GPUs, gloo on CPUs). One process is a group of one here, made by the benchmark,
@@ -123,6 +125,19 @@ def _all_reduce(model: nn.Module, device: torch.device, steps: int) -> tuple[Cal
     return reduce, flat.numel() * flat.element_size()
 
 
+def _pgd_start(args) -> Callable[[], None]:
+    """The part of an adversarial step spent on the host: PGD's random start, drawn on the CPU
+    from the family's generator for the whole batch (anomalies/families/adversarial.py's pgd),
+    so that any device and any number of processes start from the same bits."""
+    generator = torch.Generator().manual_seed(0)
+    shape = (args.batch_size, 3, args.image_size, args.image_size)
+
+    def draw():
+        for _ in range(args.steps):
+            (torch.rand(shape, generator=generator) * 2 - 1) * EPS
+    return draw
+
+
 def measure(args: argparse.Namespace) -> dict[str, float] | None:
     """Rank 0's figures: images/s per process of each step, and the all-reduce's seconds."""
     context = init_distributed(backend="nccl" if args.device == "cuda" else "gloo")
@@ -143,13 +158,17 @@ def measure(args: argparse.Namespace) -> dict[str, float] | None:
         autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if bf16
                     else contextlib.nullcontext())
         reduce, nbytes = _all_reduce(model, device, args.steps)
-        seconds = interleaved_seconds({"plain": _training_step(model, model, args, device, autocast),
-                                       "ddp": _training_step(ddp, wrapped_model, args, device, autocast),
-                                       "all-reduce": reduce}, args.repeats)
+        timed = {"plain": _training_step(model, model, args, device, autocast),
+                 "ddp": _training_step(ddp, wrapped_model, args, device, autocast),
+                 "all-reduce": reduce}
+        if args.step == "adversarial":
+            timed["pgd-start"] = _pgd_start(args)
+        seconds = interleaved_seconds(timed, args.repeats)
         medians = {name: statistics.median(times) / args.steps for name, times in seconds.items()}
         figures = {"plain": args.batch_size / medians["plain"], "ddp": args.batch_size / medians["ddp"],
                    "all_reduce_seconds": medians["all-reduce"], "gradient_bytes": nbytes,
                    "world_size": dist.get_world_size(), "backend": str(dist.get_backend()),
+                   "pgd_start_seconds": medians.get("pgd-start"),
                    "precision": "bf16" if bf16 else "fp32",
                    "where": (f"GPU: {torch.cuda.get_device_name(device)}" if device.type == "cuda"
                              else f"CPU: {cpu_model()}")}
@@ -186,6 +205,11 @@ def report(figures: dict, args: argparse.Namespace) -> None:
           f"{figures['ddp'] * n:.1f}")
     print(f"  all-reduce of the gradients ({figures['gradient_bytes'] / 1e6:.1f} MB fp32): "
           f"{seconds * 1e3:.3f} ms, {bus}", flush=True)
+    if figures["pgd_start_seconds"] is not None:
+        step = args.batch_size / figures["ddp"]
+        print(f"  PGD's random start drawn on the host, alone: {figures['pgd_start_seconds'] * 1e3:.1f} ms "
+              f"a step ({figures['pgd_start_seconds'] / step:.0%} of the ddp step's {step * 1e3:.1f} ms)",
+              flush=True)
 
 
 def main(args: argparse.Namespace) -> None:
