@@ -32,6 +32,17 @@ def _flat_norm(x: torch.Tensor) -> torch.Tensor:
     return x.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, 1, 1, 1)
 
 
+def random_start(shape: tuple[int, ...], norm: str, eps: float,
+                 generator: torch.Generator) -> torch.Tensor:
+    """PGD's random start for a batch of ``shape``: uniform in the L-inf ball, or uniform in
+    direction and radius for L2. Drawn on the CPU from ``generator``, so any device and any number
+    of processes start from the same bits."""
+    if norm == "linf":
+        return (torch.rand(shape, generator=generator) * 2 - 1) * eps
+    noise = torch.randn(shape, generator=generator)
+    return noise / _flat_norm(noise) * eps * torch.rand(shape[0], 1, 1, 1, generator=generator)
+
+
 def pgd(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, norm: str, eps: float,
         steps: int, step_size: float, generator: torch.Generator, offset: int = 0,
         global_size: int | None = None) -> torch.Tensor:
@@ -42,12 +53,7 @@ def pgd(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, norm
     and starts where one process attacking the whole batch would (AnomalyFamily.training_inputs).
     The caller's autocast applies to the attack's passes too (the trainer runs it under the
     training's autocast)."""
-    shape = (global_size or len(images), *images.shape[1:])
-    if norm == "linf":
-        delta = (torch.rand(shape, generator=generator) * 2 - 1) * eps
-    else:
-        noise = torch.randn(shape, generator=generator)
-        delta = noise / _flat_norm(noise) * eps * torch.rand(shape[0], 1, 1, 1, generator=generator)
+    delta = random_start((global_size or len(images), *images.shape[1:]), norm, eps, generator)
     delta = rows_of(delta, offset, len(images))
     delta = (images + delta.to(images.device)).clamp(0, 1) - images
     for _ in range(steps):

@@ -50,7 +50,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from counteraudit.anomalies.families.adversarial import pgd
+from counteraudit.anomalies.families.adversarial import pgd, random_start
 from counteraudit.evaluate.benchmarks import benchmark_parser, interleaved_seconds
 from counteraudit.slurm.distributed import cleanup_distributed, init_distributed
 from counteraudit.train.architectures import build_model
@@ -126,15 +126,14 @@ def _all_reduce(model: nn.Module, device: torch.device, steps: int) -> tuple[Cal
 
 
 def _pgd_start(args) -> Callable[[], None]:
-    """The part of an adversarial step spent on the host: PGD's random start, drawn on the CPU
-    from the family's generator for the whole batch (anomalies/families/adversarial.py's pgd),
-    so that any device and any number of processes start from the same bits."""
+    """The part of an adversarial step spent on the host: PGD's random start for the whole
+    batch, drawn on the CPU as the adversarial family's pgd draws it."""
     generator = torch.Generator().manual_seed(0)
     shape = (args.batch_size, 3, args.image_size, args.image_size)
 
     def draw():
         for _ in range(args.steps):
-            (torch.rand(shape, generator=generator) * 2 - 1) * EPS
+            random_start(shape, "linf", EPS, generator)
     return draw
 
 
@@ -183,12 +182,16 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _measure_and_report(args: argparse.Namespace) -> None:
+    figures = measure(args)
+    if figures is not None:  # rank 0 reports
+        report(figures, args)
+
+
 def _local_process(rank: int, world_size: int, port: int, args: argparse.Namespace) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    figures = measure(args)
-    if figures is not None:
-        report(figures, args)
+    _measure_and_report(args)
 
 
 def report(figures: dict, args: argparse.Namespace) -> None:
@@ -222,9 +225,7 @@ def main(args: argparse.Namespace) -> None:
     under_launcher = all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
                                                          "MASTER_PORT"))
     if under_launcher:
-        figures = measure(args)
-        if figures is not None:
-            report(figures, args)
+        _measure_and_report(args)
         return
     world_size = args.nproc or 1
     if args.device == "cuda" and world_size > torch.cuda.device_count():

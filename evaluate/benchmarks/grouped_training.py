@@ -48,7 +48,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state
 from torch.profiler import profile
 
-from counteraudit.anomalies.families.adversarial import pgd
+from counteraudit.anomalies.families.adversarial import pgd, random_start
 from counteraudit.evaluate.benchmarks import benchmark_parser, interleaved_seconds
 from counteraudit.train.architectures import SmallResNet
 from counteraudit.train.grouped import PerModelLogits, grouped_network
@@ -169,7 +169,7 @@ def _step_functions(k: int, batch: int, size: int, kind: str, engines: list[str]
                 return
             x = stacked
             if kind == "adversarial":  # PGD on every model at once: the summed losses' gradient
-                delta = ((torch.rand(stacked.shape, generator=generator) * 2 - 1) * EPS).to(device)
+                delta = random_start(stacked.shape, "linf", EPS, generator).to(device)
                 for _ in range(PGD_STEPS):
                     delta.requires_grad_(True)
                     grad, = torch.autograd.grad(batched_loss(parameters, buffers,
