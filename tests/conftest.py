@@ -217,6 +217,15 @@ def command_in_process(script, *args) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess([script, *argv], code, out.getvalue(), err.getvalue())
 
 
+def without_slurm_or_imagenet(monkeypatch, folder: Path) -> None:
+    """This process as on a machine with neither Slurm's tools (PATH holds only Python's folder)
+    nor ImageNet, working in ``folder``: what a dry run there cannot check, its plan says."""
+    for name in ("IMAGENET_ROOT", "STYLIZED_IMAGENET_ROOT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+    monkeypatch.chdir(folder)
+
+
 def run_in_process(script, *args) -> str:
     """What ``run_script(script, *args)`` returns (its stdout), from ``in_process``."""
     return in_process(script, *args).stdout

@@ -2,9 +2,6 @@
 resolution schedule: progressive resizing that resumes exactly mid-schedule."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,7 +10,7 @@ from counteraudit.train.checkpoint import WEIGHTS_NAME, model_dir
 from counteraudit.train.core.recipe import Recipe
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.trainer import train_model
-from tests.conftest import REPO
+from tests.conftest import run_in_process, without_slurm_or_imagenet
 from tests.test_per_rank_ddp import write_imagefolder
 
 # Keys of this suite as computed by the code before resolution schedules (and before every other
@@ -76,20 +73,15 @@ def test_paper_fast_is_the_papers_models_with_the_short_recipe():
 
 
 @pytest.mark.timeout(120)
-def test_paper_fast_dry_run_on_slurm_lists_the_36_jobs_with_the_fast_recipe(tmp_path):
+def test_paper_fast_dry_run_on_slurm_lists_the_36_jobs_with_the_fast_recipe(tmp_path, monkeypatch):
     """The command of train/README.md; it needs no cluster, no ImageNet, and writes nothing. Run here
     as on a machine without Slurm's tools (PATH holds only Python's folder), so partition "p" is
     not checked and the plan says so; on a reachable cluster an unknown partition is an error
     listing the real ones (tests/test_slurm_errors.py)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("IMAGENET_ROOT", "STYLIZED_IMAGENET_ROOT")}
-    env["PATH"] = os.path.dirname(sys.executable)
+    without_slurm_or_imagenet(monkeypatch, tmp_path)
     runs = tmp_path / "runs"
-    result = subprocess.run([sys.executable, str(REPO / "train" / "train.py"), "--suite",
-                             "paper-fast", "--executor", "slurm", "--partition", "p", "--dry-run",
-                             "--runs-dir", str(runs)], capture_output=True, text=True, env=env,
-                            cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
+    out = run_in_process("train/train.py", "--suite", "paper-fast", "--executor", "slurm",
+                         "--partition", "p", "--dry-run", "--runs-dir", runs)
     listed = out.split("\n  items:\n", 1)[1].split("\n  nothing was run")[0].split()
     assert sorted(listed) == sorted(spec.name for spec in load_suite("paper-fast").models)
     assert "would submit 1 Slurm job array of 36 jobs" in out

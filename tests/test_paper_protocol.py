@@ -2,10 +2,6 @@
 the six backdoor triggers and the spurious watermark at the original's pixels, the missing class
 dropped from the output layer with class indices mapped, Table 1's adversarial rows and Table 2's
 per-layer Caricature rows; and the Slurm dry run lists all of it without a cluster."""
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -26,8 +22,8 @@ from counteraudit.train.architectures import ABSENT_CLASS_LOGIT
 from counteraudit.train.core.suite import load_suite
 from counteraudit.train.training_parts import evaluate_accuracy, new_model
 from counteraudit.train.worlds import build_world
+from tests.conftest import run_in_process, without_slurm_or_imagenet
 
-REPO = Path(__file__).resolve().parents[1]
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 WORLD = {"name": "synthetic", "seed": 4, "image_size": 32, "num_train": 300, "num_val": 200}
 
@@ -219,15 +215,11 @@ def test_table1_rows_split_by_the_suites_row_label_and_table2_lists_caricature_l
 
 
 # ---------------------------------------------------------------- the must-hold dry run
-def test_paper_dry_run_on_slurm_without_a_cluster_lists_the_backdoors_and_adversarial_rows(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("IMAGENET_ROOT", "STYLIZED_IMAGENET_ROOT")}
-    env["PATH"] = str(Path(sys.executable).parent)  # no sinfo: Slurm not installed nor running
-    result = subprocess.run([sys.executable, str(REPO / "train" / "train.py"), "--suite", "paper",
-                             "--executor", "slurm", "--partition", "p", "--dry-run",
-                             "--runs-dir", str(tmp_path / "runs")],
-                            capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
+def test_paper_dry_run_on_slurm_without_a_cluster_lists_the_backdoors_and_adversarial_rows(
+        tmp_path, monkeypatch):
+    without_slurm_or_imagenet(monkeypatch, tmp_path)
+    out = run_in_process("train/train.py", "--suite", "paper", "--executor", "slurm",
+                         "--partition", "p", "--dry-run", "--runs-dir", tmp_path / "runs")
     assert "the partition and GPUs were not checked" in out
     for index, (nu, target) in enumerate(zip((0.5, 0.1, 0.05, 0.3, 0.01, 0.5), (8, 15, 111, 258, 443, 876))):
         assert f"backdoor-{index}-nu{nu}: nu {nu}, target {target}, pattern paper_{index}" in out

@@ -1,8 +1,5 @@
 """Suites and registries: the shipped suites parse, bad names list the valid ones."""
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,9 +10,8 @@ from counteraudit.train.core.suite import load_suite
 from counteraudit.evaluate.pipeline import load_checked_suite
 from counteraudit.train.core.suite_files import available_suites
 from counteraudit.train.train import get_args_parser, main
-from tests.conftest import write_suite
+from tests.conftest import command_in_process, run_in_process, write_suite
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_shipped_suites():
@@ -109,29 +105,28 @@ def test_layer_addressing_matches_torchvision_names():
 
 
 def test_train_script_errors_are_one_clear_line(tmp_path):
-    result = subprocess.run([sys.executable, str(REPO / "train" / "train.py"), "--suite", "demo",
-                             "--model", "nobody", "--runs-dir", str(tmp_path)],
-                            capture_output=True, text=True)
-    assert result.returncode != 0
+    result = command_in_process("train/train.py", "--suite", "demo", "--model", "nobody",
+                                "--runs-dir", tmp_path)
+    assert result.returncode == 2
     assert "error: suite 'demo' has no model 'nobody'" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 @pytest.mark.slurm
 @pytest.mark.timeout(120)
-def test_paper_suite_dry_run_on_slurm_lists_the_36_trainings_with_the_papers_recipe(tmp_path):
+def test_paper_suite_dry_run_on_slurm_lists_the_36_trainings_with_the_papers_recipe(tmp_path,
+                                                                                   monkeypatch):
     """`train.py --suite paper --executor slurm --dry-run` without ImageNet: the 36 training jobs
     (12 references + 24 anomalies), the recipe and the resources, and nothing submitted. The
     local test cluster has no GPUs: the plan is still printed, with the error a real run gives.
     The suite asks for one GPU per model; --gpus-per-node 8 shows the DDP plan of a multi-GPU run."""
-    env = {k: v for k, v in os.environ.items() if k not in ("IMAGENET_ROOT", "STYLIZED_IMAGENET_ROOT")}
+    for name in ("IMAGENET_ROOT", "STYLIZED_IMAGENET_ROOT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
     runs = tmp_path / "runs"
-    result = subprocess.run([sys.executable, str(REPO / "train" / "train.py"), "--suite", "paper",
-                             "--executor", "slurm", "--partition", "debug", "--dry-run",
-                             "--gpus-per-node", "8", "--mem-gb", "400", "--runs-dir", str(runs)],
-                            capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
+    out = run_in_process("train/train.py", "--suite", "paper", "--executor", "slurm",
+                         "--partition", "debug", "--dry-run", "--gpus-per-node", "8",
+                         "--mem-gb", "400", "--runs-dir", runs)
     paper = load_suite("paper")
     listed = out.split("\n  items:\n", 1)[1].split("\n  nothing was run")[0].split()
     assert len(listed) == 36 and set(listed) == {spec.name for spec in paper.models}

@@ -9,9 +9,11 @@ built on ``benchmark_parser``, ``main(args)``, and, run as a file,
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 
+from counteraudit.train.core import numerics
 from counteraudit.train.core.command_line import ScriptHelpFormatter
 
 
@@ -36,3 +38,10 @@ def interleaved_seconds(functions: dict[str, Callable[[], object]],
             function()
             seconds[name].append(time.perf_counter() - started)
     return seconds
+
+
+def machine_at_the_end() -> str:
+    """The CPU, how many this process sees and the load average now, for a table's heading: the
+    figures are this machine's, and a load above zero means something else ran beside them."""
+    return (f"{numerics.cpu_model()}, {os.cpu_count()} CPU(s), load average "
+            f"{os.getloadavg()[0]:.1f} at the end")

@@ -30,10 +30,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from counteraudit.evaluate.benchmarks import benchmark_parser
+from counteraudit.evaluate.benchmarks import benchmark_parser, machine_at_the_end
 from counteraudit.evaluate.reporting.tables import to_markdown
 from counteraudit.evaluate.stage_scripts import STAGE_SCRIPTS
-from counteraudit.train.core import numerics
 from counteraudit.train.core.command_line import run_cli
 
 THIS_CHECKOUT = Path(__file__).resolve().parents[2]
@@ -103,8 +102,7 @@ def main(args: argparse.Namespace) -> pd.DataFrame:
     table = pd.DataFrame(list(rows.values()))
     if len(checkouts) > 1:
         table["ratio"] = (table[f"{checkouts[0]} s"] / table[f"{checkouts[-1]} s"]).round(1)
-    print(f"\n--help wall time, median of {args.runs} fresh runs each; {numerics.cpu_model()}, "
-          f"{os.cpu_count()} CPU(s), load average {os.getloadavg()[0]:.1f} at the end\n")
+    print(f"\n--help wall time, median of {args.runs} fresh runs each; {machine_at_the_end()}\n")
     print(to_markdown(table, float_format="{:.2f}"))
     return table
 

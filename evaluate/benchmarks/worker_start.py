@@ -33,10 +33,9 @@ import pandas as pd
 
 # What a stage's worker imports to run its item: torch, torchvision and the stage's own modules.
 import counteraudit.explain.stage  # noqa: F401
-from counteraudit.evaluate.benchmarks import benchmark_parser
+from counteraudit.evaluate.benchmarks import benchmark_parser, machine_at_the_end
 from counteraudit.evaluate.reporting.tables import to_markdown
 from counteraudit.slurm.worker_pool import PRELOADED, worker_pool
-from counteraudit.train.core import numerics
 from counteraudit.train.core.command_line import run_cli
 
 METHODS = ("spawn", PRELOADED)
@@ -103,8 +102,7 @@ def main(args: argparse.Namespace) -> pd.DataFrame | None:
     # the run's own start and the server's are in both figures: this is the whole run's ratio
     table["CPU ratio to spawn"] = table["busy CPU-s"] / table["busy CPU-s"][0]
     print(f"\n{args.pools} pools of {args.jobs} workers, one trivial item each, median of "
-          f"{args.repeats} run(s); {numerics.cpu_model()}, {os.cpu_count()} CPU(s), load average "
-          f"{os.getloadavg()[0]:.1f} at the end\n")
+          f"{args.repeats} run(s); {machine_at_the_end()}\n")
     print(to_markdown(table, float_format="{:.2f}"))
     return table
 
