@@ -61,6 +61,16 @@ def tiny(tmp_path_factory):
                            world=build_world(suite.world, runs_root=base / "runs"))
 
 
+@pytest.fixture(scope="module")
+def trained_pair(tiny):
+    """(folders, metrics) of reference-00 and reference-01 trained as one group of 2, once for the
+    tests that compare with it. Read only."""
+    folders = [tiny.base / "pair" / f"g{index}" for index in range(2)]
+    metrics = train_models_together([_grouped(spec) for spec in tiny.refs[:2]], folders,
+                                    world=tiny.world, progress=False)
+    return folders, metrics
+
+
 def test_one_grouped_step_is_its_solo_twins_step(tmp_path):
     """One SGD step (64 images, one batch): same init, same batch, the solo formula, so the same
     loss and weights up to float32 rounding; for the adversarial member too, whose PGD runs on its
@@ -122,7 +132,7 @@ def test_every_demo_familys_first_step_grouped_is_its_solo_step(tmp_path):
                                            msg=lambda text: f"{spec.name} {name}: {text}")
 
 
-def test_a_grouped_member_stays_near_its_solo_twin(tiny):
+def test_a_grouped_member_stays_near_its_solo_twin(tiny, trained_pair):
     """After 2 epochs (20 steps) the rounding differences have grown, as between any two
     engines: the member stays much nearer its twin than another seed is, and its validation
     accuracy within 0.1 of the twin's (16 of 160 images; these near-chance tiny models' seed-to-
@@ -130,9 +140,8 @@ def test_a_grouped_member_stays_near_its_solo_twin(tiny):
     refs, base = tiny.refs, tiny.base / "near"
     solo = [train_model(spec, base / f"solo{i}", world=tiny.world, progress=False)
             for i, spec in enumerate(refs[:2])]
-    grouped = train_models_together([_grouped(spec) for spec in refs[:2]],
-                                    [base / "g0", base / "g1"], world=tiny.world, progress=False)
-    own = _relative_distance(_weights(base / "g0"), _weights(base / "solo0"))
+    folders, grouped = trained_pair
+    own = _relative_distance(_weights(folders[0]), _weights(base / "solo0"))
     other_seed = _relative_distance(_weights(base / "solo1"), _weights(base / "solo0"))
     assert own < 0.25 * other_seed, (own, other_seed)
     for member, twin in zip(grouped, solo):
@@ -160,20 +169,19 @@ def test_a_grouped_model_is_not_split_over_processes(tiny, tmp_path):
                     emulate_processes=2)
 
 
-def test_a_members_bits_do_not_depend_on_its_companions(tiny):
+def test_a_members_bits_do_not_depend_on_its_companions(tiny, trained_pair):
     """The same model in two groups of 2 with another companion, at another position, and alone
     (its group filled up with copies of itself): the same bits. So the key needs the group size
     (train/README.md: a group of 2 and one of 4 differ) but not the companions."""
     refs, base = tiny.refs, tiny.base / "companions"
-    train_models_together([_grouped(refs[0]), _grouped(refs[1])], [base / "a0", base / "a1"],
-                          world=tiny.world, progress=False)
+    (first_folder, companion_folder), _ = trained_pair  # reference-00 beside reference-01
     train_models_together([_grouped(refs[2]), _grouped(refs[0])], [base / "b2", base / "b0"],
                           world=tiny.world, progress=False)
     train_model(_grouped(refs[0]), base / "alone", world=tiny.world, progress=False)
-    first = _weights(base / "a0")
+    first = _weights(first_folder)
     assert _same_bits(first, _weights(base / "b0"))
     assert _same_bits(first, _weights(base / "alone"))
-    assert not _same_bits(first, _weights(base / "a1"))
+    assert not _same_bits(first, _weights(companion_folder))
 
 
 def test_an_adversarial_members_attack_does_not_depend_on_its_companions(tiny, tmp_path):
@@ -188,14 +196,13 @@ def test_an_adversarial_members_attack_does_not_depend_on_its_companions(tiny, t
     assert _same_bits(_weights(tmp_path / "a"), _weights(tmp_path / "b"))
 
 
-def test_an_interrupted_group_resumes_to_the_same_bits(tiny):
+def test_an_interrupted_group_resumes_to_the_same_bits(tiny, trained_pair):
     """Stopped after epoch 1, then resumed in other company (one member with a fresh model, so
     two groups at two epochs) and alone: the bits of the uninterrupted group; a trained member
     is read, not trained again."""
     refs, base = tiny.refs, tiny.base / "resume"
     grouped = [_grouped(spec) for spec in refs]
-    whole = [base / "whole0", base / "whole1"]
-    train_models_together(grouped[:2], whole, world=tiny.world, progress=False)
+    whole, _ = trained_pair
     cut = [base / "cut0", base / "cut1"]
     stopped = train_models_together(grouped[:2], cut, world=tiny.world, progress=False,
                                     stop_after_epoch=1)

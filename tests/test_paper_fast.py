@@ -2,7 +2,6 @@
 resolution schedule: progressive resizing that resumes exactly mid-schedule."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 

@@ -13,7 +13,6 @@ from counteraudit.train.train import get_args_parser, main
 from tests.conftest import command_in_process, run_in_process, write_suite
 
 
-
 def test_shipped_suites():
     assert {"demo", "demo-full", "paper", "quick"} <= set(available_suites())
     demo = load_suite("demo")
