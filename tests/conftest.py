@@ -217,13 +217,18 @@ def command_in_process(script, *args) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess([script, *argv], code, out.getvalue(), err.getvalue())
 
 
-def without_slurm_or_imagenet(monkeypatch, folder: Path) -> None:
-    """This process as on a machine with neither Slurm's tools (PATH holds only Python's folder)
-    nor ImageNet, working in ``folder``: what a dry run there cannot check, its plan says."""
+def without_imagenet(monkeypatch, folder: Path) -> None:
+    """This process as on a machine without ImageNet, working in ``folder``: what a dry run
+    there cannot check, its plan says."""
     for name in ("IMAGENET_ROOT", "STYLIZED_IMAGENET_ROOT"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
     monkeypatch.chdir(folder)
+
+
+def without_slurm_or_imagenet(monkeypatch, folder: Path) -> None:
+    """``without_imagenet``, and without Slurm's tools either (PATH holds only Python's folder)."""
+    without_imagenet(monkeypatch, folder)
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
 
 
 def run_in_process(script, *args) -> str:

@@ -10,7 +10,7 @@ from counteraudit.train.core.suite import load_suite
 from counteraudit.evaluate.pipeline import load_checked_suite
 from counteraudit.train.core.suite_files import available_suites
 from counteraudit.train.train import get_args_parser, main
-from tests.conftest import command_in_process, run_in_process, write_suite
+from tests.conftest import command_in_process, run_in_process, without_imagenet, write_suite
 
 
 def test_shipped_suites():
@@ -119,9 +119,7 @@ def test_paper_suite_dry_run_on_slurm_lists_the_36_trainings_with_the_papers_rec
     (12 references + 24 anomalies), the recipe and the resources, and nothing submitted. The
     local test cluster has no GPUs: the plan is still printed, with the error a real run gives.
     The suite asks for one GPU per model; --gpus-per-node 8 shows the DDP plan of a multi-GPU run."""
-    for name in ("IMAGENET_ROOT", "STYLIZED_IMAGENET_ROOT"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.chdir(tmp_path)
+    without_imagenet(monkeypatch, tmp_path)
     runs = tmp_path / "runs"
     out = run_in_process("train/train.py", "--suite", "paper", "--executor", "slurm",
                          "--partition", "debug", "--dry-run", "--gpus-per-node", "8",
